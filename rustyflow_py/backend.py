@@ -1,0 +1,189 @@
+"""Backends: where a tensor's data lives (NumPy on the CPU, CuPy on an NVIDIA GPU).
+
+A backend is the array module (`xp`) plus the few fused kernels the ops need (`fused`).
+Ops are written once against `xp`; only the fused kernels differ between devices.
+Every host<->device copy goes through `to_host`/`from_host` so it can be counted, and
+`strict_transfers()` turns any copy inside a training step into an error.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import os
+from collections.abc import Iterator
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+DEVICES = ("cpu", "gpu")
+
+
+class DeviceError(RuntimeError):
+    """A device was asked for that cannot be used, or tensors of two devices were mixed."""
+
+
+class TransferError(RuntimeError):
+    """A host<->device copy happened while transfers were forbidden."""
+
+
+@dataclasses.dataclass
+class TransferStats:
+    """Host<->device copies since the last reset (counts and bytes each way)."""
+
+    h2d_count: int = 0
+    h2d_bytes: int = 0
+    d2h_count: int = 0
+    d2h_bytes: int = 0
+    strict: bool = False
+
+    def snapshot(self) -> dict[str, int]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if k != "strict"}
+
+    def reset(self) -> None:
+        self.h2d_count = self.h2d_bytes = self.d2h_count = self.d2h_bytes = 0
+
+
+TRANSFERS = TransferStats()
+
+
+@contextlib.contextmanager
+def strict_transfers() -> Iterator[None]:
+    """Raise TransferError on any host<->device copy inside the block (GPU syncs too)."""
+    previous = TRANSFERS.strict
+    TRANSFERS.strict = True
+    try:
+        yield
+    finally:
+        TRANSFERS.strict = previous
+
+
+def _count(direction: str, nbytes: int) -> None:
+    if TRANSFERS.strict:
+        raise TransferError(
+            f"{direction} copy of {nbytes} bytes inside a transfer-free region "
+            "(strict mode): keep the data on the device, or move the copy out of the step"
+        )
+    if direction == "host->device":
+        TRANSFERS.h2d_count += 1
+        TRANSFERS.h2d_bytes += nbytes
+    else:
+        TRANSFERS.d2h_count += 1
+        TRANSFERS.d2h_bytes += nbytes
+
+
+class Backend:
+    """NumPy backend; the CuPy backend overrides what differs."""
+
+    name = "cpu"
+
+    def __init__(self) -> None:
+        self.xp: ModuleType = np
+        from .kernels.cpu import CpuKernels
+
+        self.fused = CpuKernels(self)
+        self.rng = np.random.default_rng(0)
+
+    def seed(self, seed: int) -> None:
+        self.rng = np.random.default_rng(seed)
+
+    def uniform(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        """Uniform [0, 1) samples on this device (dropout masks)."""
+        return self.rng.random(shape, dtype=dtype)
+
+    def set_precision(self, precision: str) -> None:
+        """fp32/fp64 are dtypes; TF32 only changes GPU matmuls, so the CPU ignores it."""
+
+    def from_host(self, array: np.ndarray) -> Any:
+        return array
+
+    def to_host(self, array: Any) -> np.ndarray:
+        return array
+
+    def synchronize(self) -> None:
+        """Wait for queued work (a no-op on the CPU, where work is synchronous)."""
+
+    def describe(self) -> str:
+        from .devices import cpu_description
+
+        return cpu_description()
+
+
+class CupyBackend(Backend):
+    """CuPy backend. All work runs on one non-blocking stream, so a step can be captured."""
+
+    name = "gpu"
+
+    def __init__(self) -> None:
+        import cupy
+
+        self.xp = cupy
+        self.stream = cupy.cuda.Stream(non_blocking=True)
+        self.stream.use()
+        from .kernels.cuda import CudaKernels
+
+        self.fused = CudaKernels(self)
+        self.rng = cupy.random.default_rng(0)
+
+    def seed(self, seed: int) -> None:
+        self.rng = self.xp.random.default_rng(seed)
+
+    def uniform(self, shape: tuple[int, ...], dtype: Any) -> Any:
+        return self.rng.random(shape, dtype=dtype)
+
+    def set_precision(self, precision: str) -> None:
+        """PRECISION=tf32 makes cuBLAS use TF32 tensor cores for float32 matmuls."""
+        from cupy._core import _routines_linalg as linalg
+
+        kind = linalg.COMPUTE_TYPE_TF32 if precision == "tf32" else linalg.COMPUTE_TYPE_DEFAULT
+        linalg.set_compute_type(np.float32, kind)
+
+    def from_host(self, array: np.ndarray) -> Any:
+        _count("host->device", array.nbytes)
+        return self.xp.asarray(array)
+
+    def to_host(self, array: Any) -> np.ndarray:
+        _count("device->host", array.nbytes)
+        return self.xp.asnumpy(array, stream=self.stream)
+
+    def synchronize(self) -> None:
+        self.stream.synchronize()
+
+    def describe(self) -> str:
+        from .devices import gpu_description
+
+        return gpu_description()
+
+
+def gpu_unavailable_reason() -> str | None:
+    """Why the GPU backend cannot be used here, or None when it can."""
+    if os.environ.get("RUSTYFLOW_DISABLE_GPU"):
+        return "RUSTYFLOW_DISABLE_GPU is set"
+    try:
+        import cupy
+    except ImportError:
+        return "CuPy is not installed (pip install 'rustyflow-py[gpu]' or '[cuda13]')"
+    except Exception as exc:  # a broken CUDA install raises all sorts at import
+        return f"CuPy failed to import: {exc}"
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "no CUDA device found"
+        cupy.zeros(1).sum().item()  # proves driver, runtime and kernels agree
+    except Exception as exc:
+        return f"CUDA is not usable: {type(exc).__name__}: {exc}"
+    return None
+
+
+@functools.cache
+def get_backend(device: str) -> Backend:
+    """The (shared) backend for 'cpu' or 'gpu'; raises DeviceError when unusable."""
+    if device == "cpu":
+        return Backend()
+    if device == "gpu":
+        reason = gpu_unavailable_reason()
+        if reason is not None:
+            raise DeviceError(f"GPU backend unavailable: {reason}")
+        return CupyBackend()
+    raise DeviceError(f"unknown device {device!r}: expected one of {', '.join(DEVICES)}")

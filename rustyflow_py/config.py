@@ -1,0 +1,412 @@
+"""Run configuration: one table of keys (KEYS), read from config.env, the environment and flags.
+
+Everything is parsed and validated here, before any work starts, so that a typo in a config file
+fails in milliseconds with a message naming the key, the value and where it came from, instead of
+minutes into a run. Precedence: command line > environment > config file > built-in default.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+import math
+import numbers
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dotenv import dotenv_values
+
+BUILTIN_DATASETS = ("wikitext-2", "tinyshakespeare")
+MODEL_PATH_TEMPLATE = "models/${DATASET}-L${NUM_LAYERS}-H${NUM_HEADS}-E${EMBED_DIM}.npz"
+_REF = re.compile(r"\$\{([^}:]*)(:-[^}]*)?\}")  # the ${NAME} / ${NAME:-default} syntax of dotenv
+_TRUE = ("true", "1", "yes", "on")
+_FALSE = ("false", "0", "no", "off")
+
+
+class ConfigError(ValueError):
+    """A bad configuration value; the message names key, value, origin and what is expected."""
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else repr(x)
+
+
+@dataclass(frozen=True)
+class Key:
+    """One configuration key: how to parse it, its default and its one-line help."""
+
+    name: str
+    type: str  # "int" | "float" | "bool" | "str" | "choice"
+    default: object
+    help: str
+    choices: tuple[str, ...] = ()
+    lo: float | None = None
+    hi: float | None = None
+    lo_open: bool = False
+    hi_open: bool = False
+    allow_empty: bool = False
+
+    @property
+    def attr(self) -> str:
+        """The Config attribute name."""
+        return self.name.lower()
+
+    @property
+    def flag(self) -> str:
+        """The command-line flag, e.g. --batch-size."""
+        return "--" + self.name.lower().replace("_", "-")
+
+    @property
+    def expect(self) -> str:
+        """What a valid value looks like, for error messages and help text."""
+        if self.type == "bool":
+            return "true or false (also 1/0, yes/no, on/off)"
+        if self.type == "choice":
+            return "one of " + ", ".join(self.choices)
+        if self.type == "str":
+            return "a string" if self.allow_empty else "a non-empty string"
+        if self.type == "int" and self.lo == 1 and self.hi is None:
+            return "a positive integer"
+        noun = "an integer" if self.type == "int" else "a finite number"
+        if self.lo is None:
+            return noun
+        if self.hi is None:
+            return f"{noun} {'>' if self.lo_open else '>='} {_num(self.lo)}"
+        left, right = "(" if self.lo_open else "[", ")" if self.hi_open else "]"
+        return f"{noun} in {left}{_num(self.lo)}, {_num(self.hi)}{right}"
+
+    def parse(self, value: object) -> object:
+        """Return the typed value of a string or already-typed value; ValueError if invalid."""
+        if self.type == "bool":
+            if isinstance(value, bool):
+                return value
+            text = str(value).strip().lower()
+            if text in _TRUE or text in _FALSE:
+                return text in _TRUE
+            raise ValueError(self.expect)
+        if self.type in ("str", "choice"):
+            text = os.fspath(value) if isinstance(value, os.PathLike) else str(value)
+            if (self.choices and text not in self.choices) or (not text and not self.allow_empty):
+                raise ValueError(self.expect)
+            return text
+        if isinstance(value, bool):  # bool is an int subclass: True is not a batch size
+            raise ValueError(self.expect)
+        number: int | float
+        if self.type == "int":
+            number = int(value) if isinstance(value, numbers.Integral) else int(str(value))
+        else:
+            number = float(value) if isinstance(value, numbers.Real) else float(str(value))
+            if not math.isfinite(number):
+                raise ValueError(self.expect)
+        if self.lo is not None and (number < self.lo or (self.lo_open and number == self.lo)):
+            raise ValueError(self.expect)
+        if self.hi is not None and (number > self.hi or (self.hi_open and number == self.hi)):
+            raise ValueError(self.expect)
+        return number
+
+
+def _k(name: str, type_: str, default: object, help_: str, **kw: object) -> tuple[str, Key]:
+    return name, Key(name, type_, default, help_, **kw)  # type: ignore[arg-type]
+
+
+KEYS: dict[str, Key] = dict([
+    _k("DATASET", "str", "wikitext-2",
+       "wikitext-2, tinyshakespeare, or the path of a UTF-8 text file (split 90/10)"),
+    _k("DATA_DIR", "str", "", "folder holding the datasets; empty = $RUSTYFLOW_DATA_DIR, then "
+       "./data", allow_empty=True),
+    _k("SEQ_LEN", "int", 64, "tokens per training window (context length)", lo=1),
+    _k("BATCH_SIZE", "int", 16, "parallel token streams per step", lo=1),
+    _k("NUM_EPOCHS", "int", 1, "passes over the training tokens", lo=1),
+    _k("LEARNING_RATE", "float", 1e-3, "peak learning rate, reached after warm-up", lo=0,
+       lo_open=True),
+    _k("EMBED_DIM", "int", 128, "model width E; must be divisible by NUM_HEADS", lo=1),
+    _k("NUM_HEADS", "int", 4, "attention heads per layer", lo=1),
+    _k("NUM_LAYERS", "int", 2, "transformer blocks", lo=1),
+    _k("DROPOUT", "float", 0.0, "dropout probability (0 = off)", lo=0, hi=1, hi_open=True),
+    _k("MODEL_PATH", "str", MODEL_PATH_TEMPLATE, "checkpoint path (.npz); -cpu/-gpu is inserted "
+       "before .npz for the device used; empty = the default", allow_empty=True),
+    _k("TEMPERATURE", "float", 0.8, "sampling temperature for generate/chat (0 = greedy)", lo=0),
+    _k("TOP_P", "float", 0.9, "nucleus sampling: smallest token set with this much probability "
+       "(1 = off)", lo=0, hi=1, lo_open=True),
+    _k("TOP_K", "int", 0, "sample only from the K most likely tokens (0 = off)", lo=0),
+    _k("OPTIMIZER", "choice", "adamw", "adamw or sgd", choices=("adamw", "sgd")),
+    _k("WEIGHT_DECAY", "float", 0.1, "AdamW decoupled weight decay on tensors with >= 2 "
+       "dimensions (biases and LayerNorm exempt)", lo=0),
+    _k("BETA1", "float", 0.9, "AdamW first-moment decay", lo=0, hi=1, hi_open=True),
+    _k("BETA2", "float", 0.95, "AdamW second-moment decay", lo=0, hi=1, hi_open=True),
+    _k("ADAM_EPS", "float", 1e-8, "AdamW epsilon", lo=0, lo_open=True),
+    _k("MOMENTUM", "float", 0.9, "SGD momentum (0 = plain SGD)", lo=0, hi=1, hi_open=True),
+    _k("NESTEROV", "bool", False, "SGD: use Nesterov momentum"),
+    _k("GRAD_CLIP", "float", 1.0, "global gradient-norm clipping threshold (0 = off)", lo=0),
+    _k("WARMUP_STEPS", "int", 100, "linear warm-up steps, then cosine decay", lo=0),
+    _k("MIN_LR_RATIO", "float", 0.1, "final learning rate as a fraction of LEARNING_RATE",
+       lo=0, hi=1),
+    _k("SEED", "int", 1337, "random seed for initialisation, dropout and sampling", lo=0,
+       hi=2**32 - 1),
+    _k("PRECISION", "choice", "fp32", "fp32, tf32 (GPU matmuls only) or fp64",
+       choices=("fp32", "tf32", "fp64")),
+    _k("DEVICE", "choice", "auto", "auto (GPU when usable), cpu or gpu",
+       choices=("auto", "cpu", "gpu")),
+    _k("STRICT_DEVICE", "bool", False, "true: DEVICE=gpu without a usable GPU is an error, "
+       "not a CPU fallback"),
+    _k("GRAPH", "choice", "auto", "CUDA-graph replay of the training step on the GPU: "
+       "auto, on or off", choices=("auto", "on", "off")),
+    _k("PROFILE", "bool", True, "collect and report per-op times"),
+    _k("PROFILE_STEPS", "int", 20, "GPU: eager steps after warm-up whose per-op device times "
+       "are measured", lo=0),
+    _k("LOG_FILE", "str", "training_log.txt", "append-only run log with the profiling report"),
+    _k("LOG_INTERVAL", "int", 50, "steps between loss read-backs and progress updates", lo=1),
+    _k("THREADS", "int", 0, "CPU threads for BLAS and NumPy work (0 = all cores)", lo=0),
+    _k("EVAL_INTERVAL", "int", 0, "steps between validation runs (0 = once per epoch)", lo=0),
+    _k("MAX_STEPS", "int", 0, "stop after this many optimizer steps (0 = no limit)", lo=0),
+])
+_D = {key.name: key.default for key in KEYS.values()}
+
+
+def _where(origin: str, key: str) -> str:
+    """Human-readable origin of a value: the file name, environment, command line, ..."""
+    if origin.startswith("file:"):
+        return origin[len("file:"):]
+    if origin == "env":
+        return "environment"
+    if origin == "cli":
+        return f"command line {KEYS[key].flag}" if key in KEYS else "command line"
+    return origin
+
+
+def dataset_stem(dataset: str) -> str:
+    """The short dataset name used in default model paths: the name, or a text file's stem."""
+    return dataset if dataset in BUILTIN_DATASETS else Path(dataset).stem
+
+
+@dataclass
+class Config:
+    """A fully validated run configuration; fields accept strings, which are parsed on creation.
+
+    Build it with load_config() (files, environment, flags) or Config.from_dict() (checkpoints).
+    `source` maps each UPPER_CASE key to "default", "file:<path>", "env", "cli" or "checkpoint".
+    """
+
+    dataset: str = _D["DATASET"]
+    data_dir: str = _D["DATA_DIR"]
+    seq_len: int = _D["SEQ_LEN"]
+    batch_size: int = _D["BATCH_SIZE"]
+    num_epochs: int = _D["NUM_EPOCHS"]
+    learning_rate: float = _D["LEARNING_RATE"]
+    embed_dim: int = _D["EMBED_DIM"]
+    num_heads: int = _D["NUM_HEADS"]
+    num_layers: int = _D["NUM_LAYERS"]
+    dropout: float = _D["DROPOUT"]
+    model_path: str = _D["MODEL_PATH"]
+    temperature: float = _D["TEMPERATURE"]
+    top_p: float = _D["TOP_P"]
+    top_k: int = _D["TOP_K"]
+    optimizer: str = _D["OPTIMIZER"]
+    weight_decay: float = _D["WEIGHT_DECAY"]
+    beta1: float = _D["BETA1"]
+    beta2: float = _D["BETA2"]
+    adam_eps: float = _D["ADAM_EPS"]
+    momentum: float = _D["MOMENTUM"]
+    nesterov: bool = _D["NESTEROV"]
+    grad_clip: float = _D["GRAD_CLIP"]
+    warmup_steps: int = _D["WARMUP_STEPS"]
+    min_lr_ratio: float = _D["MIN_LR_RATIO"]
+    seed: int = _D["SEED"]
+    precision: str = _D["PRECISION"]
+    device: str = _D["DEVICE"]
+    strict_device: bool = _D["STRICT_DEVICE"]
+    graph: str = _D["GRAPH"]
+    profile: bool = _D["PROFILE"]
+    profile_steps: int = _D["PROFILE_STEPS"]
+    log_file: str = _D["LOG_FILE"]
+    log_interval: int = _D["LOG_INTERVAL"]
+    threads: int = _D["THREADS"]
+    eval_interval: int = _D["EVAL_INTERVAL"]
+    max_steps: int = _D["MAX_STEPS"]
+    source: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for key in KEYS.values():
+            origin = self.source.setdefault(key.name, "default")
+            value = getattr(self, key.attr)
+            try:
+                setattr(self, key.attr, key.parse(value))
+            except ValueError:
+                raise ConfigError(f"{_where(origin, key.name)}: {key.name}='{value}' is not "
+                                  f"valid: expected {key.expect}") from None
+        self._check_heads()
+        self.model_path = self._expand_model_path(self.model_path or MODEL_PATH_TEMPLATE)
+
+    def _check_heads(self) -> None:
+        e, h = self.embed_dim, self.num_heads
+        if e % h == 0:
+            return
+        heads = sorted((d for d in range(1, e + 1) if e % d == 0), key=lambda d: (abs(d - h), d))
+        dims = sorted({m for m in (e - e % h, e - e % h + h) if m > 0})
+        raise ConfigError(
+            f"EMBED_DIM={e} ({_where(self.source['EMBED_DIM'], 'EMBED_DIM')}) is not divisible "
+            f"by NUM_HEADS={h} ({_where(self.source['NUM_HEADS'], 'NUM_HEADS')}): expected "
+            f"EMBED_DIM to be a multiple of NUM_HEADS (each head gets EMBED_DIM/NUM_HEADS "
+            f"dimensions); fix: EMBED_DIM={' or '.join(map(str, dims))}, or NUM_HEADS="
+            f"{' or '.join(map(str, heads[:2]))}")
+
+    def _expand_model_path(self, path: str) -> str:
+        """Fill ${KEY} placeholders from the final values, so flags change the default path."""
+        where = _where(self.source["MODEL_PATH"], "MODEL_PATH")
+
+        def value_of(match: re.Match[str]) -> str:
+            name = match.group(1)
+            if name not in KEYS:
+                raise ConfigError(f"{where}: MODEL_PATH='{path}' is not valid: ${{{name}}} is "
+                                  f"not a config key; expected only {', '.join(KEYS)}")
+            if name == "DATASET":
+                return dataset_stem(self.dataset)
+            return str(getattr(self, name.lower()))
+
+        expanded = _REF.sub(value_of, path)
+        if not expanded.endswith(".npz"):
+            raise ConfigError(f"{where}: MODEL_PATH='{path}' is not valid: expected a path "
+                              f"ending in .npz")
+        return expanded
+
+    def model_path_for(self, device: str) -> str:
+        """The checkpoint path for the device actually used: '-cpu'/'-gpu' before '.npz'."""
+        if device not in ("cpu", "gpu"):
+            raise ValueError(f"device must be 'cpu' or 'gpu', not {device!r}")
+        stem = self.model_path[: -len(".npz")]
+        return self.model_path if stem.endswith(f"-{device}") else f"{stem}-{device}.npz"
+
+    def to_dict(self) -> dict[str, object]:
+        """UPPER_CASE key -> value, JSON-serialisable (stored inside checkpoints)."""
+        return {key.name: getattr(self, key.attr) for key in KEYS.values()}
+
+    @classmethod
+    def from_dict(cls, values: Mapping[str, object]) -> Config:
+        """Validate a to_dict() mapping (e.g. from a checkpoint); unknown keys are ignored."""
+        known = {k: v for k, v in values.items() if k in KEYS}
+        return cls(**{KEYS[k].attr: v for k, v in known.items()},  # type: ignore[arg-type]
+                   source={k: "checkpoint" for k in known})
+
+
+class _Collect(logging.Handler):
+    """Captures python-dotenv's 'could not parse statement' log lines as our warnings."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def _read_file(path: Path, label: str) -> tuple[dict[str, str], dict[str, str], list[str]]:
+    """Return (interpolated values, raw values, warnings) of a dotenv file."""
+    collect = _Collect()
+    logger = logging.getLogger("dotenv.main")
+    logger.addHandler(collect)
+    try:
+        values = dotenv_values(path, interpolate=True, encoding="utf-8")
+        raw = dotenv_values(path, interpolate=False, encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{label}: not valid UTF-8 at byte {err.start}: expected a text file "
+                          f"of KEY=VALUE lines") from None
+    finally:
+        logger.removeHandler(collect)
+    warnings = [f"{label}: {m}" for m in dict.fromkeys(collect.messages)]
+    for key, value in values.items():
+        if value is None:
+            warnings.append(f"{label}: '{key}' has no value (expected {key}=VALUE); ignored")
+    return ({k: v for k, v in values.items() if v is not None},
+            {k: v for k, v in raw.items() if v is not None}, warnings)
+
+
+def _file_warnings(label: str, values: dict[str, str], raw: dict[str, str],
+                   config: Config) -> list[str]:
+    """Unknown keys, and ${VAR} references that expanded differently from the final config.
+
+    python-dotenv expands ${VAR} from keys earlier in the file, then from os.environ.
+    """
+    warnings = []
+    referenced = {m.group(1) for v in raw.values() for m in _REF.finditer(v)}
+    for key in values:
+        if key not in KEYS and key not in referenced:
+            hint = difflib.get_close_matches(key.upper(), KEYS, n=1)
+            tip = f" (did you mean {hint[0]}?)" if hint else ""
+            warnings.append(f"{label}: unknown key '{key}' ignored{tip}")
+    defined: set[str] = set()
+    for key, text in raw.items():
+        for match in _REF.finditer(text):
+            name, has_default = match.group(1), match.group(2) is not None
+            if name not in defined and name not in os.environ and not has_default:
+                warnings.append(f"{label}: {key} uses ${{{name}}}, which is set neither earlier "
+                                f"in the file nor in the environment, so it expands to ''")
+            elif key in KEYS and name in KEYS and (config.source[name] == "cli" or (
+                    config.source[name] == "env" and name in defined)):
+                warnings.append(
+                    f"{label}: {key} uses ${{{name}}}, expanded when the file was read, so "
+                    f"{name}={getattr(config, name.lower())} from the "
+                    f"{_where(config.source[name], name)} does not change it ({key}="
+                    f"{values[key]}); remove {key} from the file to get a default that follows "
+                    f"overrides")
+        defined.add(key)
+    return warnings
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, object] | None = None,
+    environ: Mapping[str, str] | None = None,
+) -> tuple[Config, list[str]]:
+    """Resolve the configuration: overrides (flags) > environ > file > defaults.
+
+    path=None reads ./config.env when it exists. `overrides` uses UPPER_CASE keys; a None value
+    means "flag not given". Only known keys are read from `environ` (default os.environ).
+    Returns the validated Config and a list of warnings for the caller to print.
+    """
+    environ = os.environ if environ is None else environ
+    raw_values: dict[str, object] = {}
+    source: dict[str, str] = {}
+    values: dict[str, str] = {}
+    file_raw: dict[str, str] = {}
+    warnings: list[str] = []
+    label = ""
+    if path is None and Path("config.env").is_file():
+        path = "config.env"
+    if path is not None:
+        label = os.fspath(path)
+        if not Path(path).is_file():
+            raise ConfigError(f"{label}: config file not found (looked for "
+                              f"{Path(path).absolute()}): expected a file of KEY=VALUE lines")
+        values, file_raw, warnings = _read_file(Path(path), label)
+        for key in KEYS:
+            if key in values:
+                raw_values[key], source[key] = values[key], f"file:{label}"
+    for key in KEYS:
+        if key in environ:
+            raw_values[key], source[key] = environ[key], "env"
+    for key, value in (overrides or {}).items():
+        if key not in KEYS:
+            raise ConfigError(f"command line: unknown key '{key}': expected one of "
+                              f"{', '.join(KEYS)}")
+        if value is not None:
+            raw_values[key], source[key] = value, "cli"
+    config = Config(**{KEYS[k].attr: v for k, v in raw_values.items()},  # type: ignore[arg-type]
+                    source=source)
+    _check_dataset(config)
+    if label:
+        warnings += _file_warnings(label, values, file_raw, config)
+    return config, warnings
+
+
+def _check_dataset(config: Config) -> None:
+    dataset = config.dataset
+    if dataset in BUILTIN_DATASETS or Path(dataset).is_file():
+        return
+    hint = difflib.get_close_matches(dataset, BUILTIN_DATASETS, n=1)
+    tip = f" (did you mean {hint[0]}?)" if hint else ""
+    raise ConfigError(f"{_where(config.source['DATASET'], 'DATASET')}: DATASET='{dataset}' is not "
+                      f"valid: expected {' or '.join(BUILTIN_DATASETS)}, or the path of an "
+                      f"existing UTF-8 text file{tip}")

@@ -1,0 +1,69 @@
+"""Loading a trained model and measuring word-level perplexity."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from . import data
+from .checkpoint import Checkpoint, CheckpointError
+from .config import Config
+from .nn import GPT, GPTConfig
+from .tensor import Tensor, no_grad
+
+
+def load_model(path: str, device: str) -> tuple[GPT, Checkpoint, Config]:
+    """A GPT with a checkpoint's weights on `device` (whichever device trained it)."""
+    ckpt = Checkpoint(path)
+    cfg = Config.from_dict(ckpt.config)
+    vocab = len(ckpt.vocab)
+    dtype = np.float64 if cfg.precision == "fp64" else np.float32
+    model = GPT(GPTConfig(vocab, cfg.seq_len, cfg.num_layers, cfg.num_heads, cfg.embed_dim,
+                          cfg.dropout), device, cfg.seed, dtype)
+    try:
+        model.buffer.load_state_dict(ckpt.weights)
+    except ValueError as exc:
+        raise CheckpointError(f"{path}: {exc}: the checkpoint does not match its own config "
+                              f"(L{cfg.num_layers} H{cfg.num_heads} E{cfg.embed_dim}, "
+                              f"V{vocab})") from None
+    model.training = False
+    return model, ckpt, cfg
+
+
+def perplexity(model: GPT, tokens: np.ndarray, batch_size: int, seq_len: int) -> dict[str, Any]:
+    """exp(mean per-token NLL) over every full window of the split, in the LM layout."""
+    backend = model.buffer.backend
+    stream = backend.from_host(np.ascontiguousarray(
+        data.batchify(tokens.astype(np.int32), batch_size)))
+    n = data.num_batches(stream, seq_len)
+    if n < 1:
+        raise ValueError(f"split of {tokens.size} tokens is too short for {batch_size} streams "
+                         f"of {seq_len + 1} tokens")
+    total = backend.xp.zeros((), dtype=np.float64)
+    was_training, model.training = model.training, False
+    try:
+        with no_grad():
+            for i in range(n):
+                x, y = data.get_batch(stream, i, seq_len)
+                total += model(Tensor(x), Tensor(y)).data
+    finally:
+        model.training = was_training
+    nll = float(backend.to_host(total)) / n
+    return {"perplexity": math.exp(nll), "nll": nll, "tokens": n * batch_size * seq_len}
+
+
+def evaluate_checkpoint(path: str, split: str, device: str,
+                        data_dir: str | None = None) -> dict[str, Any]:
+    """`rustyflow eval`: perplexity of a checkpoint on the valid or test split."""
+    from .train import resolve_device
+
+    used, _ = resolve_device(device, False, lambda msg: print(msg))
+    model, ckpt, cfg = load_model(path, used)
+    corpus = data.load_corpus(cfg.dataset, data_dir or cfg.data_dir or None)
+    if list(ckpt.vocab) != corpus.vocab.itos:
+        raise CheckpointError(f"{path}: its vocabulary differs from {cfg.dataset}'s: was it "
+                              f"trained on another dataset?")
+    result = perplexity(model, getattr(corpus, split), cfg.batch_size, cfg.seq_len)
+    return {**result, "device": used, "split": split}

@@ -1,0 +1,363 @@
+"""The op library: one Function subclass per op, plus the functional wrappers models call.
+
+Contract for every op: `forward` takes and returns raw arrays of the tensor's backend;
+`backward` returns one gradient (or None) per input and never modifies `grad` in place
+(the same gradient array may be handed to several inputs).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from .tensor import Function, Tensor, grad_enabled
+
+
+def unbroadcast(grad: Any, shape: tuple[int, ...]) -> Any:
+    """Sum `grad` down to `shape`, undoing NumPy broadcasting."""
+    extra = grad.ndim - len(shape)
+    if extra:
+        grad = grad.sum(axis=tuple(range(extra)))
+    axes = tuple(i for i, n in enumerate(shape) if n == 1 and grad.shape[i] != 1)
+    if axes:
+        grad = grad.sum(axis=axes, keepdims=True)
+    return grad
+
+
+# ---- elementwise --------------------------------------------------------------------------
+class Add(Function):
+    name = "add"
+
+    def forward(self, a: Any, b: Any) -> Any:
+        self.shapes = (a.shape, b.shape)
+        return a + b
+
+    def backward(self, grad: Any) -> Sequence[Any]:
+        return unbroadcast(grad, self.shapes[0]), unbroadcast(grad, self.shapes[1])
+
+
+class Mul(Function):
+    name = "mul"
+
+    def forward(self, a: Any, b: Any) -> Any:
+        self.a, self.b = a, b
+        return a * b
+
+    def backward(self, grad: Any) -> Sequence[Any]:
+        da = unbroadcast(grad * self.b, self.a.shape) if self.needs_input_grad[0] else None
+        db = unbroadcast(grad * self.a, self.b.shape) if self.needs_input_grad[1] else None
+        return da, db
+
+
+class ScalarAdd(Function):
+    """x + c for a Python number c (no device copy of the constant)."""
+
+    name = "add"
+    c: float
+
+    def forward(self, x: Any) -> Any:
+        return x + self.c
+
+    def backward(self, grad: Any) -> Sequence[Any]:
+        return (grad,)
+
+
+class ScalarMul(Function):
+    name = "mul"
+    c: float
+
+    def forward(self, x: Any) -> Any:
+        return x * self.c
+
+    def backward(self, grad: Any) -> Sequence[Any]:
+        return (grad * self.c,)
+
+
+class Dropout(Function):
+    """Inverted dropout: zero with probability p, scale survivors by 1/(1-p)."""
+
+    name = "dropout"
+    p: float
+
+    def forward(self, x: Any) -> Any:
+        keep = self.backend.uniform(x.shape, x.dtype) >= self.p
+        self.scale = keep.astype(x.dtype) * (1.0 / (1.0 - self.p))
+        return x * self.scale
+
+    def backward(self, grad: Any) -> Sequence[Any]:
+        return (grad * self.scale,)
+
+
+class Gelu(Function):
+    """GELU, tanh approximation; with a second input, bias + GELU fused."""
+
+    name = "gelu"
+
+    def forward(self, x: Any, bias: Any = None) -> Any:
+        self.x, self.bias = x, bias
+        return self.fused.gelu_forward(x, bias)
+
+    def backward(self, grad: Any) -> Sequence[Any]:
+        dx = self.fused.gelu_backward(grad, self.x, self.bias)
+        if self.bias is None:
+            return (dx,)
+        return dx, dx.reshape(-1, dx.shape[-1]).sum(axis=0)
+
+
+# ---- matmul ----------------------------------------------------------------------------------
+class MatMul(Function):
+    """a @ b for (M,K)@(K,N), batched (...,M,K)@(...,K,N) and (B,T,K)@(K,N).
+
+    transpose_b=True computes a @ b.T without copying b (the tied LM head).
+    """
+
+    name = "matmul"
+    category = "matmul"
+    transpose_b: bool = False
+
+    def forward(self, a: Any, b: Any) -> Any:
+        self.a, self.b = a, b
+        return a @ (b.T if self.transpose_b else b)
+
+    def backward(self, grad: Any) -> Sequence[Any]:
+        a, b, xp = self.a, self.b, self.xp
+        bt = b.T if self.transpose_b else b  # the (K, N) operand actually multiplied
+        da = db = None
+        if self.needs_input_grad[0]:
+            da = unbroadcast(grad @ xp.swapaxes(bt, -1, -2), a.shape)
+        if self.needs_input_grad[1]:
+            if bt.ndim == 2 and a.ndim > 2:  # fold the batch into the rows: one GEMM
+                a2 = a.reshape(-1, a.shape[-1])
+                g2 = grad.reshape(-1, grad.shape[-1])
+                db = g2.T @ a2 if self.transpose_b else a2.T @ g2
+            else:
+                dbt = unbroadcast(xp.swapaxes(a, -1, -2) @ grad, bt.shape)
+                db = xp.swapaxes(dbt, -1, -2) if self.transpose_b else dbt
+        return da, db
+
+
+# ---- shape ops -------------------------------------------------------------------------------
+class Reshape(Function):
+    name = "reshape"
+    shape: tuple[int, ...]
+
+    def forward(self, x: Any) -> Any:
+        self.in_shape = x.shape
+        return x.reshape(self.shape)
+
+    def backward(self, grad: Any) -> Sequence[Any]:
+        return (grad.reshape(self.in_shape),)
+
+
+class Transpose(Function):
+    name = "transpose"
+    axes: tuple[int, ...] | None
+
+    def forward(self, x: Any) -> Any:
+        self.axes = self.axes or tuple(reversed(range(x.ndim)))
+        return x.transpose(self.axes)
+
+    def backward(self, grad: Any) -> Sequence[Any]:
+        inverse = [0] * len(self.axes)
+        for i, a in enumerate(self.axes):
+            inverse[a] = i
+        return (grad.transpose(inverse),)
+
+
+class Index(Function):
+    """x[key] for basic (slice/int) indexing; backward scatters into zeros."""
+
+    name = "index"
+    key: Any
+
+    def forward(self, x: Any) -> Any:
+        self.in_shape, self.in_dtype = x.shape, x.dtype
+        return x[self.key]
+
+    def backward(self, grad: Any) -> Sequence[Any]:
+        dx = self.xp.zeros(self.in_shape, dtype=self.in_dtype)
+        dx[self.key] = grad
+        return (dx,)
+
+
+class Sum(Function):
+    name = "sum"
+    axis: int | tuple[int, ...] | None
+    keepdims: bool
+
+    def forward(self, x: Any) -> Any:
+        self.in_shape = x.shape
+        return x.sum(axis=self.axis, keepdims=self.keepdims)
+
+    def backward(self, grad: Any) -> Sequence[Any]:
+        if not self.keepdims and self.axis is not None:
+            axes = (self.axis,) if isinstance(self.axis, int) else self.axis
+            grad = self.xp.expand_dims(grad, tuple(a % len(self.in_shape) for a in axes))
+        return (self.xp.broadcast_to(grad, self.in_shape),)
+
+
+# ---- model ops -------------------------------------------------------------------------------
+class Embedding(Function):
+    """weight[idx]; backward scatter-adds rows into a dense (V, E) gradient."""
+
+    name = "embedding"
+
+    def forward(self, weight: Any, idx: Any) -> Any:
+        self.idx, self.num = idx, weight.shape[0]
+        return weight[idx]
+
+    def backward(self, grad: Any) -> Sequence[Any]:
+        return self.fused.embedding_backward(self.idx, grad, self.num), None
+
+
+class LayerNorm(Function):
+    name = "layernorm"
+    eps: float
+
+    def forward(self, x: Any, w: Any, b: Any) -> Any:
+        y, self.mean, self.rstd = self.fused.layernorm_forward(x, w, b, self.eps)
+        self.x, self.w = x, w
+        return y
+
+    def backward(self, grad: Any) -> Sequence[Any]:
+        return self.fused.layernorm_backward(grad, self.x, self.w, self.mean, self.rstd)
+
+
+class CausalSelfAttention(Function):
+    """Causal multi-head attention core on a fused QKV tensor: (B, T, 3E) -> (B, T, E).
+
+    Scale, mask and softmax are one fused kernel; the two batched matmuls are timed as
+    matmuls of their own. The QKV gradient is assembled in one (B, T, 3E) buffer.
+    """
+
+    name = "attention"
+    n_head: int
+    dropout: float = 0.0
+
+    def forward(self, qkv: Any) -> Any:
+        b, t, e3 = qkv.shape
+        h, d = self.n_head, e3 // 3 // self.n_head
+        q, k, v = qkv.reshape(b, t, 3, h, d).transpose(2, 0, 3, 1, 4)  # 3 x (B, H, T, D)
+        self.scale = 1.0 / math.sqrt(d)
+        att = self.matmul(q, self.xp.swapaxes(k, -1, -2), "forward")  # (B, H, T, T)
+        probs = self.fused.causal_softmax_forward(att, self.scale)
+        self.keep = None
+        if self.dropout > 0.0:
+            keep = self.backend.uniform(probs.shape, probs.dtype) >= self.dropout
+            self.keep = keep.astype(probs.dtype) * (1.0 / (1.0 - self.dropout))
+            used = probs * self.keep
+        else:
+            used = probs
+        y = self.matmul(used, v, "forward")  # (B, H, T, D)
+        self.q, self.k, self.v, self.probs, self.used = q, k, v, probs, used
+        return y.transpose(0, 2, 1, 3).reshape(b, t, h * d)  # (B, T, E)
+
+    def backward(self, grad: Any) -> Sequence[Any]:
+        xp, phase = self.xp, "backward"
+        b, h, t, d = self.q.shape
+        gy = grad.reshape(b, t, h, d).transpose(0, 2, 1, 3)  # (B, H, T, D)
+        dused = self.matmul(gy, xp.swapaxes(self.v, -1, -2), phase)  # (B, H, T, T)
+        dqkv = xp.empty((b, t, 3, h, d), dtype=grad.dtype)
+        dqkv[:, :, 2] = self.matmul(xp.swapaxes(self.used, -1, -2), gy, phase).transpose(
+            0, 2, 1, 3
+        )
+        if self.keep is not None:
+            dused *= self.keep
+        datt = self.fused.causal_softmax_backward(dused, self.probs, self.scale)
+        dqkv[:, :, 0] = self.matmul(datt, self.k, phase).transpose(0, 2, 1, 3)
+        dqkv[:, :, 1] = self.matmul(xp.swapaxes(datt, -1, -2), self.q, phase).transpose(
+            0, 2, 1, 3
+        )
+        return (dqkv.reshape(b, t, 3 * h * d),)
+
+
+class CrossEntropy(Function):
+    """Mean softmax cross-entropy over all positions; d(logits) is made in the forward pass."""
+
+    name = "cross_entropy"
+    need_grad: bool
+    inplace: bool
+
+    def forward(self, logits: Any, targets: Any) -> Any:
+        self.shape = logits.shape
+        flat = logits.reshape(-1, logits.shape[-1])
+        loss, self.dlogits = self.fused.cross_entropy(
+            flat, targets.reshape(-1), self.need_grad, self.inplace
+        )
+        return loss
+
+    def backward(self, grad: Any) -> Sequence[Any]:
+        return self.fused.scale_by(self.dlogits, grad).reshape(self.shape), None
+
+
+# ---- functional API ----------------------------------------------------------------------------
+def add(a: Tensor, b: Tensor | float) -> Tensor:
+    return Add.apply(a, b) if isinstance(b, Tensor) else ScalarAdd.apply(a, c=float(b))
+
+
+def mul(a: Tensor, b: Tensor | float) -> Tensor:
+    return Mul.apply(a, b) if isinstance(b, Tensor) else ScalarMul.apply(a, c=float(b))
+
+
+def matmul(a: Tensor, b: Tensor, transpose_b: bool = False) -> Tensor:
+    return MatMul.apply(a, b, transpose_b=transpose_b)
+
+
+def reshape(x: Tensor, shape: tuple[int, ...]) -> Tensor:
+    return Reshape.apply(x, shape=tuple(shape))
+
+
+def transpose(x: Tensor, axes: tuple[int, ...] | None = None) -> Tensor:
+    return Transpose.apply(x, axes=tuple(axes) if axes else None)
+
+
+def index(x: Tensor, key: Any) -> Tensor:
+    return Index.apply(x, key=key)
+
+
+def split(x: Tensor, sections: int, axis: int = -1) -> list[Tensor]:
+    """Split into equal parts along `axis` (each part a view with its own gradient)."""
+    n = x.shape[axis]
+    if n % sections:
+        raise ValueError(f"split: axis of size {n} is not divisible into {sections} parts")
+    step, axis = n // sections, axis % x.ndim
+    lead = (slice(None),) * axis
+    return [index(x, (*lead, slice(i * step, (i + 1) * step))) for i in range(sections)]
+
+
+def sum(x: Tensor, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Tensor:
+    return Sum.apply(x, axis=axis, keepdims=keepdims)
+
+
+def mean(x: Tensor, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Tensor:
+    total = Sum.apply(x, axis=axis, keepdims=keepdims)
+    return mul(total, total.data.size / x.data.size)
+
+
+def gelu(x: Tensor, bias: Tensor | None = None) -> Tensor:
+    return Gelu.apply(x) if bias is None else Gelu.apply(x, bias)
+
+
+def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
+    if not training or p == 0.0:
+        return x
+    return Dropout.apply(x, p=p)
+
+
+def embedding(weight: Tensor, idx: Tensor) -> Tensor:
+    return Embedding.apply(weight, idx)
+
+
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
+    return LayerNorm.apply(x, weight, bias, eps=eps)
+
+
+def causal_self_attention(qkv: Tensor, n_head: int, dropout: float = 0.0) -> Tensor:
+    return CausalSelfAttention.apply(qkv, n_head=n_head, dropout=dropout)
+
+
+def cross_entropy(logits: Tensor, targets: Tensor, inplace: bool = False) -> Tensor:
+    """Mean NLL; inplace=True lets the op overwrite `logits` (do not read them afterwards)."""
+    need = grad_enabled() and logits.requires_grad
+    return CrossEntropy.apply(logits, targets, need_grad=need, inplace=inplace)

@@ -1,0 +1,567 @@
+"""Run reports: the block each run appends to ``training_log.txt``, and ``rustyflow report``.
+
+A block is plain text, self-contained, one per run (written by ``logfile.append_block``)::
+
+    === RustyFlow run <timestamp UTC> | <status> | device=<used> (requested <req>[, fell back:
+        <why>]) | <hardware> | <dataset> | L.. H.. E.. T.. B.. V.. (<n> params) | <precision> |
+        epochs <done>/<planned> | avg epoch <s>s | <n> tok/s | val ppl <v> | test ppl <t> |
+        ckpt <path> ===                                      (one line)
+    <the report for people: totals, per-op table, matmul / other / Amdahl lines, phases,
+     host<->device traffic, memory, CPU matmul floor>
+    [AVG_EPOCH_TIME] <seconds>
+    [RUN_JSON] <the whole run record as compact, strict JSON>
+    === end of run ===
+
+Only the first line (to find blocks) and the ``[RUN_JSON]`` line (the data) are read back; the
+rest is for people and may change. Anything between blocks is ignored, so hand edits there are
+harmless.
+
+Shares. "% of total training time" is taken over the profiled window: the denominator is
+``profile.profiled_time_s``, the wall time of the steps whose ops were timed (the sum of the op
+times if it is missing). When every step was profiled that is the run's training time less
+evaluation; when only a window was (GPU runs time an eager window after warm-up, the rest runs
+as CUDA graphs) it is the window's time, and the line under Amdahl's bound says so. The matmul
+share p = matmul op time / window, "Other" = window - matmul (non-matmul ops, data loading and
+framework overhead), Amdahl's bound = 1 / (1 - p). Evaluation runs outside the training steps:
+its phase share is of the run's ``train_time_s``.
+
+``[AVG_EPOCH_TIME]`` is the mean over completed epochs. When no epoch completed (an interrupted
+run, or ``--max-steps`` shorter than an epoch) it is an estimate: the trainer's own
+``avg_epoch_time_s`` if set, else ``(train_time_s - eval) / steps * steps_per_epoch`` (an
+optional record field). The line above it then says it is an estimate and the summary line adds
+"(extrapolated)". With nothing to estimate from, the line is left out.
+
+Non-finite numbers are written as ``null`` in ``[RUN_JSON]``, so the line is strict JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import numbers
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+Record = dict[str, Any]
+
+BLOCK_START = "=== RustyFlow run "
+BLOCK_END = "=== end of run ==="
+JSON_TAG = "[RUN_JSON]"
+AVG_TAG = "[AVG_EPOCH_TIME]"
+NA = "n/a"
+_PHASES = ("forward", "backward", "optimizer", "data")
+
+
+# ---------------------------------------------------------------- number formatting
+
+
+def _is_num(x: Any) -> bool:
+    """True for real numbers, numpy scalars included (the trainer may hand those over)."""
+    return isinstance(x, numbers.Real) and not isinstance(x, bool)
+
+
+def _num(x: Any) -> float:
+    """A record field as a float, 0 when missing: sums over partial records stay defined."""
+    return float(x) if _is_num(x) else 0.0
+
+
+def _fmt(x: Any, spec: str, suffix: str = "") -> str:
+    return f"{x:{spec}}{suffix}" if _is_num(x) else NA
+
+
+def _share(part: float, whole: float) -> str:
+    return f"{100.0 * part / whole:.1f}" if whole > 0 else NA
+
+
+def _pct(part: float, whole: float) -> str:
+    share = _share(part, whole)
+    return share if share == NA else share + "%"
+
+
+def _bytes(n: Any) -> str:
+    if not _is_num(n):
+        return NA
+    value, units = float(n), ("B", "KiB", "MiB", "GiB", "TiB")
+    i = 0
+    while abs(value) >= 1024 and i < len(units) - 1:
+        value, i = value / 1024, i + 1
+    if i == 0:
+        return f"{value:.0f} B" if value == int(value) else f"{value:.1f} B"
+    return f"{value:.1f} {units[i]}"
+
+
+def _text(x: Any) -> str:
+    """A free-text field on one line, so it can never forge a block or JSON line."""
+    return NA if x is None or x == "" else " ".join(str(x).splitlines())
+
+
+def _plain(x: Any) -> Any:
+    """The record as strict-JSON-ready data (numpy scalars unwrapped, NaN/inf -> None)."""
+    if isinstance(x, dict):
+        return {str(k): _plain(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_plain(v) for v in x]
+    if callable(getattr(x, "tolist", None)):
+        return _plain(x.tolist())
+    if isinstance(x, float) and not math.isfinite(x):
+        return None
+    return x if x is None or isinstance(x, str | int | float | bool) else str(x)
+
+
+# ---------------------------------------------------------------- derived values
+
+
+def _model(r: Record) -> Record:
+    m = r.get("model")
+    return m if isinstance(m, dict) else {}
+
+
+def _shape(r: Record) -> str:
+    m = _model(r)
+    keys = (("L", "layers"), ("H", "heads"), ("E", "embed"), ("T", "seq_len"), ("B", "batch"))
+    return " ".join(f"{tag}{m.get(key, '?')}" for tag, key in (*keys, ("V", "vocab")))
+
+
+def _epoch_time(r: Record) -> tuple[float | None, str | None]:
+    """The average epoch time to report, and why it is an estimate (None when measured)."""
+    avg, epochs = r.get("avg_epoch_time_s"), _num(r.get("epochs"))
+    if _is_num(avg):
+        return float(avg), None if epochs >= 1 else "the trainer's estimate"
+    steps, per_epoch, train = r.get("steps"), r.get("steps_per_epoch"), r.get("train_time_s")
+    if _is_num(steps) and _is_num(per_epoch) and _is_num(train) and steps > 0 and per_epoch > 0:
+        prof = r.get("profile") if isinstance(r.get("profile"), dict) else {}
+        eval_s = _num((prof.get("phases") or {}).get("eval"))
+        step_s = max(train - eval_s, 0.0)
+        note = f"{steps:,} steps in {step_s:.3f}s scaled to {per_epoch:,} steps/epoch"
+        return step_s / steps * per_epoch, note
+    return None, "nothing to extrapolate from"
+
+
+def _human_block(r: Record) -> str:
+    return "\n".join(ln for ln in format_block(r).split("\n") if not ln.startswith(JSON_TAG))
+
+
+# ---------------------------------------------------------------- the block
+
+
+def _summary_line(r: Record) -> str:
+    device = f"device={_text(r.get('device'))} (requested {_text(r.get('device_requested'))}"
+    if r.get("fallback_reason"):
+        device += f", fell back: {_text(r['fallback_reason'])}"
+    avg, estimate = _epoch_time(r)
+    params = _model(r).get("params")
+    parts = [
+        f"RustyFlow run {_text(r.get('timestamp'))}",
+        _text(r.get("status")),
+        device + ")",
+        _text(r.get("hardware")),
+        _text(r.get("dataset")),
+        f"{_shape(r)} ({_fmt(params, ',')} params)",
+        _text(r.get("precision")),
+        f"epochs {_text(r.get('epochs'))}/{_text(r.get('epochs_planned'))}",
+        f"avg epoch {_fmt(avg, '.3f', 's')}"
+        + (" (extrapolated)" if avg is not None and estimate else ""),
+        f"{_fmt(r.get('tokens_per_s'), ',.0f')} tok/s",
+        f"val ppl {_fmt(r.get('val_ppl'), '.2f')}",
+        f"test ppl {_fmt(r.get('test_ppl'), '.2f')}",
+        f"ckpt {_text(r.get('checkpoint'))}",
+    ]
+    return "=== " + " | ".join(parts) + " ==="
+
+
+def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    """Plain aligned text columns: stable without a TTY, and diffable in the log."""
+    widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(headers)]
+
+    def line(cells: list[str]) -> str:
+        return "  ".join(
+            c.rjust(w) if i in right else c.ljust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        ).rstrip()
+
+    return [line(headers), line(["-" * w for w in widths]), *(line(row) for row in rows)]
+
+
+def _op_lines(ops: list[Record], window: float) -> list[str]:
+    rows = []
+    for op in sorted(ops, key=lambda op: -_num(op.get("time_s"))):
+        calls, secs = op.get("calls"), _num(op.get("time_s"))
+        per_call = secs * 1e3 / calls if _is_num(calls) and calls > 0 else None
+        rows.append(
+            [
+                _text(op.get("name")),
+                _text(op.get("phase")),
+                _text(op.get("category")),
+                _fmt(calls, ","),
+                f"{secs:.3f}",
+                _fmt(per_call, ".3f"),
+                _share(secs, window),
+            ]
+        )
+    total = sum(_num(op.get("time_s")) for op in ops)
+    calls = sum(int(_num(op.get("calls"))) for op in ops)
+    rows.append(["all ops", "", "", f"{calls:,}", f"{total:.3f}", "", _share(total, window)])
+    headers = ["Op", "Phase", "Category", "Calls", "Total s", "ms/call", "Share %"]
+    return _table(headers, rows, right={3, 4, 5, 6})
+
+
+def _matmul_lines(
+    ops: list[Record], window: float, profiled: int, steps: int, note: Any
+) -> list[str]:
+    matmul = sum(_num(op.get("time_s")) for op in ops if op.get("category") == "matmul")
+    other = max(window - matmul, 0.0)
+    p = min(matmul / window, 1.0) if window > 0 else None
+    if p is None:
+        bound = NA
+    else:
+        bound = "unbounded" if p >= 1.0 else f"{1.0 / (1.0 - p):.2f}x"
+    lines = [
+        f"Total matmul time (CPU + GPU): {matmul:.3f}s ({_pct(matmul, window)} of total "
+        "training time)",
+        "Other time (non-matmul ops, data loading and framework overhead; eval excluded): "
+        f"{other:.3f}s ({_pct(other, window)})",
+        f"Amdahl's bound: {bound} max speed-up from faster matmuls alone (p={_fmt(p, '.3f')})",
+    ]
+    if profiled < steps:
+        lines.append(
+            f"Per-op numbers and shares come from the profiled window ({profiled:,} of "
+            f"{steps:,} steps, {window:.3f}s), not the whole run: {_text(note)}"
+        )
+    return lines
+
+
+def _phase_lines(r: Record, prof: Record, window: float) -> list[str]:
+    phases = prof.get("phases") or {}
+    rows = [
+        [
+            name,
+            _fmt(phases.get(name), ".3f"),
+            _share(_num(phases.get(name)), window),
+            "profiled window",
+        ]
+        for name in _PHASES
+    ]
+    eval_s, train = phases.get("eval"), _num(r.get("train_time_s"))
+    rows.append(["eval", _fmt(eval_s, ".3f"), _share(_num(eval_s), train), "training time"])
+    lines = ["Phase split", *_table(["Phase", "Time s", "Share %", "Of"], rows, right={1, 2})]
+    host, busy = prof.get("host_launch_s"), prof.get("device_busy_s")
+    if host is not None or busy is not None:
+        lines.append(
+            f"GPU host vs device: host launching {_fmt(host, '.3f', 's')}, device busy "
+            f"{_fmt(busy, '.3f', 's')} ({_pct(_num(busy), window)} of the {window:.3f}s window)"
+        )
+    return lines
+
+
+def _traffic_lines(prof: Record) -> list[str]:
+    t = prof.get("transfers")
+    if not isinstance(t, dict):
+        return []
+    n = t.get("steps") if _is_num(t.get("steps")) else 0
+    per, total = [], []
+    for kind in ("h2d", "d2h"):
+        count, size = t.get(f"{kind}_count"), t.get(f"{kind}_bytes")
+        total.append(f"{kind.upper()} {_fmt(count, ',')} copies ({_bytes(size)})")
+        if n > 0 and _is_num(count) and _is_num(size):
+            per.append(f"{kind.upper()} {count / n:.2f} copies ({_bytes(size / n)})")
+        else:
+            per.append(f"{kind.upper()} {NA}")
+    return [
+        f"Host<->device traffic per step: {', '.join(per)}",
+        f"Host<->device traffic over {n:,} steps: {', '.join(total)}",
+    ]
+
+
+def _memory_lines(prof: Record) -> list[str]:
+    m = prof.get("memory")
+    if not isinstance(m, dict):
+        return []
+    if m.get("kind") == "gpu_pool":
+        return [
+            f"Memory: peak GPU pool used {_bytes(m.get('peak_bytes'))} of "
+            f"{_bytes(m.get('pool_total_bytes'))} pool total"
+        ]
+    return [f"Memory: peak process RSS {_bytes(m.get('peak_bytes'))}"]
+
+
+def _floor_lines(prof: Record) -> list[str]:
+    f = prof.get("matmul_floor")
+    if not isinstance(f, dict):
+        return []
+    floor, step = f.get("floor_s_per_step"), f.get("step_s")
+    ok = _is_num(floor) and _is_num(step) and floor > 0
+    ratio = f"{step / floor:.2f}x the floor" if ok else NA
+    floor_ms = _fmt(floor * 1e3 if _is_num(floor) else None, ".3f")
+    step_ms = _fmt(step * 1e3 if _is_num(step) else None, ".3f")
+    return [
+        f"Matmul floor: {floor_ms} ms/step at {_fmt(f.get('gflops'), '.1f')} GFLOP/s measured "
+        f"GEMM rate vs {step_ms} ms/step real ({ratio})"
+    ]
+
+
+def _profile_lines(r: Record) -> list[str]:
+    prof = r.get("profile")
+    if not isinstance(prof, dict):
+        return ["Profile: none (profiling was off, or the run ended before a profiled step)"]
+    ops = [op for op in prof.get("ops") or [] if isinstance(op, dict)]
+    window = prof.get("profiled_time_s")
+    if not (_is_num(window) and window > 0):
+        window = sum(_num(op.get("time_s")) for op in ops)
+    steps, profiled = int(_num(r.get("steps"))), int(_num(prof.get("profiled_steps")))
+    head = (
+        f"Per-op profile: {_text(prof.get('timing'))} timing, {profiled:,} of {steps:,} steps "
+        f"profiled, {window:.3f}s wall"
+    )
+    if profiled >= steps and prof.get("note"):
+        head += f" ({_text(prof['note'])})"
+    return [
+        head,
+        *_op_lines(ops, window),
+        *_matmul_lines(ops, window, profiled, steps, prof.get("note")),
+        "",
+        *_phase_lines(r, prof, window),
+        "",
+        *_traffic_lines(prof),
+        *_memory_lines(prof),
+        *_floor_lines(prof),
+    ]
+
+
+def format_block(record: Record) -> str:
+    """The run's self-contained block: printed to the console and appended to the log.
+
+    Missing or None fields print as ``n/a`` rather than failing: the block is written at the
+    very end of a run, often an interrupted or failed one, and must never lose the record.
+    """
+    r = record
+    avg, estimate = _epoch_time(r)
+    lines = [
+        _summary_line(r),
+        f"Backend: {_text(r.get('backend'))} | optimizer {_text(r.get('optimizer'))} | "
+        f"CUDA graph replay: {'yes' if r.get('graph') else 'no'} | "
+        f"final loss {_fmt(r.get('final_loss'), '.4f')}",
+    ]
+    if r.get("message"):
+        lines.append(f"Message: {_text(r['message'])}")
+    lines += [
+        f"Total training time: {_fmt(r.get('train_time_s'), '.3f', 's')} | average epoch time: "
+        f"{_fmt(avg, '.3f', 's')}{' (estimate)' if avg is not None and estimate else ''} | "
+        f"tokens/s: {_fmt(r.get('tokens_per_s'), ',.0f')} | steps: {_fmt(r.get('steps'), ',')}",
+        "",
+        *_profile_lines(r),
+        "",
+    ]
+    done = f"{_text(r.get('status'))}, {_text(r.get('epochs'))}/{_text(r.get('epochs_planned'))}"
+    done += " epochs completed"
+    if avg is None:
+        lines.append(f"Average epoch time: not available ({done}; {estimate})")
+    else:
+        if estimate:
+            lines.append(f"Average epoch time is an estimate ({done}): {estimate}")
+        lines.append(f"{AVG_TAG} {avg:.6f}")
+    payload = json.dumps(_plain(r), separators=(",", ":"), allow_nan=False)
+    lines += [f"{JSON_TAG} {payload}", BLOCK_END]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------- reading the log back
+
+
+def _blocks(text: str) -> Iterator[tuple[int, str, list[str]]]:
+    """(line number, summary line, body lines) of each block; text outside blocks is skipped."""
+    start, head, body = 0, "", []
+    for number, raw in enumerate(text.split("\n"), start=1):
+        line = raw.strip()
+        if line.startswith(BLOCK_START):
+            if start:
+                yield start, head, body
+            start, head, body = number, line, []
+        elif start and line == BLOCK_END:
+            yield start, head, body
+            start = 0
+        elif start:
+            body.append(line)
+    if start:
+        yield start, head, body
+
+
+def parse_log(text: str, warnings: list[str] | None = None) -> list[Record]:
+    """Every run record in the log text, in file order, read from the ``[RUN_JSON]`` lines.
+
+    A block whose JSON line is missing or incomplete (a truncated last block, a hand edit) is
+    skipped, and a line saying so is appended to ``warnings`` when a list is given. Unknown
+    fields and newer record versions are kept as they are.
+    """
+    records: list[Record] = []
+    for number, head, body in _blocks(text):
+        where = f"line {number} ({head[:60]}...)"
+        payload = next((ln[len(JSON_TAG) :] for ln in body if ln.startswith(JSON_TAG)), None)
+        if payload is None:
+            problem = f"{where}: no {JSON_TAG} line (truncated or edited); block skipped"
+        else:
+            try:
+                record = json.loads(payload)
+            except ValueError as exc:
+                problem = f"{where}: {JSON_TAG} is not valid JSON ({exc}); block skipped"
+            else:
+                if isinstance(record, dict):
+                    records.append(record)
+                    continue
+                problem = f"{where}: {JSON_TAG} is not an object; block skipped"
+        if warnings is not None:
+            warnings.append(problem)
+    return records
+
+
+def read_log(path: str | Path, warnings: list[str] | None = None) -> list[Record]:
+    """The records of the log file at ``path`` (see :func:`parse_log`)."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(
+            f"training_log.txt not found at {p}: run `rustyflow train` first (or pass --log FILE)"
+        )
+    return parse_log(p.read_text(encoding="utf-8", errors="replace"), warnings)
+
+
+# ---------------------------------------------------------------- rustyflow report
+
+
+def _speedups(records: list[Record]) -> list[Record]:
+    """CPU vs GPU for each dataset and model shape: the latest completed run of each device."""
+    groups: dict[tuple[str, str], dict[str, Record]] = {}
+    for r in records:
+        if r.get("status") == "completed" and r.get("device") in ("cpu", "gpu"):
+            key = (_text(r.get("dataset")), _shape(r))
+            groups.setdefault(key, {})[r["device"]] = r
+    out = []
+    for (dataset, shape), runs in groups.items():
+        if "cpu" not in runs or "gpu" not in runs:
+            continue
+        cpu, gpu = runs["cpu"], runs["gpu"]
+        cpu_epoch, gpu_epoch = _epoch_time(cpu)[0], _epoch_time(gpu)[0]
+        cpu_tok, gpu_tok = cpu.get("tokens_per_s"), gpu.get("tokens_per_s")
+        out.append(
+            {
+                "dataset": dataset,
+                "shape": shape,
+                "cpu_run": cpu.get("timestamp"),
+                "gpu_run": gpu.get("timestamp"),
+                "cpu_precision": cpu.get("precision"),
+                "gpu_precision": gpu.get("precision"),
+                "cpu_avg_epoch_s": cpu_epoch,
+                "gpu_avg_epoch_s": gpu_epoch,
+                "epoch_speedup": cpu_epoch / gpu_epoch if cpu_epoch and gpu_epoch else None,
+                "cpu_tokens_per_s": cpu_tok,
+                "gpu_tokens_per_s": gpu_tok,
+                "tokens_per_s_ratio": (
+                    gpu_tok / cpu_tok
+                    if _is_num(cpu_tok) and _is_num(gpu_tok) and cpu_tok > 0
+                    else None
+                ),
+            }
+        )
+    return out
+
+
+def _run_row(r: Record) -> list[str]:
+    used, requested = _text(r.get("device")), r.get("device_requested")
+    if r.get("fallback_reason") or requested not in (None, "auto", r.get("device")):
+        used += f" (req {_text(requested)})"
+    avg, estimate = _epoch_time(r)
+    return [
+        _text(r.get("timestamp")),
+        _text(r.get("status")),
+        used,
+        _text(r.get("hardware")),
+        _text(r.get("dataset")),
+        _shape(r),
+        _text(r.get("precision")),
+        f"{_text(r.get('epochs'))}/{_text(r.get('epochs_planned'))}",
+        ("~" if estimate and avg is not None else "") + _fmt(avg, ".3f"),
+        _fmt(r.get("tokens_per_s"), ",.0f"),
+        _fmt(r.get("val_ppl"), ".2f"),
+        _fmt(r.get("test_ppl"), ".2f"),
+    ]
+
+
+_RUN_HEADERS = (
+    "Timestamp,Status,Device,Hardware,Dataset,Shape,Precision,Epochs,Avg epoch s,Tok/s,Val ppl,"
+    "Test ppl"
+).split(",")
+_SPEEDUP_HEADERS = (
+    "Dataset,Shape,CPU run,GPU run,CPU epoch s,GPU epoch s,Speed-up,CPU tok/s,GPU tok/s,Tok/s ratio"
+).split(",")
+_NO_SPEEDUP = (
+    "none: needs a completed CPU run and a completed GPU run of the same dataset and model shape"
+)
+
+
+def _speedup_row(s: Record) -> list[str]:
+    return [
+        s["dataset"],
+        s["shape"],
+        f"{_text(s['cpu_run'])} {_text(s['cpu_precision'])}",
+        f"{_text(s['gpu_run'])} {_text(s['gpu_precision'])}",
+        _fmt(s["cpu_avg_epoch_s"], ".3f"),
+        _fmt(s["gpu_avg_epoch_s"], ".3f"),
+        _fmt(s["epoch_speedup"], ".2f", "x"),
+        _fmt(s["cpu_tokens_per_s"], ",.0f"),
+        _fmt(s["gpu_tokens_per_s"], ",.0f"),
+        _fmt(s["tokens_per_s_ratio"], ".2f", "x"),
+    ]
+
+
+def _markdown(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+    def line(cells: list[str]) -> str:
+        return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
+
+    rule = "|" + "|".join("---:" if i in right else "---" for i in range(len(headers))) + "|"
+    return [line(headers), rule, *(line(row) for row in rows)]
+
+
+def render_report(
+    records: list[Record],
+    fmt: Literal["table", "markdown", "json"] = "table",
+    last: int | None = None,
+) -> str:
+    """The ``rustyflow report`` output: runs, CPU-vs-GPU speed-ups, the latest run's report.
+
+    ``last`` keeps only the last N runs of the log, and everything (speed-ups and the latest
+    report included) is computed over those. The report shown is the latest run's that has a
+    profile (an early-interrupted run has none), else the latest run's.
+    """
+    if last is not None:
+        if last < 1:
+            raise ValueError(f"last must be at least 1, got {last}")
+        records = records[-last:]
+    speedups = _speedups(records)
+    profiled = [r for r in records if isinstance(r.get("profile"), dict)]
+    latest = (profiled or records or [None])[-1]
+    if fmt == "json":
+        doc = {"runs": records, "speedups": speedups, "latest": latest}
+        return json.dumps(_plain(doc), indent=2, allow_nan=False) + "\n"
+    if fmt not in ("table", "markdown"):
+        raise ValueError(f"unknown report format {fmt!r}: expected table, markdown or json")
+    md = fmt == "markdown"
+    table = _markdown if md else _table
+    out: list[str] = []
+
+    def section(title: str, lines: list[str]) -> None:
+        out.extend(([""] if out else []) + ([f"## {title}", ""] if md else [title]) + lines)
+
+    runs = [_run_row(r) for r in records]
+    run_lines = table(_RUN_HEADERS, runs, {7, 8, 9, 10, 11}) if runs else ["No runs in the log."]
+    if any(row[8].startswith("~") for row in runs):
+        run_lines.append("~ estimated: no epoch completed (see that run's block)")
+    section(f"Runs ({len(runs)})", run_lines)
+    pairs = [_speedup_row(s) for s in speedups]
+    section(
+        "CPU vs GPU speed-up (latest completed run of each, same dataset and shape)",
+        table(_SPEEDUP_HEADERS, pairs, {4, 5, 6, 7, 8, 9}) if pairs else [_NO_SPEEDUP],
+    )
+    if latest is not None:
+        body = _human_block(latest).rstrip("\n")
+        title = f"Latest profiling report: run {_text(latest.get('timestamp'))}"
+        section(title, ["```text", body, "```"] if md else [body])
+    return "\n".join(out) + "\n"

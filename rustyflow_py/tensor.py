@@ -1,0 +1,300 @@
+"""Device-aware Tensor and reverse-mode autograd.
+
+A Tensor wraps one raw array (numpy.ndarray or cupy.ndarray) on one device. An op is a
+`Function` subclass: `forward` maps raw arrays to a raw array and `backward` maps the output
+gradient to input gradients, again raw arrays, so no graph is built during backward.
+
+Every forward and backward goes through `run_op`, the single choke point a profiler attaches
+to. Without a profiler the cost there is one global lookup.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from .backend import Backend, DeviceError, get_backend
+
+_grad_enabled = True
+_profiler: Any = None  # set by profiler.Profiler.attach(); see run_op
+
+
+def set_profiler(profiler: Any) -> Any:
+    """Attach `profiler` (or None) to the choke point; returns the previous one."""
+    global _profiler
+    previous, _profiler = _profiler, profiler
+    return previous
+
+
+def run_op(name: str, category: str, phase: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """Run one op's forward/backward (or an optimizer kernel): the profiler's hook point."""
+    prof = _profiler
+    if prof is None:
+        return fn(*args)
+    return prof.record(name, category, phase, fn, args)
+
+
+@contextlib.contextmanager
+def no_grad() -> Iterator[None]:
+    """Evaluate without recording the graph (no saved activations)."""
+    global _grad_enabled
+    previous, _grad_enabled = _grad_enabled, False
+    try:
+        yield
+    finally:
+        _grad_enabled = previous
+
+
+def grad_enabled() -> bool:
+    return _grad_enabled
+
+
+class Function:
+    """One op. Subclasses set `name`/`category` and implement forward/backward on raw arrays.
+
+    `forward` may stash what backward needs on `self`; `release()` drops it as soon as
+    backward has run, so activations are freed during the backward sweep.
+    """
+
+    name: ClassVar[str] = "op"
+    category: ClassVar[str] = "other"  # "matmul" or "other", for the profiler
+
+    def __init__(self, backend: Backend, **attrs: Any) -> None:
+        self.backend = backend
+        self.xp = backend.xp
+        self.fused = backend.fused
+        self.inputs: tuple[Tensor, ...] = ()
+        self.needs_input_grad: tuple[bool, ...] = ()
+        self.__dict__.update(attrs)
+
+    def forward(self, *arrays: Any) -> Any:
+        raise NotImplementedError
+
+    def backward(self, grad: Any) -> Sequence[Any]:
+        raise NotImplementedError
+
+    def release(self) -> None:
+        keep = ("backend", "xp", "fused")
+        for key in [k for k in self.__dict__ if k not in keep]:
+            del self.__dict__[key]
+
+    def matmul(self, a: Any, b: Any, phase: str) -> Any:
+        """A matmul inside a fused op, timed as its own 'matmul' entry by the profiler."""
+        return run_op(f"{self.name}.matmul", "matmul", phase, self.xp.matmul, a, b)
+
+    @classmethod
+    def apply(cls, *inputs: Tensor, **attrs: Any) -> Tensor:
+        backend = _common_backend(cls.name, inputs)
+        fn = cls(backend, **attrs)
+        out = run_op(cls.name, cls.category, "forward", fn.forward, *(t.data for t in inputs))
+        needs = tuple(t.requires_grad for t in inputs)
+        if _grad_enabled and any(needs):
+            fn.inputs = inputs
+            fn.needs_input_grad = needs
+            return Tensor(out, requires_grad=True, _ctx=fn)
+        fn.release()
+        return Tensor(out)
+
+
+def _common_backend(op: str, inputs: Sequence[Tensor]) -> Backend:
+    backend = inputs[0].backend
+    for t in inputs[1:]:
+        if t.backend is not backend:
+            raise DeviceError(
+                f"{op}: inputs live on different devices ({inputs[0].device} and {t.device}); "
+                "move one explicitly with .to(device)"
+            )
+    return backend
+
+
+class Tensor:
+    """An n-d array on one device, with an optional gradient."""
+
+    __slots__ = ("data", "grad", "requires_grad", "_ctx", "backend", "name")
+
+    def __init__(
+        self,
+        data: Any,
+        requires_grad: bool = False,
+        device: str | None = None,
+        name: str | None = None,
+        _ctx: Function | None = None,
+    ) -> None:
+        if isinstance(data, Tensor):
+            raise TypeError("Tensor(Tensor) is ambiguous: use .to(device) or .detach()")
+        if device is None:
+            on_gpu = hasattr(data, "__cuda_array_interface__")
+            backend = get_backend("gpu" if on_gpu else "cpu")
+            if not on_gpu:
+                data = _as_host_array(data)
+        else:
+            backend = get_backend(device)
+            if hasattr(data, "__cuda_array_interface__"):
+                if backend.name == "cpu":
+                    raise DeviceError("Tensor(cupy array, device='cpu'): use .to('cpu')")
+            else:
+                data = backend.from_host(_as_host_array(data))
+        self.data = data
+        self.grad: Any = None
+        self.requires_grad = requires_grad
+        self._ctx = _ctx
+        self.backend = backend
+        self.name = name
+
+    # ---- device and host access -------------------------------------------------------
+    @property
+    def device(self) -> str:
+        return self.backend.name
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return tuple(self.data.shape)
+
+    @property
+    def dtype(self) -> Any:
+        return self.data.dtype
+
+    @property
+    def ndim(self) -> int:
+        return self.data.ndim
+
+    def to(self, device: str) -> Tensor:
+        """A copy on `device` (the only way across besides numpy()); counted as a transfer."""
+        if device == self.device:
+            return self
+        target = get_backend(device)
+        host = self.backend.to_host(self.data)
+        return Tensor(target.from_host(host), requires_grad=self.requires_grad, name=self.name)
+
+    def numpy(self) -> np.ndarray:
+        return self.backend.to_host(self.data)
+
+    def item(self) -> float:
+        return float(self.numpy())
+
+    def detach(self) -> Tensor:
+        return Tensor(self.data)
+
+    def __repr__(self) -> str:
+        grad = ", requires_grad=True" if self.requires_grad else ""
+        return f"Tensor(shape={self.shape}, dtype={self.dtype}, device={self.device}{grad})"
+
+    # ---- autograd -----------------------------------------------------------------------
+    def backward(self, grad: Any = None) -> None:
+        """Accumulate d(self)/d(leaf) into every leaf's .grad; frees the graph as it goes."""
+        if self._ctx is None:
+            raise RuntimeError("backward() on a tensor that is not the result of a tracked op")
+        if grad is None:
+            if self.data.size != 1:
+                raise RuntimeError("backward() without a gradient needs a scalar output")
+            grad = self.backend.xp.ones_like(self.data)
+        order = _topological_order(self)
+        grads: dict[int, Any] = {id(self): grad}
+        while order:
+            node = order.pop()
+            g = grads.pop(id(node), None)
+            fn = node._ctx
+            if fn is None:  # a leaf
+                if g is not None:
+                    node._accumulate(g)
+                continue
+            node._ctx = None
+            if g is None:
+                fn.release()
+                continue
+            in_grads = run_op(fn.name, fn.category, "backward", fn.backward, g)
+            for inp, needed, ig in zip(fn.inputs, fn.needs_input_grad, in_grads, strict=True):
+                if not needed or ig is None:
+                    continue
+                key = id(inp)
+                grads[key] = ig if key not in grads else grads[key] + ig
+            fn.release()
+
+    def _accumulate(self, g: Any) -> None:
+        if self.grad is None:
+            self.grad = g.copy()
+        else:
+            self.grad += g
+
+    # ---- operator sugar (the ops live in ops.py) ------------------------------------------
+    def __add__(self, other: Tensor | float) -> Tensor:
+        from . import ops
+
+        return ops.add(self, other)
+
+    __radd__ = __add__
+
+    def __mul__(self, other: Tensor | float) -> Tensor:
+        from . import ops
+
+        return ops.mul(self, other)
+
+    __rmul__ = __mul__
+
+    def __sub__(self, other: Tensor | float) -> Tensor:
+        from . import ops
+
+        return ops.add(self, ops.mul(other, -1.0) if isinstance(other, Tensor) else -other)
+
+    def __neg__(self) -> Tensor:
+        from . import ops
+
+        return ops.mul(self, -1.0)
+
+    def __matmul__(self, other: Tensor) -> Tensor:
+        from . import ops
+
+        return ops.matmul(self, other)
+
+    def reshape(self, *shape: int) -> Tensor:
+        from . import ops
+
+        return ops.reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], tuple)
+                           else shape)
+
+    def transpose(self, *axes: int) -> Tensor:
+        from . import ops
+
+        return ops.transpose(self, axes or None)
+
+    def sum(self, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Tensor:
+        from . import ops
+
+        return ops.sum(self, axis, keepdims)
+
+    def mean(self, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Tensor:
+        from . import ops
+
+        return ops.mean(self, axis, keepdims)
+
+
+def _as_host_array(data: Any) -> np.ndarray:
+    """NumPy arrays keep their dtype; Python numbers and lists default to float32/int64."""
+    if isinstance(data, np.ndarray | np.generic):
+        return np.asarray(data)
+    array = np.asarray(data)
+    return array.astype(np.float32) if array.dtype == np.float64 else array
+
+
+def _topological_order(root: Tensor) -> list[Tensor]:
+    """Tensors reachable from root, each after all of its inputs (iterative DFS)."""
+    order: list[Tensor] = []
+    seen: set[int] = set()
+    stack: list[tuple[Tensor, bool]] = [(root, False)]
+    while stack:
+        node, expanded = stack.pop()
+        if expanded:
+            order.append(node)
+            continue
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        stack.append((node, True))
+        if node._ctx is not None:
+            for inp in node._ctx.inputs:
+                if id(inp) not in seen and inp.requires_grad:
+                    stack.append((inp, False))
+    return order

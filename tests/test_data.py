@@ -1,0 +1,296 @@
+"""Datasets: tokenization, lookup, checksums, the downloader (local HTTP only) and batching."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import io
+import os
+import socket
+import threading
+import zipfile
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rustyflow_py import config, data
+from rustyflow_py.data import DataError
+
+REPO = Path(__file__).resolve().parents[1]
+# Read at import: the autouse fixture below hides $RUSTYFLOW_DATA_DIR from the tests.
+REAL_DATA_DIR = Path(os.environ.get("RUSTYFLOW_DATA_DIR") or REPO.parent / "shared" / "data")
+TRAIN = "the cat sat\n \nthe <unk> ran\n"
+VALID = "the dog sat\n"
+TEST = "cat ran\n \n"
+
+
+def sha(data_: bytes) -> str:
+    return hashlib.sha256(data_).hexdigest()
+
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No real data folder is visible unless a test points at one."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("RUSTYFLOW_DATA_DIR", raising=False)
+
+
+def fixture_source(monkeypatch: pytest.MonkeyPatch, urls: tuple[str, ...] = (),
+                   archive: bytes = b"") -> None:
+    """Make 'wikitext-2' mean the small fixture texts above (hashes, URLs, archive)."""
+    sums = {"train.txt": sha(TRAIN.encode()), "valid.txt": sha(VALID.encode()),
+            "test.txt": sha(TEST.encode())}
+    source = dataclasses.replace(data.SOURCES["wikitext-2"], sha256=sums,
+                                 urls=urls or data.SOURCES["wikitext-2"].urls,
+                                 archive_sha256=sha(archive))
+    monkeypatch.setitem(data.SOURCES, "wikitext-2", source)
+
+
+def write_splits(folder: Path, official_names: bool = False) -> None:
+    folder.mkdir(parents=True)
+    for split, text in zip(data.SPLITS, (TRAIN, VALID, TEST), strict=True):
+        name = f"wiki.{split}.tokens" if official_names else f"{split}.txt"
+        (folder / name).write_text(text)
+
+
+def make_zip() -> bytes:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as zf:
+        for split, text in zip(data.SPLITS, (TRAIN, VALID, TEST), strict=True):
+            zf.writestr(f"wikitext-2/wiki.{split}.tokens", text)
+    return buffer.getvalue()
+
+
+# ------------------------------------------------------------------------- tokenization
+
+
+def test_tokenize_lines_blank_lines_and_last_line() -> None:
+    assert data.tokenize("a b\n \n\nc") == ["a", "b", "<eos>", "<eos>", "<eos>", "c", "<eos>"]
+    assert data.tokenize("") == []
+
+
+def test_corpus_vocab_first_appearance_and_unknown_words(tmp_path: Path,
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    fixture_source(monkeypatch)
+    write_splits(tmp_path / "d" / "wikitext-2", official_names=True)
+    corpus = data.load_corpus("wikitext-2", str(tmp_path / "d"), download=False)
+    assert corpus.vocab.itos == ["the", "cat", "sat", "<eos>", "<unk>", "ran"]
+    assert corpus.vocab.decode(corpus.train) == data.tokenize(TRAIN)
+    assert corpus.vocab.decode(corpus.valid) == ["the", "<unk>", "sat", "<eos>"]
+    assert corpus.train.dtype == np.int32 and len(corpus.test) == 4
+    assert corpus.source == str(tmp_path / "d" / "wikitext-2") and not corpus.test_is_valid
+
+
+def test_dataset_info(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fixture_source(monkeypatch)
+    missing = data.dataset_info("wikitext-2")
+    assert missing["found"] is False
+    assert missing["looked_in"] == [str(tmp_path / "data" / "wikitext-2")]
+    write_splits(tmp_path / "data" / "wikitext-2")
+    info = data.dataset_info("wikitext-2")
+    assert info["found"] is True and info["checksum_ok"] is True and info["vocab_size"] == 6
+    assert info["tokens"] == {"train": 9, "valid": 4, "test": 4}
+    assert [f["name"] for f in info["files"]] == ["train.txt", "valid.txt", "test.txt"]
+    (tmp_path / "data" / "wikitext-2" / "test.txt").write_text("x\n")
+    info = data.dataset_info("wikitext-2")
+    assert info["checksum_ok"] is False and "checksum mismatch" in info["error"]
+
+
+def test_unknown_word_without_unk_is_an_error() -> None:
+    vocab = data.Vocab.build(["a", "b", "<eos>"])
+    assert vocab.unk_id is None and vocab.eos_id == 2
+    with pytest.raises(DataError, match="'zebra' .* no <unk>"):
+        vocab.encode(["a", "zebra"])
+
+
+def test_vocab_survives_npz_without_pickle(tmp_path: Path) -> None:
+    vocab = data.Vocab.build(["héllo", "<eos>", "<unk>", "x"])
+    np.savez(tmp_path / "v.npz", vocab=vocab.to_array())
+    with np.load(tmp_path / "v.npz", allow_pickle=False) as f:
+        again = data.Vocab.from_array(f["vocab"])
+    assert again.itos == vocab.itos and again.stoi == vocab.stoi and len(again) == 4
+    assert again.encode(["x", "nope"]).tolist() == [3, 2]
+
+
+def test_text_file_dataset_splits_90_10(tmp_path: Path) -> None:
+    path = tmp_path / "poems.txt"
+    path.write_text("".join(f"w{i} w{i + 1}\r\n" for i in range(30)))  # 90 tokens
+    corpus = data.load_corpus(str(path))
+    assert (len(corpus.train), len(corpus.valid)) == (81, 9)
+    assert corpus.test is corpus.valid and corpus.test_is_valid and corpus.name == "poems"
+    assert corpus.vocab.decode(corpus.valid[-3:]) == ["w29", "w30", "<eos>"]
+
+
+def test_text_file_not_utf8_names_the_byte(tmp_path: Path) -> None:
+    path = tmp_path / "latin.txt"
+    path.write_bytes("ok line\ncaf\xe9\n".encode("latin-1"))
+    with pytest.raises(DataError, match=r"latin.txt is not UTF-8 .*0xe9 at offset 11 \(line 2\)"):
+        data.load_corpus(str(path))
+
+
+def test_checksum_mismatch_on_load_is_an_error(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    fixture_source(monkeypatch)
+    write_splits(tmp_path / "data" / "wikitext-2")
+    (tmp_path / "data" / "wikitext-2" / "valid.txt").write_text("tampered\n")
+    with pytest.raises(DataError, match="checksum mismatch: .*valid.txt"):
+        data.load_corpus("wikitext-2", download=False)
+
+
+def test_resolution_order_and_folder_named_like_the_dataset(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fixture_source(monkeypatch)
+    write_splits(tmp_path / "env" / "wikitext-2")
+    write_splits(tmp_path / "data" / "wikitext-2")
+    monkeypatch.setenv("RUSTYFLOW_DATA_DIR", str(tmp_path / "env"))
+    assert data.load_corpus("wikitext-2").source == str(tmp_path / "env" / "wikitext-2")
+    direct = str(tmp_path / "data" / "wikitext-2")
+    assert data.load_corpus("wikitext-2", direct).source == direct
+    assert set(data.SOURCES) == set(config.BUILTIN_DATASETS)
+
+
+def test_real_wikitext2_counts() -> None:
+    folder = REAL_DATA_DIR
+    if not (folder / "wikitext-2" / "train.txt").is_file():
+        pytest.skip(f"WikiText-2 not found under {folder} (set RUSTYFLOW_DATA_DIR)")
+    corpus = data.load_corpus("wikitext-2", str(folder), download=False)
+    assert len(corpus.vocab) == 33278
+    assert (len(corpus.train), len(corpus.valid), len(corpus.test)) == (2088628, 217646, 245569)
+    assert corpus.vocab.itos[:2] == ["<eos>", "="] and corpus.vocab.unk_id is not None
+
+
+# ---------------------------------------------------------------------------- download
+
+
+@pytest.fixture
+def server() -> Iterator[tuple[str, dict[str, bytes]]]:
+    """A local HTTP server on 127.0.0.1 serving `routes`; '/short/...' lies about its length."""
+    routes: dict[str, bytes] = {}
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
+            body = routes.get(self.path.removeprefix("/short"))
+            if body is None:
+                self.send_error(404)
+                return
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body[: len(body) // 2] if self.path.startswith("/short") else body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=httpd.serve_forever, args=(0.05,), daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}", routes
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}/wikitext-2-v1.zip"
+
+
+def test_download_good_zip_installs_verified_files(
+        tmp_path: Path, server: tuple[str, dict[str, bytes]],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    base, routes = server
+    archive = make_zip()
+    routes["/w.zip"] = archive
+    fixture_source(monkeypatch, urls=(closed_port_url(), f"{base}/w.zip"), archive=archive)
+    corpus = data.load_corpus("wikitext-2", str(tmp_path / "dl"))  # downloads: mirror works
+    target = tmp_path / "dl" / "wikitext-2"
+    assert sorted(p.name for p in (tmp_path / "dl").iterdir()) == ["wikitext-2"]
+    assert sorted(p.name for p in target.iterdir()) == ["test.txt", "train.txt", "valid.txt"]
+    assert (target / "train.txt").read_text() == TRAIN and len(corpus.vocab) == 6
+
+
+@pytest.mark.parametrize(("case", "error"), [
+    ("truncated-zip", "not a valid zip archive"),
+    ("short-read", "connection closed after"),
+    ("zip-checksum", "checksum mismatch"),
+    ("file-checksum", "checksum mismatch for train.txt"),
+])
+def test_download_failures_leave_nothing(tmp_path: Path, server: tuple[str, dict[str, bytes]],
+                                         case: str, error: str) -> None:
+    base, routes = server
+    archive = make_zip()
+    served = archive[: len(archive) // 2] if case == "truncated-zip" else archive
+    routes["/w.zip"] = served
+    url = f"{base}/short/w.zip" if case == "short-read" else f"{base}/w.zip"
+    sums = {"archive": "0" * 64 if case == "zip-checksum" else sha(served),
+            "train.txt": "1" * 64 if case == "file-checksum" else sha(TRAIN.encode()),
+            "valid.txt": sha(VALID.encode()), "test.txt": sha(TEST.encode())}
+    dest = tmp_path / "dest"
+    with pytest.raises(DataError, match=error):
+        data.download_dataset("wikitext-2", dest, [url], checksums=sums)
+    assert list(dest.iterdir()) == []
+
+
+def test_offline_message_lists_places_and_fixes(tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    fixture_source(monkeypatch, urls=(closed_port_url(),))
+    monkeypatch.setenv("RUSTYFLOW_DATA_DIR", str(tmp_path / "shared"))
+    with pytest.raises(DataError) as err:
+        data.load_corpus("wikitext-2", str(tmp_path / "mine"))
+    message = str(err.value)
+    for place in ("mine", "shared", "data"):
+        assert str(tmp_path / place / "wikitext-2") in message
+    assert "Download failed" in message and "RUSTYFLOW_DATA_DIR" in message
+    assert "rustyflow data download wikitext-2" in message
+    assert list((tmp_path / "mine").iterdir()) == []  # the download attempt left nothing
+
+
+def test_tinyshakespeare_records_and_checks_its_checksum(
+        tmp_path: Path, server: tuple[str, dict[str, bytes]]) -> None:
+    base, routes = server
+    routes["/input.txt"] = ("First Citizen:\nBefore we proceed any further, hear me speak.\n"
+                            * 5).encode()
+    folder = data.download_dataset("tinyshakespeare", tmp_path, [f"{base}/input.txt"])
+    assert (folder / "input.txt.sha256").read_text().split()[0] == sha(routes["/input.txt"])
+    corpus = data.load_corpus("tinyshakespeare", str(tmp_path), download=False)
+    assert corpus.test_is_valid and len(corpus.train) + len(corpus.valid) == 60
+    (folder / "input.txt").write_text("changed\n")
+    with pytest.raises(DataError, match="checksum mismatch"):
+        data.load_corpus("tinyshakespeare", str(tmp_path), download=False)
+
+
+# ---------------------------------------------------------------------------- batching
+
+
+def test_batchify_contiguous_streams_and_remainder() -> None:
+    tokens = np.arange(103, dtype=np.int32)
+    stream = data.batchify(tokens, 4)
+    assert stream.shape == (4, 25)
+    assert stream[1].tolist() == list(range(25, 50)) and stream[-1, -1] == 99
+    assert np.shares_memory(stream, tokens)
+    with pytest.raises(DataError, match="smaller BATCH_SIZE"):
+        data.batchify(tokens[:7], 4)
+
+
+def test_windows_and_targets_shifted_by_one() -> None:
+    stream = data.batchify(np.arange(100, dtype=np.int32), 4)  # (4, 25)
+    assert data.num_batches(stream, 6) == 4  # 24 // 6: a window needs seq_len + 1 tokens
+    x, y = data.get_batch(stream, 3, 6)
+    assert x.shape == y.shape == (4, 6)
+    assert (y == x + 1).all() and x[0].tolist() == list(range(18, 24))
+    assert data.num_batches(stream, 5, partial=True) == 5 and data.num_batches(stream, 5) == 4
+    x, y = data.get_batch(stream, 4, 5, partial=True)
+    assert x.shape == (4, 4) and y[0, -1] == 24
+    with pytest.raises(IndexError):
+        data.get_batch(stream, 4, 6)
+
+
+def test_seed_shape_steps_per_epoch() -> None:
+    stream = data.batchify(np.zeros(2088628, dtype=np.int32), 16)
+    assert stream.shape == (16, 130539)
+    assert data.num_batches(stream, 64) == 2039
+    assert data.num_batches(stream, 64, partial=True) == 2040

@@ -1,0 +1,508 @@
+"""The run block, the log parser and `rustyflow report`, on synthetic run records."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+
+from rustyflow_py.logfile import append_block
+from rustyflow_py.report import format_block, parse_log, read_log, render_report
+
+CPU_OPS = [
+    {"name": "matmul", "category": "matmul", "phase": "forward", "calls": 4200, "time_s": 0.7},
+    {"name": "matmul", "category": "matmul", "phase": "backward", "calls": 8400, "time_s": 1.9},
+    {"name": "softmax", "category": "other", "phase": "forward", "calls": 600, "time_s": 0.45},
+    {"name": "adamw", "category": "other", "phase": "optimizer", "calls": 300, "time_s": 0.2},
+]
+
+
+def cpu_record(**changes: object) -> dict:
+    """A completed CPU run with every step profiled."""
+    record = {
+        "version": 1,
+        "timestamp": "2026-11-22T07:00:00Z",
+        "status": "completed",
+        "device": "cpu",
+        "device_requested": "cpu",
+        "fallback_reason": None,
+        "hardware": "AMD EPYC 9654 96-Core Processor",
+        "backend": "numpy 2.4.6, OpenBLAS 0.3.29, 2 threads",
+        "dataset": "wikitext-2",
+        "model": {
+            "layers": 2,
+            "heads": 4,
+            "embed": 128,
+            "seq_len": 64,
+            "batch": 16,
+            "vocab": 33278,
+            "params": 4657408,
+        },
+        "precision": "fp32",
+        "optimizer": "adamw",
+        "graph": False,
+        "epochs": 2,
+        "epochs_planned": 2,
+        "steps": 300,
+        "train_time_s": 4.25,
+        "avg_epoch_time_s": 1.875,
+        "tokens_per_s": 21000.0,
+        "val_ppl": 412.3456,
+        "test_ppl": 398.1,
+        "final_loss": 5.9,
+        "checkpoint": "models/wikitext-2-L2-H4-E128-cpu.npz",
+        "message": None,
+        "profile": {
+            "timing": "wall",
+            "note": "every op timed on the host",
+            "profiled_steps": 300,
+            "profiled_time_s": 3.5,
+            "ops": copy.deepcopy(CPU_OPS),
+            "phases": {
+                "forward": 1.4,
+                "backward": 1.8,
+                "optimizer": 0.2,
+                "data": 0.05,
+                "eval": 0.75,
+            },
+            "host_launch_s": None,
+            "device_busy_s": None,
+            "transfers": {
+                "h2d_count": 0,
+                "h2d_bytes": 0,
+                "d2h_count": 0,
+                "d2h_bytes": 0,
+                "steps": 300,
+            },
+            "memory": {"kind": "rss", "peak_bytes": 3 * 2**29, "pool_total_bytes": None},
+            "matmul_floor": {
+                "gflops": 410.5,
+                "flops_per_step": 1.9e9,
+                "floor_s_per_step": 0.0046,
+                "step_s": 0.0115,
+            },
+        },
+    }
+    record.update(changes)
+    return record
+
+
+def gpu_record(**changes: object) -> dict:
+    """A completed GPU run (CUDA graphs) whose per-op times come from a 20-step window."""
+    record = cpu_record(
+        timestamp="2026-11-22T08:00:00Z",
+        device="gpu",
+        device_requested="auto",
+        hardware="NVIDIA H100 80GB HBM3",
+        backend="cupy 14.2.0, CUDA 13.0",
+        precision="tf32",
+        graph=True,
+        train_time_s=0.5,
+        avg_epoch_time_s=0.16,
+        tokens_per_s=252000.0,
+        checkpoint="models/wikitext-2-L2-H4-E128-gpu.npz",
+        profile={
+            "timing": "cuda-events",
+            "note": "per-op device times from an eager profiled window of 20 steps after "
+            "warm-up; totals from the full (graph) run",
+            "profiled_steps": 20,
+            "profiled_time_s": 0.08,
+            "ops": [
+                {
+                    "name": "matmul",
+                    "category": "matmul",
+                    "phase": "forward",
+                    "calls": 280,
+                    "time_s": 0.021,
+                },
+                {
+                    "name": "layernorm",
+                    "category": "other",
+                    "phase": "forward",
+                    "calls": 100,
+                    "time_s": 0.012,
+                },
+                {
+                    "name": "matmul",
+                    "category": "matmul",
+                    "phase": "backward",
+                    "calls": 560,
+                    "time_s": 0.033,
+                },
+            ],
+            "phases": {
+                "forward": 0.03,
+                "backward": 0.04,
+                "optimizer": 0.006,
+                "data": 0.001,
+                "eval": 0.05,
+            },
+            "host_launch_s": 0.025,
+            "device_busy_s": 0.066,
+            "transfers": {
+                "h2d_count": 300,
+                "h2d_bytes": 300 * 8192,
+                "d2h_count": 30,
+                "d2h_bytes": 120,
+                "steps": 300,
+            },
+            "memory": {"kind": "gpu_pool", "peak_bytes": 3 * 2**29, "pool_total_bytes": 2**31},
+            "matmul_floor": None,
+        },
+    )
+    record.update(changes)
+    return record
+
+
+def interrupted_record(**changes: object) -> dict:
+    """A GPU request that fell back to the CPU and was interrupted before an epoch ended."""
+    record = cpu_record(
+        timestamp="2026-11-22T09:00:00Z",
+        status="interrupted",
+        device_requested="gpu",
+        fallback_reason="no CUDA driver",
+        epochs=0,
+        steps=40,
+        steps_per_epoch=150,
+        train_time_s=2.0,
+        avg_epoch_time_s=None,
+        val_ppl=None,
+        test_ppl=None,
+        checkpoint=None,
+        message="KeyboardInterrupt at step 40",
+        profile=None,
+    )
+    record.update(changes)
+    return record
+
+
+def lines_of(block: str) -> list[str]:
+    return block.rstrip("\n").split("\n")
+
+
+def index_of(lines: list[str], prefix: str) -> int:
+    return next(i for i, line in enumerate(lines) if line.startswith(prefix))
+
+
+def test_cpu_block_lines_in_order_with_computed_numbers() -> None:
+    record = cpu_record()
+    lines = lines_of(format_block(record))
+    window = record["profile"]["profiled_time_s"]
+    matmul = sum(op["time_s"] for op in CPU_OPS if op["category"] == "matmul")
+    p = matmul / window
+
+    assert lines[0] == (
+        "=== RustyFlow run 2026-11-22T07:00:00Z | completed | device=cpu (requested cpu) | "
+        "AMD EPYC 9654 96-Core Processor | wikitext-2 | L2 H4 E128 T64 B16 V33278 "
+        "(4,657,408 params) | fp32 | epochs 2/2 | avg epoch 1.875s | 21,000 tok/s | "
+        "val ppl 412.35 | test ppl 398.10 | ckpt models/wikitext-2-L2-H4-E128-cpu.npz ==="
+    )
+    assert (
+        "Total training time: 4.250s | average epoch time: 1.875s | tokens/s: 21,000 | "
+        "steps: 300" in lines
+    )
+    assert (
+        f"Total matmul time (CPU + GPU): {matmul:.3f}s ({100 * p:.1f}% of total training "
+        "time)" in lines
+    )
+    other = next(line for line in lines if line.startswith("Other time ("))
+    assert other.endswith(f"): {window - matmul:.3f}s ({100 * (1 - p):.1f}%)")
+    amdahl = (
+        f"Amdahl's bound: {1 / (1 - p):.2f}x max speed-up from faster matmuls alone (p={p:.3f})"
+    )
+    assert amdahl in lines
+    assert not any(line.startswith("Per-op numbers and shares come from") for line in lines)
+    assert "Memory: peak process RSS 1.5 GiB" in lines
+    assert (
+        "Matmul floor: 4.600 ms/step at 410.5 GFLOP/s measured GEMM rate vs 11.500 ms/step "
+        "real (2.50x the floor)" in lines
+    )
+    order = [
+        index_of(lines, "=== RustyFlow run "),
+        index_of(lines, "Total training time:"),
+        index_of(lines, "Op "),
+        index_of(lines, "Total matmul time (CPU + GPU):"),
+        index_of(lines, "Other time ("),
+        index_of(lines, "Amdahl's bound:"),
+        index_of(lines, "Phase split"),
+        index_of(lines, "Host<->device traffic per step:"),
+        index_of(lines, "Memory:"),
+        index_of(lines, "Matmul floor:"),
+        index_of(lines, "[AVG_EPOCH_TIME] "),
+        index_of(lines, "[RUN_JSON] "),
+    ]
+    assert order == sorted(order)
+    assert lines[-3:-1] == [lines[order[-2]], lines[order[-1]]]
+    assert lines[-3] == "[AVG_EPOCH_TIME] 1.875000"
+    assert lines[-1] == "=== end of run ==="
+
+
+def test_op_table_is_sorted_by_time_with_shares_of_the_window() -> None:
+    lines = lines_of(format_block(cpu_record()))
+    start = index_of(lines, "Op ")
+    assert lines[start].split() == [
+        "Op",
+        "Phase",
+        "Category",
+        "Calls",
+        "Total",
+        "s",
+        "ms/call",
+        "Share",
+        "%",
+    ]
+    rows = [line.split() for line in lines[start + 2 : start + 2 + len(CPU_OPS)]]
+    times = [float(row[4]) for row in rows]
+    assert times == sorted((op["time_s"] for op in CPU_OPS), reverse=True)
+    backward = rows[0]
+    assert backward[:4] == ["matmul", "backward", "matmul", "8,400"]
+    assert backward[5] == f"{1.9e3 / 8400:.3f}"
+    assert backward[6] == f"{100 * 1.9 / 3.5:.1f}"
+    total = lines[start + 2 + len(CPU_OPS)].split()
+    assert total[:2] == ["all", "ops"]
+    assert total[-1] == f"{100 * sum(op['time_s'] for op in CPU_OPS) / 3.5:.1f}"
+
+
+def test_gpu_partial_window_block() -> None:
+    record = gpu_record()
+    prof = record["profile"]
+    lines = lines_of(format_block(record))
+    matmul = sum(op["time_s"] for op in prof["ops"] if op["category"] == "matmul")
+    p = matmul / prof["profiled_time_s"]
+
+    assert lines[0].startswith(
+        "=== RustyFlow run 2026-11-22T08:00:00Z | completed | "
+        "device=gpu (requested auto) | NVIDIA H100 80GB HBM3 |"
+    )
+    assert "| tf32 |" in lines[0] and "| 252,000 tok/s |" in lines[0]
+    assert "CUDA graph replay: yes" in lines[1]
+    assert (
+        f"Total matmul time (CPU + GPU): {matmul:.3f}s ({100 * p:.1f}% of total training "
+        "time)" in lines
+    )
+    amdahl = index_of(lines, "Amdahl's bound:")
+    assert lines[amdahl].startswith(f"Amdahl's bound: {1 / (1 - p):.2f}x ")
+    partial = lines[amdahl + 1]
+    assert partial.startswith(
+        "Per-op numbers and shares come from the profiled window "
+        "(20 of 300 steps, 0.080s), not the whole run: "
+    )
+    assert partial.endswith(prof["note"])
+    assert (
+        "GPU host vs device: host launching 0.025s, device busy 0.066s (82.5% of the 0.080s "
+        "window)" in lines
+    )
+    assert (
+        "Host<->device traffic per step: H2D 1.00 copies (8.0 KiB), D2H 0.10 copies "
+        "(0.4 B)" in lines
+    )
+    assert (
+        "Host<->device traffic over 300 steps: H2D 300 copies (2.3 MiB), D2H 30 copies "
+        "(120 B)" in lines
+    )
+    assert "Memory: peak GPU pool used 1.5 GiB of 2.0 GiB pool total" in lines
+    assert not any(line.startswith("Matmul floor:") for line in lines)
+    assert "[AVG_EPOCH_TIME] 0.160000" in lines
+
+
+def test_phase_split_shares() -> None:
+    lines = lines_of(format_block(cpu_record()))
+    rows = {
+        line.split()[0]: line.split()
+        for line in lines[index_of(lines, "Phase split") + 3 :]
+        if line.split() and line.split()[0] in ("forward", "backward", "eval")
+    }
+    assert rows["forward"][1:3] == ["1.400", f"{100 * 1.4 / 3.5:.1f}"]
+    assert rows["backward"][1:3] == ["1.800", f"{100 * 1.8 / 3.5:.1f}"]
+    assert rows["eval"][1:3] == ["0.750", f"{100 * 0.75 / 4.25:.1f}"]
+
+
+def test_fallback_and_interrupted_block_without_profile() -> None:
+    record = interrupted_record()
+    block = format_block(record)
+    lines = lines_of(block)
+    expected = (2.0 - 0.0) / 40 * 150  # no eval phase recorded: all the time was steps
+
+    assert lines[0].startswith(
+        "=== RustyFlow run 2026-11-22T09:00:00Z | interrupted | "
+        "device=cpu (requested gpu, fell back: no CUDA driver) |"
+    )
+    assert f"| avg epoch {expected:.3f}s (extrapolated) |" in lines[0]
+    assert "| val ppl n/a | test ppl n/a | ckpt n/a ===" in lines[0]
+    assert "Message: KeyboardInterrupt at step 40" in lines
+    assert any(line.startswith("Profile: none") for line in lines)
+    avg = index_of(lines, "[AVG_EPOCH_TIME] ")
+    assert lines[avg] == f"[AVG_EPOCH_TIME] {expected:.6f}"
+    assert lines[avg - 1].startswith("Average epoch time is an estimate (interrupted, 0/2 epochs")
+    assert parse_log(block) == [record]
+
+
+def test_no_epoch_and_nothing_to_extrapolate_leaves_the_avg_line_out() -> None:
+    record = interrupted_record(steps=0, steps_per_epoch=None, status="failed")
+    lines = lines_of(format_block(record))
+    assert "| avg epoch n/a |" in lines[0]
+    assert not any(line.startswith("[AVG_EPOCH_TIME]") for line in lines)
+    assert any(line.startswith("Average epoch time: not available (failed") for line in lines)
+
+
+def test_round_trip_of_all_three_records() -> None:
+    records = [cpu_record(), gpu_record(), interrupted_record()]
+    text = "".join(format_block(r) for r in records)
+    warnings: list[str] = []
+    assert parse_log(text, warnings) == records
+    assert warnings == []
+
+
+def test_json_line_is_strict_and_free_text_cannot_forge_lines() -> None:
+    record = cpu_record(
+        final_loss=float("nan"),
+        tokens_per_s=np.float32(1234.5),
+        steps=np.int64(300),
+        message="boom\n=== RustyFlow run fake\n[RUN_JSON] {}\u2028=== end of run ===",
+    )
+    block = format_block(record)
+    json_line = next(line for line in lines_of(block) if line.startswith("[RUN_JSON] "))
+
+    def reject(name: str) -> None:
+        raise AssertionError(f"non-standard JSON constant {name}")
+
+    data = json.loads(json_line[len("[RUN_JSON] ") :], parse_constant=reject)
+    assert data["final_loss"] is None and data["tokens_per_s"] == 1234.5 and data["steps"] == 300
+    assert "| tokens/s: 1,234 | steps: 300" in block and "final loss nan" in block
+    assert sum(line.startswith("=== RustyFlow run ") for line in lines_of(block)) == 1
+    assert parse_log(block) == [data]
+    assert parse_log(block)[0]["message"] == record["message"]
+
+
+def test_empty_record_still_renders() -> None:
+    block = format_block({})
+    assert block.startswith("=== RustyFlow run n/a | n/a | device=n/a (requested n/a) |")
+    assert parse_log(block) == [{}]
+
+
+def test_several_blocks_with_garbage_and_a_truncated_last_block() -> None:
+    future = cpu_record(version=2, timestamp="2027-01-01T00:00:00Z", new_field={"x": [1, 2]})
+    good = [cpu_record(), gpu_record(), future]
+    truncated = format_block(interrupted_record())
+    cut = truncated[: truncated.index("[RUN_JSON] ") + 200]
+    no_end = format_block(gpu_record(timestamp="2026-11-22T10:00:00Z")).replace(
+        "=== end of run ===\n", ""
+    )
+    text = (
+        "hand-written note at the top\n\n"
+        + format_block(good[0])
+        + 'random garbage === between blocks\n[RUN_JSON] {"orphan": true}\n'
+        + format_block(good[1]).replace("\n", "\r\n")
+        + no_end
+        + "\n\n"
+        + format_block(good[2])
+        + "=== RustyFlow run 2026-11-22T11:00:00Z | completed | header only\n"
+        + "some report lines\n"
+        + cut
+    )
+    warnings: list[str] = []
+    records = parse_log(text, warnings)
+    timestamps = [r["timestamp"] for r in records]
+    assert timestamps == [
+        "2026-11-22T07:00:00Z",
+        "2026-11-22T08:00:00Z",
+        "2026-11-22T10:00:00Z",
+        "2027-01-01T00:00:00Z",
+    ]
+    assert records[0] == good[0] and records[1] == good[1] and records[3] == future
+    assert len(warnings) == 2
+    assert "no [RUN_JSON] line" in warnings[0] and "2026-11-22T11:00:00Z" in warnings[0]
+    assert "not valid JSON" in warnings[1] and "2026-11-22T09:00:00Z" in warnings[1]
+    assert parse_log(text) == records  # warnings are optional
+
+
+def test_read_log(tmp_path) -> None:
+    missing = tmp_path / "training_log.txt"
+    with pytest.raises(FileNotFoundError) as info:
+        read_log(missing)
+    assert str(info.value) == (
+        f"training_log.txt not found at {missing}: run `rustyflow train` first (or pass --log FILE)"
+    )
+    append_block(missing, format_block(cpu_record()))
+    append_block(missing, format_block(gpu_record()))
+    assert read_log(missing) == [cpu_record(), gpu_record()]
+
+
+def runs_for_speedup() -> list[dict]:
+    older_cpu = cpu_record(timestamp="2026-11-21T00:00:00Z", avg_epoch_time_s=500.0)
+    cpu = cpu_record(timestamp="2026-11-22T01:00:00Z", avg_epoch_time_s=100.0, tokens_per_s=21000.0)
+    gpu = gpu_record(timestamp="2026-11-22T02:00:00Z", avg_epoch_time_s=8.0, tokens_per_s=252000.0)
+    gpu_interrupted = gpu_record(
+        timestamp="2026-11-22T03:00:00Z", status="interrupted", avg_epoch_time_s=1.0
+    )
+    other_shape = gpu_record(
+        timestamp="2026-11-22T04:00:00Z", model=dict(cpu["model"], embed=256), avg_epoch_time_s=3.0
+    )
+    return [older_cpu, cpu, gpu, gpu_interrupted, other_shape]
+
+
+def test_speedup_pairs_latest_completed_runs_of_the_same_shape() -> None:
+    doc = json.loads(render_report(runs_for_speedup(), fmt="json"))
+    assert [r["timestamp"] for r in doc["runs"]] == [r["timestamp"] for r in runs_for_speedup()]
+    assert len(doc["speedups"]) == 1
+    pair = doc["speedups"][0]
+    assert pair["shape"] == "L2 H4 E128 T64 B16 V33278" and pair["dataset"] == "wikitext-2"
+    assert (pair["cpu_run"], pair["gpu_run"]) == ("2026-11-22T01:00:00Z", "2026-11-22T02:00:00Z")
+    assert pair["epoch_speedup"] == pytest.approx(100.0 / 8.0)
+    assert pair["tokens_per_s_ratio"] == pytest.approx(252000.0 / 21000.0)
+    assert doc["latest"]["timestamp"] == "2026-11-22T04:00:00Z"
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown"])
+def test_text_report_has_runs_speedup_and_latest_report(fmt: str) -> None:
+    records = runs_for_speedup()
+    out = render_report(records, fmt=fmt)
+    for r in records:
+        assert r["timestamp"] in out
+    speedup_lines = [line for line in out.split("\n") if "12.50x" in line]
+    assert len(speedup_lines) == 1 and "12.00x" in speedup_lines[0]
+    assert "L2 H4 E256 T64 B16 V33278" in out
+    assert "Amdahl's bound:" in out and "[AVG_EPOCH_TIME] 3.000000" in out
+    assert "[RUN_JSON]" not in out
+    if fmt == "markdown":
+        assert "| Timestamp | Status | Device |" in out
+        assert "|---|---|---|" in out and "```text" in out
+        rows = [line for line in out.split("\n") if line.startswith("| 2026-11-2")]
+        assert len(rows) == len(records)
+    else:
+        assert "|" not in out.split("\n")[1]
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown", "json"])
+def test_no_speedup_for_different_shapes(fmt: str) -> None:
+    records = [cpu_record(), gpu_record(model=dict(cpu_record()["model"], seq_len=128))]
+    out = render_report(records, fmt=fmt)
+    if fmt == "json":
+        assert json.loads(out)["speedups"] == []
+    else:
+        assert "none: needs a completed CPU run and a completed GPU run" in out
+        assert not any(
+            line.rstrip().endswith("x")
+            for line in out.split("\n")
+            if line.startswith("wikitext-2") or line.startswith("| wikitext-2")
+        )
+
+
+def test_last_and_latest_profiled_run() -> None:
+    records = [cpu_record(), gpu_record(), interrupted_record()]
+    out = render_report(records, fmt="table", last=2)
+    assert "Runs (2)" in out and "2026-11-22T07:00:00Z" not in out
+    assert "Latest profiling report: run 2026-11-22T08:00:00Z" in out  # the last run has none
+    assert "cpu (req gpu)" in out and "~7.500" in out and "~ estimated" in out
+    doc = json.loads(render_report([interrupted_record()], fmt="json"))
+    assert doc["latest"]["timestamp"] == "2026-11-22T09:00:00Z"
+    with pytest.raises(ValueError):
+        render_report(records, last=0)
+
+
+def test_empty_log_report() -> None:
+    assert "No runs in the log." in render_report([])
+    assert json.loads(render_report([], fmt="json")) == {"runs": [], "speedups": [], "latest": None}
+    assert "No runs in the log." in render_report([], fmt="markdown")
