@@ -110,17 +110,20 @@ def eval_(model_path: str, split: str, device: str, data_dir: str | None) -> Non
 
 @main.command()
 @click.option("--log", "log_path", default="training_log.txt", type=click.Path(dir_okay=False))
-@click.option("--last", type=int, default=None, help="only the last N runs")
+@click.option("--last", type=click.IntRange(min=1), default=None, help="only the last N runs")
 @click.option("--format", "fmt", type=click.Choice(["table", "markdown", "json"]),
               default="table")
 def report(log_path: str, last: int | None, fmt: str) -> None:
     """The runs in the log, CPU-vs-GPU speed-ups and the latest profiling report."""
     from . import report as rep
 
+    warnings: list[str] = []
     try:
-        records = rep.read_log(log_path)
+        records = rep.read_log(log_path, warnings)
     except FileNotFoundError as exc:
         raise click.ClickException(str(exc)) from None
+    for w in warnings:
+        click.echo(f"WARN: {w}", err=True)
     click.echo(rep.render_report(records, fmt, last))
 
 

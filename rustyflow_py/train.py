@@ -297,6 +297,7 @@ class Trainer:
             "epochs": len(self.epoch_times),
             "epochs_planned": cfg.num_epochs,
             "steps": steps_done,
+            "steps_per_epoch": self.steps_per_epoch,
             "train_time_s": train_time,
             "avg_epoch_time_s": avg_epoch,
             "tokens_per_s": tokens / train_time if train_time > 0 else 0.0,

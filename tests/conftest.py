@@ -16,7 +16,10 @@ DEVICES = [
     "cpu",
     pytest.param(
         "gpu",
-        marks=[pytest.mark.gpu, pytest.mark.skipif(_GPU_REASON is not None, reason=str(_GPU_REASON))],
+        marks=[
+            pytest.mark.gpu,
+            pytest.mark.skipif(_GPU_REASON is not None, reason=str(_GPU_REASON)),
+        ],
     ),
 ]
 

@@ -81,7 +81,8 @@ def test_matmul(device: str, sa: tuple[int, ...], sb: tuple[int, ...]) -> None:
 
 def test_matmul_noncontiguous_and_transposed(device: str) -> None:
     gradcheck(device, ops.matmul, [noncontig(3, 4), noncontig(4, 5)])
-    gradcheck(device, lambda a, b: ops.matmul(a, b, transpose_b=True), [randn(2, 3, 4), randn(5, 4)])
+    gradcheck(device, lambda a, b: ops.matmul(a, b, transpose_b=True),
+              [randn(2, 3, 4), randn(5, 4)])
 
 
 def test_shape_ops(device: str) -> None:
@@ -91,7 +92,9 @@ def test_shape_ops(device: str) -> None:
     gradcheck(device, lambda x: ops.split(x, 2, axis=1)[1] * 2.0, [randn(2, 4, 3)])
 
 
-@pytest.mark.parametrize(("axis", "keepdims"), [(None, False), (1, False), ((0, 2), True), (-1, True)])
+@pytest.mark.parametrize(
+    ("axis", "keepdims"), [(None, False), (1, False), ((0, 2), True), (-1, True)]
+)
 def test_sum_mean(device: str, axis: int | tuple[int, ...] | None, keepdims: bool) -> None:
     gradcheck(device, lambda x: ops.sum(x, axis, keepdims), [randn(2, 3, 4)])
     gradcheck(device, lambda x: ops.mean(x, axis, keepdims), [noncontig(2, 3, 4)])
