@@ -139,6 +139,7 @@ class CupyBackend(Backend):
 
         kind = linalg.COMPUTE_TYPE_TF32 if precision == "tf32" else linalg.COMPUTE_TYPE_DEFAULT
         linalg.set_compute_type(np.float32, kind)
+        self.fused.cublas.tf32 = precision == "tf32"
 
     def from_host(self, array: np.ndarray) -> Any:
         _count("host->device", array.nbytes)

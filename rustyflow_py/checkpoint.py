@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+import zipfile
 from pathlib import Path
 from typing import Any
 
@@ -61,7 +62,7 @@ class Checkpoint:
                 files = {k: z[k] for k in z.files}
             self.meta: dict[str, Any] = json.loads(str(files.pop("meta")))
             self.vocab: np.ndarray = files.pop("vocab")
-        except (OSError, ValueError, KeyError, EOFError) as exc:
+        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
             raise CheckpointError(
                 f"{self.path} is not a readable RustyFlow checkpoint ({type(exc).__name__}: "
                 f"{exc}); re-train or point --model at another file"
@@ -76,4 +77,7 @@ class Checkpoint:
 
     @property
     def config(self) -> dict[str, Any]:
+        if not isinstance(self.meta.get("config"), dict):
+            raise CheckpointError(f"{self.path}: the checkpoint stores no run configuration; "
+                                  "it was not written by `rustyflow train`")
         return self.meta["config"]

@@ -9,7 +9,7 @@ import numpy as np
 
 from . import data
 from .checkpoint import Checkpoint, CheckpointError
-from .config import Config
+from .config import Config, ConfigError
 from .nn import GPT, GPTConfig
 from .tensor import Tensor, no_grad
 
@@ -17,7 +17,10 @@ from .tensor import Tensor, no_grad
 def load_model(path: str, device: str) -> tuple[GPT, Checkpoint, Config]:
     """A GPT with a checkpoint's weights on `device` (whichever device trained it)."""
     ckpt = Checkpoint(path)
-    cfg = Config.from_dict(ckpt.config)
+    try:
+        cfg = Config.from_dict(ckpt.config)
+    except ConfigError as exc:
+        raise CheckpointError(f"{path}: its stored configuration is invalid ({exc})") from None
     vocab = len(ckpt.vocab)
     dtype = np.float64 if cfg.precision == "fp64" else np.float32
     model = GPT(GPTConfig(vocab, cfg.seq_len, cfg.num_layers, cfg.num_heads, cfg.embed_dim,

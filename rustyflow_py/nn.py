@@ -109,10 +109,12 @@ class ParameterBuffer:
         missing = set(self.params) - set(weights)
         if missing:
             raise ValueError(f"checkpoint lacks parameters: {', '.join(sorted(missing))}")
+        wrong = [f"{n} {tuple(weights[n].shape)} (model {t.shape})"
+                 for n, t in self.params.items() if tuple(weights[n].shape) != t.shape]
+        if wrong:
+            raise ValueError(f"parameter shapes differ: {'; '.join(wrong)}")
         host = np.concatenate([np.asarray(weights[n], self.flat.dtype).ravel()
                                for n in self.params])
-        if host.size != self.flat.size:
-            raise ValueError(f"checkpoint has {host.size} weights, the model {self.flat.size}")
         self.flat[...] = self.backend.from_host(host)
 
 

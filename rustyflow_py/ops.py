@@ -118,21 +118,21 @@ class MatMul(Function):
 
     def forward(self, a: Any, b: Any) -> Any:
         self.a, self.b = a, b
-        return a @ (b.T if self.transpose_b else b)
+        return self.fused.matmul(a, b.T if self.transpose_b else b)
 
     def backward(self, grad: Any) -> Sequence[Any]:
-        a, b, xp = self.a, self.b, self.xp
+        a, b, xp, mm = self.a, self.b, self.xp, self.fused.matmul
         bt = b.T if self.transpose_b else b  # the (K, N) operand actually multiplied
         da = db = None
         if self.needs_input_grad[0]:
-            da = unbroadcast(grad @ xp.swapaxes(bt, -1, -2), a.shape)
+            da = unbroadcast(mm(grad, xp.swapaxes(bt, -1, -2)), a.shape)
         if self.needs_input_grad[1]:
             if bt.ndim == 2 and a.ndim > 2:  # fold the batch into the rows: one GEMM
                 a2 = a.reshape(-1, a.shape[-1])
                 g2 = grad.reshape(-1, grad.shape[-1])
-                db = g2.T @ a2 if self.transpose_b else a2.T @ g2
+                db = mm(g2.T, a2) if self.transpose_b else mm(a2.T, g2)
             else:
-                dbt = unbroadcast(xp.swapaxes(a, -1, -2) @ grad, bt.shape)
+                dbt = unbroadcast(mm(xp.swapaxes(a, -1, -2), grad), bt.shape)
                 db = xp.swapaxes(dbt, -1, -2) if self.transpose_b else dbt
         return da, db
 
@@ -273,7 +273,7 @@ class CausalSelfAttention(Function):
 
 
 class CrossEntropy(Function):
-    """Mean softmax cross-entropy over all positions; d(logits) is made in the forward pass."""
+    """Mean softmax cross-entropy over all positions (fused, numerically stable)."""
 
     name = "cross_entropy"
     need_grad: bool
@@ -282,13 +282,13 @@ class CrossEntropy(Function):
     def forward(self, logits: Any, targets: Any) -> Any:
         self.shape = logits.shape
         flat = logits.reshape(-1, logits.shape[-1])
-        loss, self.dlogits = self.fused.cross_entropy(
+        loss, self.state = self.fused.cross_entropy(
             flat, targets.reshape(-1), self.need_grad, self.inplace
         )
         return loss
 
     def backward(self, grad: Any) -> Sequence[Any]:
-        return self.fused.scale_by(self.dlogits, grad).reshape(self.shape), None
+        return self.fused.cross_entropy_backward(self.state, grad).reshape(self.shape), None
 
 
 # ---- functional API ----------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import dataclasses
 import math
 import resource
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,7 @@ from . import checkpoint, data, logfile, report
 from .backend import TRANSFERS, DeviceError, get_backend, gpu_unavailable_reason
 from .config import Config
 from .evaluate import perplexity
+from .graph import CapturedStep, GraphCaptureError
 from .nn import GPT, GPTConfig
 from .optim import SGD, AdamW, Optimizer, Schedule
 from .profiler import Profiler
@@ -105,10 +106,21 @@ class Trainer:
         self.checkpoint_path = cfg.model_path_for(self.device)
         if resume:
             self._restore(resume)
-        self.backend.seed(cfg.seed + self.pos.step)
         xp = self.backend.xp
-        self._loss_buf = xp.zeros(max(cfg.log_interval, 1), dtype=self.dtype)
-        self._loss_fill = 0
+        # Static batch buffers: each step gathers its batch into them on the device.
+        self.x = xp.zeros((cfg.batch_size, cfg.seq_len), dtype=np.int32)
+        self.y = xp.zeros_like(self.x)
+        self._ring = xp.zeros(cfg.log_interval, dtype=self.dtype)  # step s's loss at (s-1) % n
+        self._drained = self.pos.step  # self.losses holds the losses of steps 1.._drained
+        self.graph = self._want_graph()
+        self._captured: CapturedStep | None = None
+        self._steps_here = 0  # steps run by this process (warm-up and profiling window)
+        self.profiled_wall = 0.0  # wall time of the profiled steps, including their sync
+        self.window_host = 0.0  # host time spent issuing the profiled steps
+        self._val_step = -1  # the step at which val_ppl was measured
+        self._other_transfers = dict.fromkeys(TRANSFERS.snapshot(), 0)
+        self._wall_start = time.perf_counter()
+        self._steps_at_start = self.pos.step
 
     # ---- setup -------------------------------------------------------------------------------
     def _upload(self, tokens: np.ndarray) -> Any:
@@ -148,38 +160,91 @@ class Trainer:
         self.say(f"Resumed from {path} at step {self.pos.step} (epoch {self.pos.epoch + 1}, "
                  f"batch {self.pos.batch})")
 
+    def _want_graph(self) -> bool:
+        """Whether to replay the step as a CUDA graph (GRAPH=auto|on|off)."""
+        mode = self.cfg.graph
+        if mode == "off" or self.device != "gpu":
+            if mode == "on":
+                self.say("WARN: GRAPH=on needs the GPU; training eagerly on the CPU")
+            return False
+        if self.cfg.dropout > 0:
+            if mode == "on":
+                self.say("WARN: GRAPH=on: dropout draws fresh random masks every step, which a "
+                         "replayed graph cannot; training eagerly (set DROPOUT=0 for graphs)")
+            return False
+        return True
+
     # ---- the loop ----------------------------------------------------------------------------
-    def step(self, x: Any, y: Any) -> None:
-        """One optimizer step on device batch (x, y); the loss lands in the device buffer."""
-        buffer, clock = self.model.buffer, time.perf_counter
+    def _step_body(self, timed: bool) -> None:
+        """One optimizer step on the device: gather the batch, forward, backward, update, and
+        put the loss in the ring. Reads nothing from the host, so it can be graph-captured."""
+        clock, opt = time.perf_counter, self.optimizer
         t0 = clock()
-        buffer.zero_grad()
-        loss = self.model(Tensor(x), Tensor(y))
+        self.backend.fused.gather_batch(self.train_stream, opt.step_count, self.cfg.seq_len,
+                                        self.x, self.y)
         t1 = clock()
-        loss.backward()
+        self.model.buffer.zero_grad()
+        loss = self.model(Tensor(self.x), Tensor(self.y))
         t2 = clock()
-        self.optimizer.step()
+        loss.backward()
         t3 = clock()
-        self._loss_buf[self._loss_fill] = loss.data
-        self._loss_fill += 1
-        self.phases["forward"] += t1 - t0
-        self.phases["backward"] += t2 - t1
-        self.phases["optimizer"] += t3 - t2
+        opt.step()
+        self.backend.fused.store_at_step(self._ring, opt.step_count, loss.data)
+        if timed:
+            for phase, dt in zip(("data", "forward", "backward", "optimizer"),
+                                 (t1 - t0, t2 - t1, t3 - t2, clock() - t3), strict=True):
+                self.phases[phase] += dt
+
+    def _run_step(self) -> None:
+        """Eager (profiled while in the window), or the captured graph once it exists."""
+        if self._captured is not None:
+            self._captured.replay()
+            return
+        if self.cfg.dropout > 0:  # masks depend on (seed, step) only: resume stays exact
+            self.backend.seed(self.cfg.seed + self.pos.step)
+        gpu = self.device == "gpu"
+        window = 1 <= self._steps_here <= self.cfg.profile_steps
+        if self.profiler is not None and (not gpu or window):
+            start = time.perf_counter()
+            with self.profiler:
+                self._step_body(timed=True)
+            self.window_host += time.perf_counter() - start
+            self.profiler.step_end()
+            self.profiled_wall += time.perf_counter() - start
+        elif self.graph and self._steps_here > self.cfg.profile_steps:
+            self._capture()
+        else:
+            self._step_body(timed=True)
+        self._steps_here += 1
+
+    def _capture(self) -> None:
+        """Record the step as a CUDA graph and run it; on failure, say why and stay eager."""
+        captured = CapturedStep(self.backend, lambda: self._step_body(timed=False))
+        try:
+            captured.capture()
+        except GraphCaptureError as exc:
+            self.graph = False
+            self.say(f"WARN: CUDA graph capture failed, training eagerly ({exc})")
+            self._step_body(timed=True)
+            return
+        self._captured = captured
+        captured.replay()
 
     def _drain_losses(self) -> None:
-        """Read the buffered losses back (one transfer) and stop on a non-finite one."""
-        if not self._loss_fill:
+        """Read the loss ring back (one transfer) and stop on a non-finite loss."""
+        if self._drained == self.pos.step:
             return
-        chunk = self.backend.to_host(self._loss_buf[: self._loss_fill]).tolist()
-        first = self.pos.step - self._loss_fill + 1
-        self._loss_fill = 0
-        for i, value in enumerate(chunk):
+        ring = self.backend.to_host(self._ring)
+        n = len(ring)
+        for step in range(self._drained + 1, self.pos.step + 1):
+            value = float(ring[(step - 1) % n])
             if not math.isfinite(value):
                 raise TrainingError(
-                    f"loss is {value} at step {first + i}: training diverged; lower "
+                    f"loss is {value} at step {step}: training diverged; lower "
                     f"LEARNING_RATE (now {self.cfg.learning_rate}) or set GRAD_CLIP"
                 )
-        self.losses.extend(chunk)
+            self.losses.append(value)
+        self._drained = self.pos.step
 
     def run(self) -> dict[str, Any]:
         cfg = self.cfg
@@ -187,19 +252,19 @@ class Trainer:
         status, message = "completed", None
         start = time.perf_counter()
         TRANSFERS.reset()
+        self._wall_start = start
         try:
-            with self.profiler or contextlib.nullcontext():
-                self._train(limit)
-            if cfg.eval_interval == 0 or self.val_ppl is None:
-                self.val_ppl = self.evaluate("valid")
+            self._train(limit)
+            if self._val_step != self.pos.step:
+                self._validate()
             self.test_ppl = self.evaluate("test")
         except KeyboardInterrupt:
             status, message = "interrupted", f"interrupted at step {self.pos.step}"
             self.say(f"\nInterrupted at step {self.pos.step}: saving checkpoint and log block")
         except TrainingError as exc:
             status, message = "failed", str(exc)
-        train_time = time.perf_counter() - start - self.phases["eval"]
-        ckpt = self.save()
+        train_time = time.perf_counter() - start  # evaluation included (report.py's contract)
+        ckpt = self.save() if status != "failed" else None
         record = self._record(status, message, train_time, ckpt)
         block = report.format_block(record)
         self.say(block)
@@ -218,18 +283,15 @@ class Trainer:
             if self.progress:
                 self.progress.start_epoch(self.pos.epoch, nb, self.pos.batch)
             while self.pos.batch < nb and self.pos.step < limit:
-                t0 = clock()
-                x, y = data.get_batch(self.train_stream, self.pos.batch, cfg.seq_len)
-                self.phases["data"] += clock() - t0
-                self.step(x, y)
-                if self.profiler:
-                    self.profiler.step_end()
+                self._run_step()
                 self.pos.step += 1
                 self.pos.batch += 1
-                if self._loss_fill == len(self._loss_buf):
+                if self.pos.step - self._drained == len(self._ring):
                     self._drain_losses()
                     if self.progress:
                         self.progress.update(self.pos, self.losses[-1], self._tokens_per_s())
+                if cfg.eval_interval and self.pos.step % cfg.eval_interval == 0:
+                    self._validate()
                 if self.stop_after is not None and self.pos.step >= self.stop_after:
                     raise KeyboardInterrupt
             self.backend.synchronize()
@@ -239,22 +301,40 @@ class Trainer:
             self.epoch_times.append(clock() - epoch_start)
             self.pos.epoch += 1
             self.pos.batch = 0
-            self.val_ppl = self.evaluate("valid")
-            self.say(f"epoch {self.pos.epoch}/{cfg.num_epochs}: {self.epoch_times[-1]:.2f}s, "
-                     f"val ppl {self.val_ppl:.2f}")
+            self.say(f"epoch {self.pos.epoch}/{cfg.num_epochs}: {self.epoch_times[-1]:.2f}s")
+            if self._val_step != self.pos.step:
+                self._validate()
             self.save()
 
+    def _validate(self) -> None:
+        self.val_ppl = self.evaluate("valid")
+        self._val_step = self.pos.step
+        self.say(f"step {self.pos.step}: validation perplexity {self.val_ppl:.2f}")
+
     def _tokens_per_s(self) -> float:
-        busy = self.phases["forward"] + self.phases["backward"] + self.phases["optimizer"]
-        return self.pos.step * self.cfg.batch_size * self.cfg.seq_len / max(busy, 1e-9)
+        """Throughput of this process so far (read at a loss drain, i.e. after a sync)."""
+        elapsed = time.perf_counter() - self._wall_start - self.phases["eval"]
+        steps = self.pos.step - self._steps_at_start
+        return steps * self.cfg.batch_size * self.cfg.seq_len / max(elapsed, 1e-9)
 
     def evaluate(self, split: str) -> float:
         """Perplexity over the whole split (exp of the mean per-token NLL)."""
         start = time.perf_counter()
-        result = perplexity(self.model, getattr(self.corpus, split), self.cfg.batch_size,
-                            self.cfg.seq_len)
+        with self._not_step_traffic():
+            result = perplexity(self.model, getattr(self.corpus, split), self.cfg.batch_size,
+                                self.cfg.seq_len)
         self.phases["eval"] += time.perf_counter() - start
         return result["perplexity"]
+
+    @contextlib.contextmanager
+    def _not_step_traffic(self) -> Iterator[None]:
+        """Keep evaluation and checkpoint copies out of the per-step transfer counts."""
+        before = TRANSFERS.snapshot()
+        try:
+            yield
+        finally:
+            for key, value in TRANSFERS.snapshot().items():
+                self._other_transfers[key] += value - before[key]
 
     # ---- output ------------------------------------------------------------------------------
     def save(self) -> str:
@@ -266,8 +346,9 @@ class Trainer:
             "train": {**dataclasses.asdict(self.pos), "losses": self.losses,
                       "epoch_times": self.epoch_times, "val_ppl": self.val_ppl},
         }
-        checkpoint.save(self.checkpoint_path, self.model.buffer.state_dict(), meta,
-                        self.corpus.vocab.to_array(), self.optimizer.state_dict())
+        with self._not_step_traffic():
+            checkpoint.save(self.checkpoint_path, self.model.buffer.state_dict(), meta,
+                            self.corpus.vocab.to_array(), self.optimizer.state_dict())
         return self.checkpoint_path
 
     def _record(self, status: str, message: str | None, train_time: float,
@@ -275,7 +356,8 @@ class Trainer:
         cfg, m = self.cfg, self.model.cfg
         steps_done = len(self.losses)
         tokens = steps_done * cfg.batch_size * cfg.seq_len
-        step_time = train_time / max(steps_done, 1)
+        steps_time = train_time - self.phases["eval"]
+        step_time = steps_time / max(steps_done, 1)
         avg_epoch = (sum(self.epoch_times) / len(self.epoch_times) if self.epoch_times
                      else None)
         return {
@@ -293,14 +375,14 @@ class Trainer:
                       "params": self.model.num_params()},
             "precision": cfg.precision,
             "optimizer": cfg.optimizer,
-            "graph": False,
+            "graph": self._captured is not None,
             "epochs": len(self.epoch_times),
             "epochs_planned": cfg.num_epochs,
             "steps": steps_done,
             "steps_per_epoch": self.steps_per_epoch,
             "train_time_s": train_time,
             "avg_epoch_time_s": avg_epoch,
-            "tokens_per_s": tokens / train_time if train_time > 0 else 0.0,
+            "tokens_per_s": tokens / steps_time if steps_time > 0 else 0.0,
             "val_ppl": self.val_ppl,
             "test_ppl": self.test_ppl,
             "final_loss": self.losses[-1] if self.losses else None,
@@ -316,22 +398,24 @@ class Trainer:
         phases = dict(self.phases)
         if gpu:  # device time per phase from the op events
             phases.update({k: v for k, v in prof.phase_times().items() if k in phases})
-        out: dict[str, Any] = {
+        mode = "CUDA-graph replay" if self._captured is not None else "eager"
+        note = (f"per-op device times from CUDA events over an eager window of {prof.steps} "
+                f"steps after 1 warm-up step; totals and epoch times from the whole {mode} run"
+                if gpu else "per-op wall times of every step")
+        return {
             "timing": "cuda-events" if gpu else "wall",
-            "note": ("per-op device times from CUDA events, resolved once per step" if gpu
-                     else "per-op wall times of every step"),
+            "note": note,
             "profiled_steps": prof.steps,
-            "profiled_time_s": step_time * prof.steps,
+            "profiled_time_s": self.profiled_wall,
             "ops": prof.ops(),
             "phases": phases,
-            "host_launch_s": (self.phases["forward"] + self.phases["backward"]
-                              + self.phases["optimizer"]) if gpu else None,
+            "host_launch_s": self.window_host if gpu else None,
             "device_busy_s": prof.total() if gpu else None,
-            "transfers": {**TRANSFERS.snapshot(), "steps": steps},
-            "memory": _memory(self.backend),
+            "transfers": {**{k: v - self._other_transfers[k]
+                             for k, v in TRANSFERS.snapshot().items()}, "steps": steps},
+            "memory": _memory(self.backend, self._captured),
             "matmul_floor": None if gpu else self._matmul_floor(step_time),
         }
-        return out
 
     def _matmul_floor(self, step_time: float) -> dict[str, float]:
         """The step's matmul FLOPs at this machine's measured GEMM rate."""
@@ -365,11 +449,13 @@ def _hardware(device: str) -> str:
     return devices.gpu_properties()["name"] if device == "gpu" else devices.cpu_name()
 
 
-def _memory(backend: Any) -> dict[str, Any]:
+def _memory(backend: Any, captured: CapturedStep | None) -> dict[str, Any]:
+    """Peak memory: CuPy's pools (they keep freed blocks, so their size is the peak
+    footprint) plus the graph's private pool; on the CPU the peak RSS."""
     if backend.name == "gpu":
         pool = backend.xp.get_default_memory_pool()
-        return {"kind": "gpu_pool", "peak_bytes": int(pool.total_bytes()),
-                "pool_total_bytes": int(pool.total_bytes())}
+        total = int(pool.total_bytes()) + (captured.pool_bytes() if captured else 0)
+        return {"kind": "gpu_pool", "peak_bytes": total, "pool_total_bytes": total}
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     return {"kind": "rss", "peak_bytes": int(peak), "pool_total_bytes": None}
 

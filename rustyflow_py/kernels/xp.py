@@ -21,6 +21,9 @@ class XpKernels:
         self.xp = backend.xp
         self._masks: dict[int, Any] = {}
 
+    def matmul(self, a: Any, b: Any) -> Any:
+        return self.xp.matmul(a, b)
+
     # ---- LayerNorm over the last axis ------------------------------------------------------
     def layernorm_forward(self, x: Any, w: Any, b: Any, eps: float) -> tuple[Any, Any, Any]:
         xp = self.xp
@@ -100,14 +103,14 @@ class XpKernels:
         ds *= scale
         return ds
 
-    # ---- softmax cross-entropy, loss and d(logits) in one pass -----------------------------
+    # ---- softmax cross-entropy ---------------------------------------------------------------
     def cross_entropy(
         self, logits: Any, targets: Any, need_grad: bool, inplace: bool
-    ) -> tuple[Any, Any | None]:
-        """Mean NLL over rows of (N, V) logits; with need_grad also d(loss)/d(logits).
+    ) -> tuple[Any, Any]:
+        """Mean NLL over rows of (N, V) logits, and the state its backward needs.
 
-        With inplace=True the logits buffer is reused for the gradient, so the largest
-        activation of a language model exists once.
+        Here the state is d(loss)/d(logits) itself, made in the same pass as the loss; with
+        inplace=True it reuses the logits buffer, so the largest activation exists once.
         """
         xp = self.xp
         n = logits.shape[0]
@@ -124,10 +127,10 @@ class XpKernels:
         e[rows, targets] -= 1.0 / n
         return loss, e
 
-    def scale_by(self, array: Any, g: Any) -> Any:
-        """array * g for a scalar upstream gradient g (in place)."""
-        array *= g
-        return array
+    def cross_entropy_backward(self, state: Any, g: Any) -> Any:
+        """d(logits) for upstream gradient g (a scalar); may reuse the state's buffer."""
+        state *= g
+        return state
 
     # ---- embedding backward: scatter-add rows of g into a dense (V, E) gradient -------------
     def embedding_backward(self, idx: Any, g: Any, num_embeddings: int) -> Any:
@@ -175,3 +178,14 @@ class XpKernels:
             velocity += g
             d = g + momentum * velocity if nesterov else velocity
         p -= lr.astype(p.dtype) * d
+
+    # ---- data -------------------------------------------------------------------------------
+    def gather_batch(self, stream: Any, step: Any, seq_len: int, x: Any, y: Any) -> None:
+        """x, y <- the window of batch (step mod batches-per-epoch) of a (B, N) token stream."""
+        i = int(step) % ((stream.shape[1] - 1) // seq_len)
+        x[...] = stream[:, i * seq_len : (i + 1) * seq_len]
+        y[...] = stream[:, i * seq_len + 1 : (i + 1) * seq_len + 1]
+
+    def store_at_step(self, ring: Any, step: Any, value: Any) -> None:
+        """ring[(step - 1) % len(ring)] = value, with `step` a 0-d device counter."""
+        ring[(int(step) - 1) % len(ring)] = value

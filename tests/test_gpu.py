@@ -1,0 +1,161 @@
+"""GPU-only checks: fused CUDA kernels against the shared formulation, transfer-free steps,
+CUDA-graph replay against eager, and CPU/GPU agreement. Skipped cleanly without CUDA."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from rustyflow_py.backend import TRANSFERS, get_backend, gpu_unavailable_reason, strict_transfers
+from rustyflow_py.config import Config
+from rustyflow_py.kernels.xp import XpKernels
+from rustyflow_py.nn import GPT, GPTConfig
+from rustyflow_py.optim import AdamW, Schedule
+from rustyflow_py.tensor import Tensor
+from rustyflow_py.train import Trainer
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(gpu_unavailable_reason() is not None, reason=str(gpu_unavailable_reason())),
+]
+RNG = np.random.default_rng(0)
+
+
+@pytest.fixture(scope="module")
+def gpu() -> tuple[object, object]:
+    backend = get_backend("gpu")
+    return backend, XpKernels(backend)
+
+
+def _dev(backend: object, *shape: int, dtype: type = np.float32) -> object:
+    return backend.from_host(RNG.standard_normal(shape).astype(dtype))  # type: ignore[attr-defined]
+
+
+def _close(a: object, b: object, dtype: type) -> None:
+    tol = 1e-5 if dtype == np.float32 else 1e-12
+    np.testing.assert_allclose(np.asarray(a.get()), np.asarray(b.get()), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_fused_kernels_match_reference(gpu: tuple[object, object], dtype: type) -> None:
+    backend, ref = gpu
+    fused = backend.fused
+    x, w, b = _dev(backend, 6, 5, 48, dtype=dtype), _dev(backend, 48, dtype=dtype), \
+        _dev(backend, 48, dtype=dtype)
+    g = _dev(backend, 6, 5, 48, dtype=dtype)
+    for mine, theirs in zip(fused.layernorm_forward(x, w, b, 1e-5),
+                            ref.layernorm_forward(x, w, b, 1e-5), strict=True):
+        _close(mine, theirs, dtype)
+    _, mean, rstd = ref.layernorm_forward(x, w, b, 1e-5)
+    for mine, theirs in zip(fused.layernorm_backward(g, x, w, mean, rstd),
+                            ref.layernorm_backward(g, x, w, mean, rstd), strict=True):
+        _close(mine, theirs, dtype)
+    for bias in (None, b):
+        _close(fused.gelu_forward(x, bias), ref.gelu_forward(x, bias), dtype)
+        _close(fused.gelu_backward(g, x, bias), ref.gelu_backward(g, x, bias), dtype)
+    scores = _dev(backend, 2, 3, 37, 37, dtype=dtype)
+    probs = fused.causal_softmax_forward(scores.copy(), 0.3)
+    _close(probs, ref.causal_softmax_forward(scores.copy(), 0.3), dtype)
+    gp = _dev(backend, 2, 3, 37, 37, dtype=dtype)
+    _close(fused.causal_softmax_backward(gp, probs, 0.3),
+           ref.causal_softmax_backward(gp, probs, 0.3), dtype)
+    logits = _dev(backend, 9, 1001, dtype=dtype) * 4
+    targets = backend.from_host(RNG.integers(0, 1001, 9).astype(np.int32))
+    seed = backend.xp.asarray(0.7, dtype=dtype)
+    loss, state = fused.cross_entropy(logits.copy(), targets, True, True)
+    loss_ref, state_ref = ref.cross_entropy(logits.copy(), targets, True, False)
+    _close(loss, loss_ref, dtype)
+    _close(fused.cross_entropy_backward(state, seed),
+           ref.cross_entropy_backward(state_ref, seed), dtype)
+    idx = backend.from_host(RNG.integers(0, 7, (4, 5)))
+    ge = _dev(backend, 4, 5, 8, dtype=dtype)
+    _close(fused.embedding_backward(idx, ge, 7), ref.embedding_backward(idx, ge, 7), dtype)
+    flat = _dev(backend, 1000, dtype=dtype)
+    _close(fused.l2_norm(flat), ref.l2_norm(flat), dtype)
+
+
+def test_optimizer_kernels_match_reference(gpu: tuple[object, object]) -> None:
+    backend, ref = gpu
+    xp = backend.xp
+    lr, step, scale = xp.asarray(1e-2, np.float32), xp.asarray(3, np.int32), \
+        xp.asarray(0.5, np.float32)
+    grads = _dev(backend, 500)
+    states = []
+    for kernels in (backend.fused, ref):
+        p = xp.ones(500, np.float32)
+        m, v = xp.full(500, 0.1, np.float32), xp.full(500, 0.2, np.float32)
+        kernels.adamw(p, grads, m, v, lr, step, scale, (0.9, 0.95), 1e-8, 0.1, 300)
+        vel = xp.full(500, 0.3, np.float32)
+        q = xp.ones(500, np.float32)
+        kernels.sgd(q, grads, vel, lr, scale, 0.9, True, 0.1, 300)
+        states.append((p, m, v, q, vel))
+    for mine, theirs in zip(*states, strict=True):
+        _close(mine, theirs, np.float32)
+
+
+def test_gather_batch_matches_slicing(gpu: tuple[object, object]) -> None:
+    backend, _ = gpu
+    xp = backend.xp
+    stream = xp.arange(4 * 50, dtype=np.int32).reshape(4, 50)
+    x, y = xp.zeros((4, 7), np.int32), xp.zeros((4, 7), np.int32)
+    backend.fused.gather_batch(stream, xp.asarray(9, np.int32), 7, x, y)  # 9 % 7 batches = 2
+    np.testing.assert_array_equal(x.get(), stream.get()[:, 14:21])
+    np.testing.assert_array_equal(y.get(), stream.get()[:, 15:22])
+
+
+def test_training_step_makes_no_transfers() -> None:
+    import cupyx
+
+    cfg = GPTConfig(vocab_size=101, seq_len=16, n_layer=2, n_head=2, n_embd=32)
+    model = GPT(cfg, "gpu", seed=0)
+    opt = AdamW(model.buffer, Schedule(1e-3, 2, 10, 0.1))
+    xp = model.buffer.backend.xp
+    x = xp.asarray(RNG.integers(0, 101, (4, 16)), dtype=np.int32)
+    y = xp.asarray(RNG.integers(0, 101, (4, 16)), dtype=np.int32)
+    TRANSFERS.reset()
+    with strict_transfers(), cupyx.allow_synchronize(False):
+        for _ in range(2):
+            model.buffer.zero_grad()
+            loss = model(Tensor(x), Tensor(y))
+            loss.backward()
+            opt.step()
+    assert TRANSFERS.snapshot() == {"h2d_count": 0, "h2d_bytes": 0, "d2h_count": 0,
+                                    "d2h_bytes": 0}
+    assert np.isfinite(float(loss.data.get()))
+
+
+def _config(tmp_path: Path, device: str, **extra: object) -> Config:
+    corpus = tmp_path / "corpus.txt"
+    if not corpus.exists():
+        words = [f"w{i % 37}" for i in range(6000)]
+        corpus.write_text("\n".join(" ".join(words[i:i + 12]) for i in range(0, 6000, 12)))
+    values: dict[str, object] = dict(
+        dataset=str(corpus), seq_len=16, batch_size=4, embed_dim=32, num_heads=2, num_layers=2,
+        log_file=str(tmp_path / "log.txt"), model_path=str(tmp_path / "m.npz"), device=device,
+        log_interval=5, warmup_steps=3, profile_steps=3, max_steps=20, learning_rate=3e-3)
+    values.update(extra)
+    return Config(**values)  # type: ignore[arg-type]
+
+
+def _losses(cfg: Config) -> tuple[list[float], Trainer]:
+    trainer = Trainer(cfg, say=lambda _: None)
+    trainer.run()
+    return trainer.losses, trainer
+
+
+def test_graph_replay_matches_eager(tmp_path: Path) -> None:
+    eager, _ = _losses(_config(tmp_path, "gpu", graph="off"))
+    graph, trainer = _losses(_config(tmp_path, "gpu", graph="on"))
+    assert trainer._captured is not None, "the step was not captured"
+    assert len(graph) == len(eager) == 20
+    np.testing.assert_allclose(graph, eager, rtol=1e-6, atol=0)
+
+
+def test_cpu_and_gpu_losses_agree(tmp_path: Path) -> None:
+    cpu, _ = _losses(_config(tmp_path, "cpu"))
+    gpu, trainer = _losses(_config(tmp_path, "gpu"))
+    rel = np.abs(np.array(gpu) - np.array(cpu)) / np.abs(np.array(cpu))
+    assert rel.max() < 1e-3, rel
+    assert trainer.device == "gpu"
