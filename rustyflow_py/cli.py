@@ -179,3 +179,115 @@ def devices(as_json: bool) -> None:
                    f" / driver {gpu['cuda_driver']}, CuPy {gpu['cupy']}")
     else:
         click.echo(f"gpu: not usable - {gpu['reason']}")
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
+def banner(train_args: tuple[str, ...]) -> None:
+    """Show what `rustyflow train TRAIN_ARGS...` would run: the train scripts' banner.
+
+    The arguments are parsed by `train` itself, so the banner cannot drift from the run.
+    Config warnings are left for `train` to print; errors stop here, before any work.
+    """
+    from pathlib import Path
+
+    with train.make_context("rustyflow train", list(train_args)) as ctx:
+        params = dict(ctx.params)
+    config, resume = params.pop("config"), params.pop("resume")
+    try:
+        cfg, _ = load_config(config, {k.upper(): v for k, v in params.items()})
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    shown = config or ("config.env" if Path("config.env").is_file() else None)
+    cpu_path, gpu_path = cfg.model_path_for("cpu"), cfg.model_path_for("gpu")
+    model_path = {"cpu": cpu_path, "gpu": f"{gpu_path} ({cpu_path} if it falls back to the CPU)",
+                  "auto": f"{gpu_path} on a usable GPU, else {cpu_path}"}[cfg.device]
+    epochs = f"{cfg.num_epochs}" + (f" (stop after {cfg.max_steps} steps)" if cfg.max_steps
+                                    else "")
+    rows = [
+        ("config", shown or "none (built-in defaults, environment and flags)"),
+        ("dataset", cfg.dataset + (f" (DATA_DIR={cfg.data_dir})" if cfg.data_dir else "")),
+        ("device", cfg.device + (" (strict: no CPU fallback)" if cfg.strict_device else "")),
+        ("model", f"L{cfg.num_layers} H{cfg.num_heads} E{cfg.embed_dim}, dropout "
+                  f"{cfg.dropout:g}, {cfg.precision}"),
+        ("model path", model_path),
+        ("epochs", epochs),
+        ("batch", str(cfg.batch_size)),
+        ("seq len", str(cfg.seq_len)),
+        ("LR", f"{cfg.learning_rate:g} ({cfg.optimizer}, {cfg.warmup_steps} warm-up steps, "
+               f"cosine to {cfg.min_lr_ratio:g}x)"),
+        ("log", cfg.log_file),
+    ]
+    if resume:
+        rows.append(("resume", resume))
+    click.echo("RustyFlow train")
+    for name, value in rows:
+        click.echo(f"  {name:<12}{value}")
+
+
+_SAMPLING_KEYS = [KEYS[k] for k in ("TEMPERATURE", "TOP_K", "TOP_P", "SEED")]
+
+
+def _sampling_options(fn: Any) -> Any:
+    """Options shared by generate and chat; sampling defaults come from the config file."""
+    for key in reversed(_SAMPLING_KEYS):
+        fn = click.option(key.flag, key.attr, default=None, metavar=key.type.upper(),
+                          help=f"{key.help} [default: config, else {key.default}]")(fn)
+    fn = click.option("--quiet", is_flag=True, help="no banner or tokens/s on stderr")(fn)
+    fn = click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default=None,
+                      help="where to run (any checkpoint loads on either device)")(fn)
+    fn = click.option("--config", "config", type=click.Path(dir_okay=False), default=None,
+                      help="config file (default: ./config.env when present)")(fn)
+    fn = click.option("--max-tokens", type=click.IntRange(min=0), default=100,
+                      show_default=True,
+                      help="tokens to generate (chat: per reply, which also ends at <eos>)")(fn)
+    return click.option("--model", "model_path", required=True,
+                        type=click.Path(dir_okay=False), help="checkpoint (.npz)")(fn)
+
+
+def _open_session(model_path: str, config: str | None, quiet: bool, **overrides: Any) -> Any:
+    """Config (flags > env > file), device and checkpoint; user errors as one clear line."""
+    from .generate import Sampling, open_session
+
+    cfg = _load(config, overrides)
+    say = (lambda msg: None) if quiet else (lambda msg: click.echo(msg, err=True))
+    try:
+        return open_session(model_path, cfg.device, cfg.strict_device,
+                            Sampling(cfg.temperature, cfg.top_k, cfg.top_p), cfg.seed, say)
+    except Exception as exc:
+        _friendly(exc)
+        raise
+
+
+@main.command()
+@click.option("--prompt", required=True,
+              help="text to continue; only a trailing newline ends its line with <eos>")
+@_sampling_options
+def generate(model_path: str, prompt: str, max_tokens: int, config: str | None,
+             quiet: bool, **overrides: Any) -> None:
+    """Continue a prompt with text sampled from a trained model."""
+    from .generate import generate_text
+
+    session = _open_session(model_path, config, quiet, **overrides)
+    generate_text(session, prompt, max_tokens, sys.stdout, sys.stderr)
+    if not quiet:
+        click.echo(session.speed(), err=True)
+
+
+@main.command()
+@_sampling_options
+def chat(model_path: str, max_tokens: int, config: str | None, quiet: bool,
+         **overrides: Any) -> None:
+    """Talk to a trained model: it continues each line you type (exit, quit or Ctrl-D ends)."""
+    from .generate import chat_loop
+
+    session = _open_session(model_path, config, quiet, **overrides)
+    if not quiet:
+        click.echo(f"Chatting with {model_path} on {session.model.device}; it continues what "
+                   f"you type. exit, quit or Ctrl-D ends.", err=True)
+    try:
+        chat_loop(session, sys.stdin, sys.stdout, sys.stderr, max_tokens)
+    except KeyboardInterrupt:
+        click.echo("", err=True)
+    if not quiet:
+        click.echo(session.speed(), err=True)

@@ -12,6 +12,8 @@ import contextlib
 import dataclasses
 import math
 import resource
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
@@ -97,6 +99,7 @@ class Trainer:
         self.total_steps = cfg.num_epochs * self.steps_per_epoch
         self.optimizer = self._make_optimizer()
         self.pos = Position()
+        self._epoch_carry = 0.0  # seconds of the current epoch spent before a resume
         self.losses: list[float] = []  # every step's loss, read back in chunks
         self.epoch_times: list[float] = []
         self.val_ppl: float | None = None
@@ -121,6 +124,9 @@ class Trainer:
         self._other_transfers = dict.fromkeys(TRANSFERS.snapshot(), 0)
         self._wall_start = time.perf_counter()
         self._steps_at_start = self.pos.step
+        self._interrupt_requested = False
+        self._in_step = False  # a forced stop inside a step must not overwrite the checkpoint
+        self._epoch_start = time.perf_counter()
 
     # ---- setup -------------------------------------------------------------------------------
     def _upload(self, tokens: np.ndarray) -> Any:
@@ -157,6 +163,7 @@ class Trainer:
         self.losses = list(t["losses"])
         self.epoch_times = list(t["epoch_times"])
         self.val_ppl = t.get("val_ppl")
+        self._epoch_carry = t.get("epoch_elapsed", 0.0)
         self.say(f"Resumed from {path} at step {self.pos.step} (epoch {self.pos.epoch + 1}, "
                  f"batch {self.pos.batch})")
 
@@ -264,7 +271,11 @@ class Trainer:
         except TrainingError as exc:
             status, message = "failed", str(exc)
         train_time = time.perf_counter() - start  # evaluation included (report.py's contract)
-        ckpt = self.save() if status != "failed" else None
+        ckpt = None
+        if status == "interrupted" and self._in_step:
+            message += " (inside a step: the checkpoint was not written, the last one stays)"
+        elif status != "failed":
+            ckpt = self.save()
         record = self._record(status, message, train_time, ckpt)
         block = report.format_block(record)
         self.say(block)
@@ -278,33 +289,61 @@ class Trainer:
     def _train(self, limit: int) -> None:
         cfg, clock = self.cfg, time.perf_counter
         nb = self.steps_per_epoch
-        while self.pos.epoch < cfg.num_epochs and self.pos.step < limit:
-            epoch_start = clock()
-            if self.progress:
-                self.progress.start_epoch(self.pos.epoch, nb, self.pos.batch)
-            while self.pos.batch < nb and self.pos.step < limit:
-                self._run_step()
-                self.pos.step += 1
-                self.pos.batch += 1
-                if self.pos.step - self._drained == len(self._ring):
-                    self._drain_losses()
-                    if self.progress:
-                        self.progress.update(self.pos, self.losses[-1], self._tokens_per_s())
-                if cfg.eval_interval and self.pos.step % cfg.eval_interval == 0:
+        with self._deferred_interrupts():
+            while self.pos.epoch < cfg.num_epochs and self.pos.step < limit:
+                # a resumed run continues the epoch clock where the checkpoint left it
+                self._epoch_start = clock() - self._epoch_carry
+                self._epoch_carry = 0.0
+                if self.progress:
+                    self.progress.start_epoch(self.pos.epoch, nb, self.pos.batch)
+                while self.pos.batch < nb and self.pos.step < limit:
+                    self._in_step = True
+                    self._run_step()
+                    self.pos.step += 1
+                    self.pos.batch += 1
+                    self._in_step = False
+                    if self.pos.step - self._drained == len(self._ring):
+                        self._drain_losses()
+                        if self.progress:
+                            self.progress.update(self.pos, self.losses[-1],
+                                                 self._tokens_per_s())
+                    if cfg.eval_interval and self.pos.step % cfg.eval_interval == 0:
+                        self._validate()
+                    if self._interrupt_requested or (
+                            self.stop_after is not None and self.pos.step >= self.stop_after):
+                        raise KeyboardInterrupt
+                self.backend.synchronize()
+                self._drain_losses()
+                if self.pos.batch < nb:
+                    break  # stopped by max_steps mid-epoch
+                self.epoch_times.append(clock() - self._epoch_start)
+                self.pos.epoch += 1
+                self.pos.batch = 0
+                self.say(f"epoch {self.pos.epoch}/{cfg.num_epochs}: "
+                         f"{self.epoch_times[-1]:.2f}s")
+                if self._val_step != self.pos.step:
                     self._validate()
-                if self.stop_after is not None and self.pos.step >= self.stop_after:
-                    raise KeyboardInterrupt
-            self.backend.synchronize()
-            self._drain_losses()
-            if self.pos.batch < nb:
-                break  # stopped by max_steps mid-epoch
-            self.epoch_times.append(clock() - epoch_start)
-            self.pos.epoch += 1
-            self.pos.batch = 0
-            self.say(f"epoch {self.pos.epoch}/{cfg.num_epochs}: {self.epoch_times[-1]:.2f}s")
-            if self._val_step != self.pos.step:
-                self._validate()
-            self.save()
+                self.save()
+
+    @contextlib.contextmanager
+    def _deferred_interrupts(self) -> Iterator[None]:
+        """Ctrl-C takes effect at the end of the current step, so a checkpoint never pairs a
+        half-applied update with the old position; a second Ctrl-C stops at once."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handler(signum: int, frame: Any) -> None:
+            if self._interrupt_requested:
+                raise KeyboardInterrupt
+            self._interrupt_requested = True
+            self.say("\nCtrl-C: stopping after this step (press again to stop at once)")
+
+        previous = signal.signal(signal.SIGINT, handler)
+        try:
+            yield
+        finally:
+            signal.signal(signal.SIGINT, previous)
 
     def _validate(self) -> None:
         self.val_ppl = self.evaluate("valid")
@@ -344,7 +383,9 @@ class Trainer:
             "config": self.cfg.to_dict(),
             "device": self.device,
             "train": {**dataclasses.asdict(self.pos), "losses": self.losses,
-                      "epoch_times": self.epoch_times, "val_ppl": self.val_ppl},
+                      "epoch_times": self.epoch_times, "val_ppl": self.val_ppl,
+                      "epoch_elapsed": (time.perf_counter() - self._epoch_start
+                                        if self.pos.batch else 0.0)},
         }
         with self._not_step_traffic():
             checkpoint.save(self.checkpoint_path, self.model.buffer.state_dict(), meta,

@@ -1,0 +1,325 @@
+"""Text generation from a trained GPT: a KV-cached decoder, sampling, and the chat loop.
+
+Inference does not need autograd, so the decoder runs the model's raw parameter arrays
+through the backend's array module and fused kernels directly (the same code on NumPy and
+CuPy) and keeps each layer's keys and values, so a new token costs one position.
+
+Positional embeddings are absolute, so once the context is longer than SEQ_LEN every cached
+key and value would change with the window's start. On overflow the decoder therefore drops
+the oldest tokens and re-encodes the last SEQ_LEN (one prefill) instead of shifting the
+cache: its logits are then exactly those of the uncached model on the same window, at the
+price of one full-window forward per token beyond SEQ_LEN.
+
+Sampling happens on the host from the last position's logits (one (V,) copy per token) with
+a seeded numpy Generator, so a seed gives the same text on either device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, TextIO
+
+import numpy as np
+
+from .data import EOS, UNK, Vocab, tokenize
+from .nn import GPT
+
+LN_EPS = 1e-5  # SPEC §6; nn.GPT uses ops.layer_norm's default, the same value
+QUIT_WORDS = ("exit", "quit")
+CHAT_PROMPT = "> "
+
+
+# --------------------------------------------------------------------------- sampling
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+    """How the next token is drawn: temperature 0 is greedy, top_k 0 and top_p 1 are off."""
+
+    temperature: float
+    top_k: int = 0
+    top_p: float = 1.0
+
+
+def next_token_probs(logits: np.ndarray, temperature: float, top_k: int,
+                     top_p: float) -> np.ndarray:
+    """The distribution sampled from: softmax(logits / T), cut to top-k, then to top-p.
+
+    Top-p keeps the smallest set of most likely tokens whose mass reaches p; the kept
+    probabilities are renormalised. Computed in float64 so tiny probabilities survive.
+    """
+    z = logits.astype(np.float64) / temperature  # (V,)
+    if 0 < top_k < z.size:
+        cut = np.full_like(z, -np.inf)
+        keep = np.argpartition(-z, top_k - 1)[:top_k]
+        cut[keep] = z[keep]
+        z = cut
+    probs = np.exp(z - z.max())
+    probs /= probs.sum()
+    if top_p < 1.0:
+        order = np.argsort(-probs)  # most likely first
+        kept = order[: int(np.searchsorted(np.cumsum(probs[order]), top_p)) + 1]
+        nucleus = np.zeros_like(probs)
+        nucleus[kept] = probs[kept]
+        probs = nucleus / nucleus.sum()
+    return probs
+
+
+def sample_next(logits: np.ndarray, temperature: float, top_k: int, top_p: float,
+                rng: np.random.Generator) -> int:
+    """One token id from host logits (V,); temperature 0 is the argmax (no division by 0)."""
+    if temperature == 0:
+        return int(np.argmax(logits))
+    cdf = np.cumsum(next_token_probs(logits, temperature, top_k, top_p))
+    # side="right": a token of zero probability (a flat step of the CDF) is never drawn
+    return min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), cdf.size - 1)
+
+
+# --------------------------------------------------------------------------- decoder
+
+
+class Decoder:
+    """A GPT's forward pass for one sequence with a KV cache, under no autograd.
+
+    `context` is the token window the cache holds (at most SEQ_LEN tokens); `feed` appends
+    tokens and returns the logits of the token after them, as `model(context)[-1]` would.
+    """
+
+    def __init__(self, model: GPT) -> None:
+        cfg = model.cfg
+        self.backend = model.buffer.backend
+        self.xp, self.fused = self.backend.xp, self.backend.fused
+        self.seq_len, self.n_head = cfg.seq_len, cfg.n_head
+        self.head_dim = cfg.n_embd // cfg.n_head
+        self.scale = 1.0 / self.head_dim**0.5
+        self.w = {name: t.data for name, t in model.p.items()}
+        self.layers = [{name[len(f"h.{i}."):]: a for name, a in self.w.items()
+                        if name.startswith(f"h.{i}.")} for i in range(cfg.n_layer)]
+        shape = (cfg.n_layer, cfg.n_head, cfg.seq_len, self.head_dim)
+        self.keys = self.xp.zeros(shape, dtype=self.w["wte"].dtype)  # (L, H, SEQ_LEN, D)
+        self.values = self.xp.zeros_like(self.keys)
+        self.context: list[int] = []
+        self.logits: np.ndarray | None = None  # of the token after the context
+
+    def feed(self, ids: Sequence[int]) -> np.ndarray:
+        """Append `ids` to the context; host logits (V,) for the token that follows."""
+        if not ids:
+            raise ValueError("feed() needs at least one token")
+        if len(self.context) + len(ids) > self.seq_len:  # slide: re-prefill the new window
+            window = [*self.context, *ids][-self.seq_len:]
+            self.context = []
+            hidden = self._forward(window)
+        elif self.context:  # one position at a time on top of the cache
+            for token in ids:
+                hidden = self._forward([token])
+        else:
+            hidden = self._forward(list(ids))
+        self.logits = self._logits(hidden)
+        return self.logits
+
+    def _forward(self, ids: list[int]) -> Any:
+        """Run `ids` at the next positions, filling the cache; the last one's hidden state.
+
+        Several ids at once only happen from an empty cache (a prefill), where the causal
+        mask of the training kernel applies as is.
+        """
+        fused, w = self.fused, self.w
+        t0, t = len(self.context), len(ids)
+        h_, d = self.n_head, self.head_dim
+        idx = self.backend.from_host(np.asarray(ids, dtype=np.int64))
+        x = w["wte"][idx] + w["wpe"][t0 : t0 + t]  # (T, E)
+        for layer, keys, values in zip(self.layers, self.keys, self.values, strict=True):
+            h, _, _ = fused.layernorm_forward(x, layer["ln_1.weight"], layer["ln_1.bias"], LN_EPS)
+            qkv = h @ layer["attn.c_attn.weight"] + layer["attn.c_attn.bias"]  # (T, 3E)
+            q, k, v = qkv.reshape(t, 3, h_, d).transpose(1, 2, 0, 3)  # 3 x (H, T, D)
+            keys[:, t0 : t0 + t] = k
+            values[:, t0 : t0 + t] = v
+            a = self._attend(q, keys[:, : t0 + t], values[:, : t0 + t])  # (H, T, D)
+            a = a.transpose(1, 0, 2).reshape(t, h_ * d)  # (T, E)
+            x = x + (a @ layer["attn.c_proj.weight"] + layer["attn.c_proj.bias"])
+            h, _, _ = fused.layernorm_forward(x, layer["ln_2.weight"], layer["ln_2.bias"], LN_EPS)
+            f = fused.gelu_forward(h @ layer["mlp.c_fc.weight"], layer["mlp.c_fc.bias"])  # (T, 4E)
+            x = x + (f @ layer["mlp.c_proj.weight"] + layer["mlp.c_proj.bias"])  # (T, E)
+        self.context.extend(ids)
+        return x[-1:]  # (1, E)
+
+    def _attend(self, q: Any, keys: Any, values: Any) -> Any:
+        """Attention of T new queries over the S cached positions: (H, T, D)."""
+        xp = self.xp
+        att = q @ xp.swapaxes(keys, -1, -2)  # (H, T, S)
+        if q.shape[1] > 1:  # a prefill: T == S, so the training kernel's causal mask fits
+            probs = self.fused.causal_softmax_forward(att, self.scale)
+        else:  # the newest position sees every cached one: a plain softmax
+            att *= self.scale
+            att -= att.max(axis=-1, keepdims=True)
+            probs = xp.exp(att, out=att)
+            probs /= probs.sum(axis=-1, keepdims=True)
+        return probs @ values  # (H, T, D)
+
+    def _logits(self, hidden: Any) -> np.ndarray:
+        """Final LayerNorm and the tied LM head on one position, copied to the host."""
+        w = self.w
+        h, _, _ = self.fused.layernorm_forward(hidden, w["ln_f.weight"], w["ln_f.bias"], LN_EPS)
+        return self.backend.to_host(h @ w["wte"].T)[0]  # (V,)
+
+
+# --------------------------------------------------------------------------- text
+
+
+def encode_prompt(text: str, vocab: Vocab) -> tuple[list[int], list[str]]:
+    """Ids of a prompt's words, and the words the vocabulary lacks.
+
+    A prompt is text to continue, so its last line gets no <eos> unless the text ends with a
+    newline (inner newlines are <eos>, as in training). Unknown words become <unk>, or are
+    dropped when the vocabulary has none.
+    """
+    words = tokenize(text)
+    if not text.endswith("\n"):
+        words = words[:-1]  # tokenize() ends the unfinished last line with <eos>
+    unknown = [w for w in words if w not in vocab.stoi]
+    unk = vocab.unk_id
+    ids = [vocab.stoi.get(w, unk) for w in words if w in vocab.stoi or unk is not None]
+    return ids, unknown  # type: ignore[return-value]
+
+
+def unknown_note(unknown: Sequence[str], vocab: Vocab) -> str:
+    """The stderr note for prompt words outside the vocabulary."""
+    fate = f"replaced by {UNK}" if vocab.unk_id is not None else f"dropped (no {UNK} in it)"
+    words = ", ".join(repr(w) for w in dict.fromkeys(unknown))
+    return f"note: not in the model's vocabulary, {fate}: {words}"
+
+
+class TextStream:
+    """Writes words as text as they come: spaces between words, <eos> as a line end."""
+
+    def __init__(self, out: TextIO, line_start: bool = True) -> None:
+        self.out, self.line_start = out, line_start
+
+    def write(self, word: str) -> None:
+        self.out.write("\n" if word == EOS else word if self.line_start else f" {word}")
+        self.out.flush()  # stream token by token
+        self.line_start = word == EOS
+
+    def end_line(self) -> None:
+        if not self.line_start:
+            self.write(EOS)
+
+
+def render(words: Iterable[str]) -> str:
+    """Words as text, <eos> as a newline."""
+    buf = io.StringIO()
+    stream = TextStream(buf)
+    for word in words:
+        stream.write(word)
+    return buf.getvalue()
+
+
+# --------------------------------------------------------------------------- sessions
+
+
+class Session:
+    """A model, its vocabulary and the sampling settings: words in, sampled words out.
+
+    The context persists across `generate` calls (chat turns share it); the counters give
+    the generation speed.
+    """
+
+    def __init__(self, model: GPT, vocab: Vocab, sampling: Sampling, seed: int) -> None:
+        self.model, self.vocab, self.sampling = model, vocab, sampling
+        self.decoder = Decoder(model)
+        self.rng = np.random.default_rng(seed)
+        self.generated, self.seconds = 0, 0.0
+
+    @property
+    def at_line_start(self) -> bool:
+        """Whether the context is empty or ends a line."""
+        return not self.decoder.context or self.decoder.context[-1] == self.vocab.eos_id
+
+    def generate(self, ids: Sequence[int], max_tokens: int,
+                 stop_at_eos: bool = False) -> Iterator[str]:
+        """Words sampled after `ids` (appended to the context), up to max_tokens of them.
+
+        Every sampled token is fed back, the last one too, so the context is complete for
+        the next call. No ids continue the context, or start from <eos> (a line's beginning)
+        when it is empty.
+        """
+        s, eos = self.sampling, self.vocab.eos_id
+        if not ids and not self.decoder.context:
+            ids = [eos]  # type: ignore[list-item]
+        start = time.perf_counter()
+        try:
+            logits = self.decoder.feed(ids) if ids else self.decoder.logits
+            for _ in range(max_tokens):
+                token = sample_next(logits, s.temperature, s.top_k, s.top_p, self.rng)
+                logits = self.decoder.feed([token])
+                self.generated += 1
+                yield self.vocab.itos[token]
+                if stop_at_eos and token == eos:
+                    return
+        finally:
+            self.seconds += time.perf_counter() - start
+
+    def speed(self) -> str:
+        """The tokens/s line shown at the end."""
+        rate = self.generated / self.seconds if self.seconds else 0.0
+        return (f"{self.generated} tokens in {self.seconds:.2f}s ({rate:.1f} tokens/s, "
+                f"{self.model.device})")
+
+
+def open_session(model_path: str, device: str, strict: bool, sampling: Sampling, seed: int,
+                 say: Any) -> Session:
+    """Load a checkpoint (trained on either device) onto `device` (cpu, gpu or auto)."""
+    from .evaluate import load_model
+    from .train import resolve_device
+
+    used, _ = resolve_device(device, strict, say)
+    model, ckpt, _ = load_model(model_path, used)
+    return Session(model, Vocab.from_array(ckpt.vocab), sampling, seed)
+
+
+def generate_text(session: Session, prompt: str, max_tokens: int, out: TextIO,
+                  err: TextIO) -> None:
+    """`rustyflow generate`: echo the prompt, then stream its continuation to `out`."""
+    ids, unknown = encode_prompt(prompt, session.vocab)
+    if unknown:
+        print(unknown_note(unknown, session.vocab), file=err)
+    shown = prompt.rstrip(" \t")
+    out.write(shown)
+    stream = TextStream(out, line_start=not shown or shown.endswith("\n"))
+    for word in session.generate(ids, max_tokens):
+        stream.write(word)
+    stream.end_line()
+
+
+def chat_loop(session: Session, inp: TextIO, out: TextIO, err: TextIO,
+              max_tokens: int) -> None:
+    """`rustyflow chat`: read a line, stream the model's continuation until <eos>, repeat.
+
+    `exit`, `quit` or end of input stop; blank lines are skipped. A reply cut at max_tokens
+    is ended with <eos> before the next prompt, so every turn starts a line.
+    """
+    while True:
+        out.write(CHAT_PROMPT)
+        out.flush()
+        line = inp.readline()
+        if not line:  # Ctrl-D / end of input
+            out.write("\n")
+            return
+        text = line.strip()
+        if not text:
+            continue
+        if text in QUIT_WORDS:
+            return
+        ids, unknown = encode_prompt(text, session.vocab)
+        if unknown:
+            print(unknown_note(unknown, session.vocab), file=err)
+        if not session.at_line_start:
+            ids.insert(0, session.vocab.eos_id)  # type: ignore[arg-type]
+        stream = TextStream(out)
+        for word in session.generate(ids, max_tokens, stop_at_eos=True):
+            stream.write(word)
+        stream.end_line()
+

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Make sure ./.venv holds rustyflow-py (editable install) and print that venv's python.
+#
+#   scripts/bootstrap.sh [--gpu] [EXTRA ...]      e.g. scripts/bootstrap.sh dev
+#
+# Shared by train_cpu.sh, train_gpu.sh and test.sh, so "works on a fresh machine" lives in one
+# place. The first run creates .venv and runs `pip install -e .[EXTRAS]`; later runs only
+# compare a stamp (pyproject.toml's hash and the extras installed) and return at once. The
+# python path is the only thing written to stdout; progress goes to stderr.
+#
+# --gpu: also install CuPy (the extra matching the driver's CUDA major version) when
+# nvidia-smi exists and cupy does not import. A failed install is not an error: the trainer
+# then falls back to the CPU with a warning that says why.
+#
+# RUSTYFLOW_PYTHON=/path/to/python skips all of this and uses that interpreter as it is (it
+# must already import rustyflow_py). RUSTYFLOW_BOOTSTRAP_PYTHON is the interpreter that
+# creates .venv (default: python3).
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+say() { echo "bootstrap: $*" >&2; }
+
+if [[ -n "${RUSTYFLOW_PYTHON:-}" ]]; then
+    echo "$RUSTYFLOW_PYTHON"
+    exit 0
+fi
+
+gpu=0
+extras=()
+for arg in "$@"; do
+    if [[ $arg == --gpu ]]; then gpu=1; else extras+=("$arg"); fi
+done
+
+venv="$root/.venv"
+py="$venv/bin/python"
+stamp="$venv/.rustyflow-bootstrap"
+hash="$(cksum <"$root/pyproject.toml" | cut -d' ' -f1)"
+
+installed() {  # is every requested extra recorded for this pyproject.toml?
+    [[ -x $py && -f $stamp ]] || return 1
+    [[ "$(head -n 1 "$stamp")" == "$hash" ]] || return 1
+    local extra
+    for extra in ${extras[@]+"${extras[@]}"}; do
+        grep -qxF "$extra" "$stamp" || return 1
+    done
+    "$py" -c 'import rustyflow_py' 2>/dev/null
+}
+
+if ! installed; then
+    if ! "$py" -c 'import sys' 2>/dev/null; then
+        base="${RUSTYFLOW_BOOTSTRAP_PYTHON:-python3}"
+        if ! "$base" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+            say "need Python 3.10+ to create .venv; '$base' is not: set RUSTYFLOW_BOOTSTRAP_PYTHON"
+            exit 1
+        fi
+        say "creating $venv (first run only)"
+        "$base" -m venv --clear "$venv"
+    fi
+    # Keep the extras installed earlier (test.sh's dev) when a train script reinstalls.
+    all=(${extras[@]+"${extras[@]}"})
+    if [[ -f $stamp ]]; then
+        while IFS= read -r extra; do all+=("$extra"); done < <(tail -n +2 "$stamp")
+    fi
+    spec="$root"
+    if [[ ${#all[@]} -gt 0 ]]; then
+        joined="$(printf '%s\n' "${all[@]}" | sort -u | paste -sd, -)"
+        spec="$root[$joined]"
+    fi
+    say "installing rustyflow-py${spec#"$root"} into .venv (pip install -e)"
+    "$py" -m pip install --quiet --disable-pip-version-check -e "$spec" >&2
+    { echo "$hash"; printf '%s\n' ${all[@]+"${all[@]}"} | sort -u; } >"$stamp"
+fi
+
+gave_up="$venv/.rustyflow-cupy-failed"  # one failed CuPy install is not retried every run
+if [[ $gpu == 1 ]] && command -v nvidia-smi >/dev/null 2>&1 && [[ ! -f $gave_up ]] \
+        && ! "$py" -c 'import cupy' 2>/dev/null; then
+    cuda="$(nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9]*\).*/\1/p' | head -n 1)"
+    extra=cuda13
+    if [[ -n $cuda && $cuda -lt 13 ]]; then extra=gpu; fi  # cupy-cuda12x for 12.x drivers
+    say "nvidia-smi found (CUDA ${cuda:-?}) but CuPy is missing: pip install -e .[$extra]"
+    if ! "$py" -m pip install --quiet --disable-pip-version-check -e "$root[$extra]" >&2; then
+        touch "$gave_up"
+        say "could not install CuPy: training falls back to the CPU (delete $gave_up to retry)"
+    fi
+fi
+
+echo "$py"
