@@ -7,15 +7,18 @@ Contract for every op: `forward` takes and returns raw arrays of the tensor's ba
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from typing import Any
 
-from .tensor import Function, Tensor, grad_enabled
+from .tensor import Function, Tensor, grad_enabled, run_op
 
 
-def unbroadcast(grad: Any, shape: tuple[int, ...]) -> Any:
-    """Sum `grad` down to `shape`, undoing NumPy broadcasting."""
+def unbroadcast(grad: Any, shape: tuple[int, ...], fused: Any = None) -> Any:
+    """Sum `grad` down to `shape`, undoing NumPy broadcasting (a bias: fused column sums)."""
+    if fused is not None and len(shape) == 1 and grad.ndim >= 2 and grad.shape[-1] == shape[0]:
+        return fused.sum_rows(grad.reshape(-1, shape[0]))
     extra = grad.ndim - len(shape)
     if extra:
         grad = grad.sum(axis=tuple(range(extra)))
@@ -34,7 +37,8 @@ class Add(Function):
         return a + b
 
     def backward(self, grad: Any) -> Sequence[Any]:
-        return unbroadcast(grad, self.shapes[0]), unbroadcast(grad, self.shapes[1])
+        return (unbroadcast(grad, self.shapes[0], self.fused),
+                unbroadcast(grad, self.shapes[1], self.fused))
 
 
 class Mul(Function):
@@ -102,7 +106,7 @@ class Gelu(Function):
         dx = self.fused.gelu_backward(grad, self.x, self.bias)
         if self.bias is None:
             return (dx,)
-        return dx, dx.reshape(-1, dx.shape[-1]).sum(axis=0)
+        return dx, self.fused.sum_rows(dx.reshape(-1, dx.shape[-1]))
 
 
 # ---- matmul ----------------------------------------------------------------------------------
@@ -227,48 +231,68 @@ class LayerNorm(Function):
 class CausalSelfAttention(Function):
     """Causal multi-head attention core on a fused QKV tensor: (B, T, 3E) -> (B, T, E).
 
-    Scale, mask and softmax are one fused kernel; the two batched matmuls are timed as
-    matmuls of their own. The QKV gradient is assembled in one (B, T, 3E) buffer.
+    Scale, mask and softmax are one fused kernel; the batched matmuls are timed as matmuls of
+    their own. At long sequence lengths the (B, H, T, T) probabilities would dominate
+    activation memory, so when they outweigh a quarter of a block's other activations
+    (H*T > 6*E) only each row's log-sum-exp is kept and backward recomputes them with one more
+    matmul; below that they are kept, which is faster.
     """
 
     name = "attention"
     n_head: int
     dropout: float = 0.0
 
+    def _heads(self, qkv: Any) -> tuple[Any, Any, Any]:
+        """q, k, v as contiguous (B, H, T, D): each matmul is one strided-batched GEMM."""
+        b, t, e3 = qkv.shape
+        h = self.n_head
+        split = qkv.reshape(b, t, 3, h, e3 // 3 // h).transpose(2, 0, 3, 1, 4)
+        return tuple(self.xp.ascontiguousarray(z) for z in split)  # type: ignore[return-value]
+
+    def _probs(self, q: Any, k: Any, phase: str) -> Any:
+        att = self.matmul(q, self.xp.swapaxes(k, -1, -2), phase)  # (B, H, T, T)
+        if phase == "forward":
+            probs, self.lse = self.fused.causal_softmax_forward(att, self.scale, True)
+            return probs
+        return self.fused.causal_softmax_recompute(att, self.lse, self.scale)
+
+    def _recompute(self, qkv: Any) -> bool:
+        _, t, e3 = qkv.shape
+        return self.n_head * t > 2 * e3  # H*T > 6*E
+
     def forward(self, qkv: Any) -> Any:
         b, t, e3 = qkv.shape
-        h, d = self.n_head, e3 // 3 // self.n_head
-        q, k, v = qkv.reshape(b, t, 3, h, d).transpose(2, 0, 3, 1, 4)  # 3 x (B, H, T, D)
-        self.scale = 1.0 / math.sqrt(d)
-        att = self.matmul(q, self.xp.swapaxes(k, -1, -2), "forward")  # (B, H, T, T)
-        probs = self.fused.causal_softmax_forward(att, self.scale)
+        q, k, v = self._heads(qkv)
+        self.scale = 1.0 / math.sqrt(q.shape[-1])
+        probs = used = self._probs(q, k, "forward")
         self.keep = None
         if self.dropout > 0.0:
             keep = self.backend.uniform(probs.shape, probs.dtype) >= self.dropout
             self.keep = keep.astype(probs.dtype) * (1.0 / (1.0 - self.dropout))
             used = probs * self.keep
-        else:
-            used = probs
         y = self.matmul(used, v, "forward")  # (B, H, T, D)
-        self.q, self.k, self.v, self.probs, self.used = q, k, v, probs, used
-        return y.transpose(0, 2, 1, 3).reshape(b, t, h * d)  # (B, T, E)
+        self.qkv = qkv
+        self.saved = None if self._recompute(qkv) else (q, k, v, probs, used)
+        return y.transpose(0, 2, 1, 3).reshape(b, t, e3 // 3)  # (B, T, E)
 
     def backward(self, grad: Any) -> Sequence[Any]:
         xp, phase = self.xp, "backward"
-        b, h, t, d = self.q.shape
-        gy = grad.reshape(b, t, h, d).transpose(0, 2, 1, 3)  # (B, H, T, D)
-        dused = self.matmul(gy, xp.swapaxes(self.v, -1, -2), phase)  # (B, H, T, T)
+        if self.saved is None:
+            q, k, v = self._heads(self.qkv)
+            probs = self._probs(q, k, phase)
+            used = probs * self.keep if self.keep is not None else probs
+        else:
+            q, k, v, probs, used = self.saved
+        b, h, t, d = q.shape
+        gy = xp.ascontiguousarray(grad.reshape(b, t, h, d).transpose(0, 2, 1, 3))  # (B,H,T,D)
         dqkv = xp.empty((b, t, 3, h, d), dtype=grad.dtype)
-        dqkv[:, :, 2] = self.matmul(xp.swapaxes(self.used, -1, -2), gy, phase).transpose(
-            0, 2, 1, 3
-        )
+        dqkv[:, :, 2] = self.matmul(xp.swapaxes(used, -1, -2), gy, phase).transpose(0, 2, 1, 3)
+        dused = self.matmul(gy, xp.swapaxes(v, -1, -2), phase)  # (B, H, T, T)
         if self.keep is not None:
             dused *= self.keep
-        datt = self.fused.causal_softmax_backward(dused, self.probs, self.scale)
-        dqkv[:, :, 0] = self.matmul(datt, self.k, phase).transpose(0, 2, 1, 3)
-        dqkv[:, :, 1] = self.matmul(xp.swapaxes(datt, -1, -2), self.q, phase).transpose(
-            0, 2, 1, 3
-        )
+        datt = self.fused.causal_softmax_backward(dused, probs, self.scale)
+        dqkv[:, :, 0] = self.matmul(datt, k, phase).transpose(0, 2, 1, 3)
+        dqkv[:, :, 1] = self.matmul(xp.swapaxes(datt, -1, -2), q, phase).transpose(0, 2, 1, 3)
         return (dqkv.reshape(b, t, 3 * h * d),)
 
 
@@ -289,6 +313,36 @@ class CrossEntropy(Function):
 
     def backward(self, grad: Any) -> Sequence[Any]:
         return self.fused.cross_entropy_backward(self.state, grad).reshape(self.shape), None
+
+
+class LMHeadCrossEntropy(Function):
+    """Mean cross-entropy of the tied LM head's logits h @ W.T, (N, E) x (V, E), as one op.
+
+    The (N, V) logits dominate the step's memory traffic, so the backend gets GEMMs and
+    softmax together and chooses how to avoid passes over them (the CPU never forms
+    d(logits)). Its GEMMs are timed as matmul entries of their own, as in attention.
+    """
+
+    name = "lm_head_xent"
+    need_grad: bool
+
+    def forward(self, h: Any, w: Any, targets: Any) -> Any:
+        loss, self.state = self.fused.lm_head_xent(
+            h, w, targets.reshape(-1), self.need_grad, self._gemm("forward")
+        )
+        return loss
+
+    def backward(self, grad: Any) -> Sequence[Any]:
+        dh, dw = self.fused.lm_head_xent_backward(
+            self.state, grad, self.needs_input_grad[0], self.needs_input_grad[1],
+            self._gemm("backward"),
+        )
+        return dh, dw, None
+
+    def _gemm(self, phase: str) -> Any:
+        """fused.matmul(a, b[, out]) through the choke point (Function.matmul has no out=)."""
+        return functools.partial(run_op, f"{self.name}.matmul", "matmul", phase,
+                                 self.fused.matmul)
 
 
 # ---- functional API ----------------------------------------------------------------------------
@@ -361,3 +415,9 @@ def cross_entropy(logits: Tensor, targets: Tensor, inplace: bool = False) -> Ten
     """Mean NLL; inplace=True lets the op overwrite `logits` (do not read them afterwards)."""
     need = grad_enabled() and logits.requires_grad
     return CrossEntropy.apply(logits, targets, need_grad=need, inplace=inplace)
+
+
+def lm_head_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor) -> Tensor:
+    """Mean NLL of logits = h @ weight.T (N, V) against targets (N,), without returning them."""
+    need = grad_enabled() and (h.requires_grad or weight.requires_grad)
+    return LMHeadCrossEntropy.apply(h, weight, targets, need_grad=need)

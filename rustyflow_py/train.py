@@ -26,6 +26,7 @@ from . import checkpoint, data, logfile, report
 from .backend import TRANSFERS, DeviceError, get_backend, gpu_unavailable_reason
 from .config import Config
 from .evaluate import perplexity
+from .gpu_memory import PeakMemory
 from .graph import CapturedStep, GraphCaptureError
 from .nn import GPT, GPTConfig
 from .optim import SGD, AdamW, Optimizer, Schedule
@@ -117,6 +118,8 @@ class Trainer:
         self._drained = self.pos.step  # self.losses holds the losses of steps 1.._drained
         self.graph = self._want_graph()
         self._captured: CapturedStep | None = None
+        self._eager_pool_peak = 0  # default-pool size before the graph took over
+        self.peak_memory = PeakMemory() if self.device == "gpu" else None
         self._steps_here = 0  # steps run by this process (warm-up and profiling window)
         self.profiled_wall = 0.0  # wall time of the profiled steps, including their sync
         self.window_host = 0.0  # host time spent issuing the profiled steps
@@ -213,7 +216,7 @@ class Trainer:
         window = 1 <= self._steps_here <= self.cfg.profile_steps
         if self.profiler is not None and (not gpu or window):
             start = time.perf_counter()
-            with self.profiler:
+            with self.profiler, self._tracking_memory():
                 self._step_body(timed=True)
             self.window_host += time.perf_counter() - start
             self.profiler.step_end()
@@ -228,14 +231,23 @@ class Trainer:
         """Record the step as a CUDA graph and run it; on failure, say why and stay eager."""
         captured = CapturedStep(self.backend, lambda: self._step_body(timed=False))
         try:
-            captured.capture()
+            with self._tracking_memory():
+                captured.capture()
         except GraphCaptureError as exc:
             self.graph = False
             self.say(f"WARN: CUDA graph capture failed, training eagerly ({exc})")
             self._step_body(timed=True)
             return
         self._captured = captured
+        # The eager steps' temporaries sit cached in the default pool; the graph has its own.
+        pool = self.backend.xp.get_default_memory_pool()
+        self._eager_pool_peak = int(pool.total_bytes())
+        pool.free_all_blocks()
         captured.replay()
+
+    def _tracking_memory(self) -> contextlib.AbstractContextManager[None]:
+        """GPU: peak bytes in use during profiled eager steps and the graph capture."""
+        return self.peak_memory.tracking() if self.peak_memory else contextlib.nullcontext()
 
     def _drain_losses(self) -> None:
         """Read the loss ring back (one transfer) and stop on a non-finite loss."""
@@ -454,7 +466,8 @@ class Trainer:
             "device_busy_s": prof.total() if gpu else None,
             "transfers": {**{k: v - self._other_transfers[k]
                              for k, v in TRANSFERS.snapshot().items()}, "steps": steps},
-            "memory": _memory(self.backend, self._captured),
+            "memory": _memory(self.backend, self._captured, self._eager_pool_peak,
+                              self.peak_memory),
             "matmul_floor": None if gpu else self._matmul_floor(step_time),
         }
 
@@ -490,13 +503,18 @@ def _hardware(device: str) -> str:
     return devices.gpu_properties()["name"] if device == "gpu" else devices.cpu_name()
 
 
-def _memory(backend: Any, captured: CapturedStep | None) -> dict[str, Any]:
-    """Peak memory: CuPy's pools (they keep freed blocks, so their size is the peak
-    footprint) plus the graph's private pool; on the CPU the peak RSS."""
+def _memory(backend: Any, captured: CapturedStep | None, eager_pool: int,
+            peak: PeakMemory | None) -> dict[str, Any]:
+    """GPU: peak bytes in use (tracked over the profiled steps and the capture) and the pools'
+    reserved size (CuPy caches freed blocks): the larger of the eager phase's pool and the
+    default pool plus the graph's private pool after it. CPU: the peak RSS."""
     if backend.name == "gpu":
-        pool = backend.xp.get_default_memory_pool()
-        total = int(pool.total_bytes()) + (captured.pool_bytes() if captured else 0)
-        return {"kind": "gpu_pool", "peak_bytes": total, "pool_total_bytes": total}
+        reserved = int(backend.xp.get_default_memory_pool().total_bytes())
+        if captured is not None:
+            reserved += captured.pool_bytes()
+        reserved = max(reserved, eager_pool)
+        used = peak.peak if peak is not None and peak.peak else reserved
+        return {"kind": "gpu_pool", "peak_bytes": used, "pool_total_bytes": reserved}
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
     return {"kind": "rss", "peak_bytes": int(peak), "pool_total_bytes": None}
 

@@ -95,8 +95,10 @@ class Cublas:
                 break
         return x, strides[lead - 1]
 
-    def matmul(self, a: Any, b: Any) -> Any:
-        """a @ b for 2-D/batched operands of equal batch shape, or batched @ 2-D."""
+    def matmul(self, a: Any, b: Any, strict: bool = False) -> Any:
+        """a @ b for 2-D/batched operands of equal batch shape, or batched @ 2-D.
+
+        strict=True keeps full fp32 even when TF32 is on (for reductions written as GEMMs)."""
         if a.dtype != b.dtype or a.dtype not in (np.float32, np.float64):
             return self.xp.matmul(a, b)
         if a.ndim > 2 and b.ndim > 2 and a.shape[:-2] != b.shape[:-2]:
@@ -118,7 +120,7 @@ class Cublas:
         double = a.dtype == np.float64
         dtype = _CUDA_R_64F if double else _CUDA_R_32F
         compute = (_COMPUTE_64F if double else
-                   _COMPUTE_32F_FAST_TF32 if self.tf32 else _COMPUTE_32F)
+                   _COMPUTE_32F_FAST_TF32 if self.tf32 and not strict else _COMPUTE_32F)
         one, zero = (self._one64, self._zero64) if double else (self._one32, self._zero32)
         _check(self.lib.cublasGemmStridedBatchedEx(
             self.handle, op_b, op_a, n, m, k, ctypes.byref(one),

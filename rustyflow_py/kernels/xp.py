@@ -24,6 +24,10 @@ class XpKernels:
     def matmul(self, a: Any, b: Any) -> Any:
         return self.xp.matmul(a, b)
 
+    def sum_rows(self, x: Any) -> Any:
+        """Column sums of a 2-D array (bias gradients)."""
+        return x.sum(axis=0)
+
     # ---- LayerNorm over the last axis ------------------------------------------------------
     def layernorm_forward(self, x: Any, w: Any, b: Any, eps: float) -> tuple[Any, Any, Any]:
         xp = self.xp
@@ -85,15 +89,34 @@ class XpKernels:
             self._masks[t] = self.xp.tri(t, dtype=bool)
         return self._masks[t]
 
-    def causal_softmax_forward(self, scores: Any, scale: float) -> Any:
-        """Softmax of scale*scores with future positions masked; overwrites `scores`."""
+    def causal_softmax_forward(
+        self, scores: Any, scale: float, with_lse: bool = False
+    ) -> Any:
+        """Softmax of scale*scores with future positions masked; overwrites `scores`.
+
+        with_lse=True also returns each row's log-sum-exp (B, H, T, 1) of the scaled scores,
+        from which causal_softmax_recompute rebuilds the probabilities."""
         xp = self.xp
         s = scores
         s *= scale
         xp.copyto(s, -xp.inf, where=~self.causal_mask(s.shape[-1]))
-        s -= s.max(axis=-1, keepdims=True)
+        m = s.max(axis=-1, keepdims=True)
+        s -= m
         xp.exp(s, out=s)
-        s /= s.sum(axis=-1, keepdims=True)
+        z = s.sum(axis=-1, keepdims=True)
+        s /= z
+        if not with_lse:
+            return s
+        return s, xp.log(z) + m
+
+    def causal_softmax_recompute(self, scores: Any, lse: Any, scale: float) -> Any:
+        """exp(scale*scores - lse) with future positions zeroed; overwrites `scores`."""
+        xp = self.xp
+        s = scores
+        s *= scale
+        xp.copyto(s, -xp.inf, where=~self.causal_mask(s.shape[-1]))  # before exp: no overflow
+        s -= lse
+        xp.exp(s, out=s)
         return s
 
     def causal_softmax_backward(self, g: Any, probs: Any, scale: float) -> Any:
@@ -131,6 +154,27 @@ class XpKernels:
         """d(logits) for upstream gradient g (a scalar); may reuse the state's buffer."""
         state *= g
         return state
+
+    # ---- tied LM head + cross-entropy: loss of logits = h @ w.T ---------------------------------
+    def lm_head_xent(
+        self, h: Any, w: Any, targets: Any, need_grad: bool, mm: Any
+    ) -> tuple[Any, Any]:
+        """Mean NLL of h @ w.T, (N, E) x (V, E). `mm(a, b)` runs a GEMM through the profiler's
+        choke point. Here: the GEMM, then cross_entropy in place on the logits (a backend may
+        fuse the two more tightly)."""
+        logits = mm(h, w.T)
+        loss, state = self.cross_entropy(logits, targets, need_grad, True)
+        return loss, ((state, h, w) if need_grad else None)
+
+    def lm_head_xent_backward(
+        self, state: Any, g: Any, need_h: bool, need_w: bool, mm: Any
+    ) -> tuple[Any, Any]:
+        """(d h, d w) for upstream gradient g (a scalar); None where not needed."""
+        xent, h, w = state
+        dlogits = self.cross_entropy_backward(xent, g)
+        dh = mm(dlogits, w) if need_h else None
+        dw = mm(dlogits.T, h) if need_w else None
+        return dh, dw
 
     # ---- embedding backward: scatter-add rows of g into a dense (V, E) gradient -------------
     def embedding_backward(self, idx: Any, g: Any, num_embeddings: int) -> Any:
