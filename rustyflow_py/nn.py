@@ -149,10 +149,10 @@ class GPT:
             x = self._block(x, f"h.{i}.", drop)
         x = ops.layer_norm(x, p["ln_f.weight"], p["ln_f.bias"])
         h = ops.reshape(x, (b * t, cfg.n_embd))  # (B*T, E)
-        logits = ops.matmul(h, p["wte"], transpose_b=True)  # (B*T, V)
         if targets is None:
+            logits = ops.matmul(h, p["wte"], transpose_b=True)  # (B*T, V)
             return ops.reshape(logits, (b, t, cfg.vocab_size))
-        return ops.cross_entropy(logits, targets, inplace=True)
+        return ops.lm_head_cross_entropy(h, p["wte"], targets)  # logits never returned
 
     def _block(self, x: Tensor, prefix: str, drop: float) -> Tensor:
         p = {k[len(prefix):]: v for k, v in self.p.items() if k.startswith(prefix)}
