@@ -172,7 +172,8 @@ def devices(as_json: bool) -> None:
         return
     cpu, gpu = info["cpu"], info["gpu"]
     click.echo(f"cpu: usable - {cpu['name']}, {cpu['cores']} cores, numpy {cpu['numpy']}, "
-               f"{cpu['blas_library']} with {cpu['blas_threads']} threads")
+               f"{cpu['blas_library']}, {cpu['threads']} threads (BLAS itself: "
+               f"{cpu['blas_threads']} per call)")
     if gpu["usable"]:
         click.echo(f"gpu: usable - {gpu['name']} (compute {gpu['compute_capability']}), "
                    f"{gpu['memory_total'] / 2**30:.1f} GiB, CUDA runtime {gpu['cuda_runtime']}"

@@ -18,7 +18,7 @@ from .backend import gpu_unavailable_reason
 
 
 @functools.cache
-def _openblas() -> tuple[Any, str] | None:
+def openblas() -> tuple[Any, str] | None:
     """The loaded OpenBLAS library and its symbol prefix/suffix, if NumPy uses OpenBLAS."""
     try:
         with open("/proc/self/maps") as maps:
@@ -38,7 +38,7 @@ def _openblas() -> tuple[Any, str] | None:
 
 def blas_info() -> dict[str, Any]:
     """BLAS library name, version and current thread count."""
-    found = _openblas()
+    found = openblas()
     if found is None:
         return {"library": "unknown (not OpenBLAS)", "threads": None}
     lib, pattern = found
@@ -55,7 +55,7 @@ def set_threads(threads: int) -> int:
     from .backend import get_backend
 
     n = threads or os.cpu_count() or 1
-    found = _openblas()
+    found = openblas()
     if found is not None:
         lib, pattern = found
         getattr(lib, pattern % "set_num_threads")(ctypes.c_int(n))
@@ -74,10 +74,18 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def compute_threads() -> int:
+    """Threads RustyFlow's CPU kernels use (its pool splits GEMMs into one-thread BLAS calls
+    when it can pin BLAS to one thread; otherwise BLAS threads itself)."""
+    from .backend import get_backend
+
+    return int(get_backend("cpu").fused.threads)
+
+
 def cpu_description() -> str:
     blas = blas_info()
     return (f"{cpu_name()} ({os.cpu_count()} cores; numpy {np.__version__}, "
-            f"{blas['library']}, {blas['threads']} BLAS threads)")
+            f"{blas['library']}, {compute_threads()} threads)")
 
 
 def gpu_properties() -> dict[str, Any]:
@@ -109,7 +117,8 @@ def devices_report() -> dict[str, Any]:
     """Everything `rustyflow devices` prints: each backend, usable or why not."""
     report: dict[str, Any] = {
         "cpu": {"usable": True, "name": cpu_name(), "cores": os.cpu_count(),
-                "numpy": np.__version__, **{f"blas_{k}": v for k, v in blas_info().items()}},
+                "numpy": np.__version__, "threads": compute_threads(),
+                **{f"blas_{k}": v for k, v in blas_info().items()}},
     }
     reason = gpu_unavailable_reason()
     report["gpu"] = {"usable": reason is None, "reason": reason}

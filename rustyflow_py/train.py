@@ -221,8 +221,8 @@ class Trainer:
             self.window_host += time.perf_counter() - start
             self.profiler.step_end()
             self.profiled_wall += time.perf_counter() - start
-        elif self.graph and self._steps_here > self.cfg.profile_steps:
-            self._capture()
+        elif self.graph and self._steps_here > (self.cfg.profile_steps if self.profiler else 0):
+            self._capture()  # after 1 warm-up step (and the profiled window, if profiling)
         else:
             self._step_body(timed=True)
         self._steps_here += 1
@@ -473,7 +473,8 @@ class Trainer:
 
     def _matmul_floor(self, step_time: float) -> dict[str, float]:
         """The step's matmul FLOPs at this machine's measured GEMM rate."""
-        gflops = measure_gemm_gflops(self.cfg.batch_size * self.cfg.seq_len,
+        gflops = measure_gemm_gflops(self.backend.fused.matmul,
+                                     self.cfg.batch_size * self.cfg.seq_len,
                                      self.cfg.embed_dim, len(self.corpus.vocab), self.dtype)
         flops = self.model.matmul_flops_per_step(self.cfg.batch_size, self.cfg.seq_len)
         return {"gflops": gflops, "flops_per_step": flops,
@@ -484,15 +485,17 @@ _SHAPE_KEYS = ("DATASET", "SEQ_LEN", "BATCH_SIZE", "EMBED_DIM", "NUM_HEADS", "NU
                "NUM_EPOCHS", "OPTIMIZER", "PRECISION")
 
 
-def measure_gemm_gflops(m: int, k: int, n: int, dtype: Any, seconds: float = 0.3) -> float:
-    """Sustained host GEMM rate on an (m, k) x (k, n) product, like the LM head's."""
+def measure_gemm_gflops(matmul: Callable[[Any, Any], Any], m: int, k: int, n: int,
+                        dtype: Any, seconds: float = 0.3) -> float:
+    """Sustained GEMM rate of the kernels' own matmul (all its threads) on an (m, k) x (k, n)
+    product, like the LM head's."""
     rng = np.random.default_rng(0)
     a = rng.standard_normal((m, k)).astype(dtype)
     b = rng.standard_normal((k, n)).astype(dtype)
-    a @ b  # warm-up
+    matmul(a, b)  # warm-up
     reps, start = 0, time.perf_counter()
     while time.perf_counter() - start < seconds:
-        a @ b
+        matmul(a, b)
         reps += 1
     return 2.0 * m * k * n * reps / (time.perf_counter() - start) / 1e9
 

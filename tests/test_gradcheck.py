@@ -126,6 +126,12 @@ def test_cross_entropy(device: str) -> None:
     gradcheck(device, lambda x, t: ops.cross_entropy(x, t), [randn(2, 3, 5) * 3, targets], wrt=[0])
 
 
+def test_lm_head_cross_entropy(device: str) -> None:
+    targets = np.array([0, 6, 2, 2, 5, 1])
+    gradcheck(device, ops.lm_head_cross_entropy, [randn(6, 4) * 2, randn(7, 4), targets],
+              wrt=[0, 1])
+
+
 def test_dropout_uses_one_mask(device: str) -> None:
     x = Tensor(randn(50, 40), requires_grad=True, device=device)
     y = ops.dropout(x, 0.3)

@@ -187,6 +187,16 @@ def test_cross_entropy(dev: str, inplace: bool) -> None:
             [randn(4, 8, 50, scale=3.0), targets])
 
 
+@pytest.mark.parametrize("scale", [1.0, 40.0])
+def test_lm_head_cross_entropy(dev: str, scale: float) -> None:
+    # 600 x 2,000 logits: large enough for the CPU kernels' row blocks and threads; scale 40
+    # makes the model confident enough that rows need the max shift recomputed
+    targets = RNG.integers(0, 2000, size=600).astype(np.int32)
+    compare(f"lm_head_cross_entropy scale={scale}", dev, ops.lm_head_cross_entropy,
+            lambda h, w, t: F.cross_entropy(h @ w.T, t),
+            [randn(600, 64, scale=scale), randn(2000, 64), targets])
+
+
 def test_dropout_matches_torch_with_the_same_mask(dev: str) -> None:
     p, x = 0.3, randn(64, 80)
     t = Tensor(x, requires_grad=True, device=dev)

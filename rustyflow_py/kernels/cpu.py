@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from ..devices import _openblas
+from ..devices import openblas
 from .xp import GELU_C, GELU_K, XpKernels
 
 Blocks = Iterator[tuple[int, int]]
@@ -61,7 +61,7 @@ def _keep_freed_memory() -> None:
 
 def _blas_single_thread() -> bool:
     """Make OpenBLAS single-threaded; False if this NumPy's BLAS cannot be controlled."""
-    found = _openblas()
+    found = openblas()
     if found is None:
         return False
     lib, pattern = found
