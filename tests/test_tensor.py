@@ -1,0 +1,57 @@
+"""Tensor and autograd mechanics: devices, transfers, gradient accumulation, no_grad."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from conftest import DEVICES
+
+from rustyflow_py import ops
+from rustyflow_py.backend import TRANSFERS, DeviceError, TransferError, strict_transfers
+from rustyflow_py.tensor import Tensor, no_grad
+
+GPU = DEVICES[1]
+
+
+def test_tensor_used_twice_accumulates_its_gradient(device: str) -> None:
+    x = Tensor(np.array([1.0, -2.0, 3.0]), requires_grad=True, device=device)
+    (x * x + x).sum().backward()  # d/dx (x^2 + x) = 2x + 1
+    np.testing.assert_allclose(x.backend.to_host(x.grad), [3.0, -3.0, 7.0])
+
+
+def test_backward_frees_the_graph_and_cannot_run_twice(device: str) -> None:
+    x = Tensor(np.ones((2, 3)), requires_grad=True, device=device)
+    hidden = x * 3.0
+    loss = ops.sum(hidden * hidden)
+    loss.backward()
+    assert hidden._ctx is None and loss._ctx is None  # saved activations released
+    with pytest.raises(RuntimeError, match="not the result of a tracked op"):
+        loss.backward()
+
+
+def test_no_grad_records_nothing(device: str) -> None:
+    x = Tensor(np.ones(4), requires_grad=True, device=device)
+    with no_grad():
+        y = x * 2.0
+    assert y._ctx is None and not y.requires_grad
+
+
+@pytest.mark.parametrize("gpu", [GPU])
+def test_mixing_devices_is_an_error_naming_both(gpu: str) -> None:
+    a, b = Tensor(np.ones(3), device="cpu"), Tensor(np.ones(3), device=gpu)
+    with pytest.raises(DeviceError, match=r"different devices \(cpu and gpu\).*\.to\(device\)"):
+        ops.add(a, b)
+    np.testing.assert_array_equal((a.to("gpu") + b).numpy(), [2.0, 2.0, 2.0])
+
+
+@pytest.mark.parametrize("gpu", [GPU])
+def test_transfers_are_counted_and_strict_mode_refuses_them(gpu: str) -> None:
+    TRANSFERS.reset()
+    host = np.arange(6, dtype=np.float32)
+    t = Tensor(host, device=gpu)
+    assert (TRANSFERS.h2d_count, TRANSFERS.h2d_bytes) == (1, host.nbytes)
+    np.testing.assert_array_equal(t.numpy(), host)
+    assert (TRANSFERS.d2h_count, TRANSFERS.d2h_bytes) == (1, host.nbytes)
+    with strict_transfers(), pytest.raises(TransferError, match="24 bytes"):
+        t.numpy()
+    assert TRANSFERS.d2h_count == 1  # the refused copy did not happen
