@@ -365,14 +365,6 @@ class CudaKernels(XpKernels):
                                                          np.int32(n), np.int32(v)))
         return out
 
-    # ---- embedding ----------------------------------------------------------------------------
-    def embedding_backward(self, idx: Any, g: Any, num_embeddings: int) -> Any:
-        import cupyx
-
-        dw = self.xp.zeros((num_embeddings, g.shape[-1]), dtype=g.dtype)
-        cupyx.scatter_add(dw, idx.ravel(), g.reshape(-1, g.shape[-1]))
-        return dw
-
     # ---- optimizer ------------------------------------------------------------------------
     def l2_norm(self, g: Any) -> Any:
         return _elementwise()["sumsq"](g)
