@@ -35,15 +35,19 @@ def load_model(path: str, device: str) -> tuple[GPT, Checkpoint, Config]:
     return model, ckpt, cfg
 
 
-def perplexity(model: GPT, tokens: np.ndarray, batch_size: int, seq_len: int) -> dict[str, Any]:
-    """exp(mean per-token NLL) over every full window of the split, in the LM layout."""
-    backend = model.buffer.backend
-    stream = backend.from_host(np.ascontiguousarray(
+def upload_split(backend: Any, tokens: np.ndarray, batch_size: int) -> Any:
+    """A split in the LM layout (batchify on the host), moved to the device once."""
+    return backend.from_host(np.ascontiguousarray(
         data.batchify(tokens.astype(np.int32), batch_size)))
+
+
+def perplexity(model: GPT, stream: Any, seq_len: int) -> dict[str, Any]:
+    """exp(mean per-token NLL) over every full window of an uploaded (B, N) split."""
+    backend = model.buffer.backend
     n = data.num_batches(stream, seq_len)
     if n < 1:
-        raise ValueError(f"split of {tokens.size} tokens is too short for {batch_size} streams "
-                         f"of {seq_len + 1} tokens")
+        raise ValueError(f"split of {stream.size} tokens is too short for {stream.shape[0]} "
+                         f"streams of {seq_len + 1} tokens")
     total = backend.xp.zeros((), dtype=np.float64)
     was_training, model.training = model.training, False
     try:
@@ -54,7 +58,7 @@ def perplexity(model: GPT, tokens: np.ndarray, batch_size: int, seq_len: int) ->
     finally:
         model.training = was_training
     nll = float(backend.to_host(total)) / n
-    return {"perplexity": math.exp(nll), "nll": nll, "tokens": n * batch_size * seq_len}
+    return {"perplexity": math.exp(nll), "nll": nll, "tokens": n * stream.shape[0] * seq_len}
 
 
 def evaluate_checkpoint(path: str, split: str, device: str,
@@ -68,5 +72,6 @@ def evaluate_checkpoint(path: str, split: str, device: str,
     if list(ckpt.vocab) != corpus.vocab.itos:
         raise CheckpointError(f"{path}: its vocabulary differs from {cfg.dataset}'s: was it "
                               f"trained on another dataset?")
-    result = perplexity(model, getattr(corpus, split), cfg.batch_size, cfg.seq_len)
+    stream = upload_split(model.buffer.backend, getattr(corpus, split), cfg.batch_size)
+    result = perplexity(model, stream, cfg.seq_len)
     return {**result, "device": used, "split": split}

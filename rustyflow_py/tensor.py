@@ -197,9 +197,7 @@ class Tensor:
             node = order.pop()
             g = grads.pop(id(node), None)
             fn = node._ctx
-            if fn is None:  # a leaf
-                if g is not None:
-                    node._accumulate(g)
+            if fn is None:  # a leaf: its gradient was accumulated as it was produced
                 continue
             node._ctx = None
             if g is None:
@@ -208,6 +206,9 @@ class Tensor:
             in_grads = run_op(fn.name, fn.category, "backward", fn.backward, g)
             for inp, needed, ig in zip(fn.inputs, fn.needs_input_grad, in_grads, strict=True):
                 if not needed or ig is None:
+                    continue
+                if inp._ctx is None:  # a leaf: add straight into .grad (no summed temp)
+                    inp._accumulate(ig)
                     continue
                 key = id(inp)
                 grads[key] = ig if key not in grads else grads[key] + ig

@@ -25,7 +25,7 @@ import numpy as np
 from . import checkpoint, data, logfile, report
 from .backend import TRANSFERS, DeviceError, get_backend, gpu_unavailable_reason
 from .config import Config
-from .evaluate import perplexity
+from .evaluate import perplexity, upload_split
 from .gpu_memory import PeakMemory
 from .graph import CapturedStep, GraphCaptureError
 from .nn import GPT, GPTConfig
@@ -90,7 +90,8 @@ class Trainer:
                       cfg.embed_dim, cfg.dropout),
             self.device, cfg.seed, self.dtype,
         )
-        self.train_stream = self._upload(self.corpus.train)
+        self.train_stream = upload_split(self.backend, self.corpus.train, cfg.batch_size)
+        self._eval_streams: dict[str, Any] = {}  # valid/test, uploaded on first use
         self.steps_per_epoch = data.num_batches(self.train_stream, cfg.seq_len)
         if self.steps_per_epoch < 1:
             raise TrainingError(
@@ -132,11 +133,6 @@ class Trainer:
         self._epoch_start = time.perf_counter()
 
     # ---- setup -------------------------------------------------------------------------------
-    def _upload(self, tokens: np.ndarray) -> Any:
-        """Batchify on the host, then move the whole split to the device once."""
-        return self.backend.from_host(np.ascontiguousarray(
-            data.batchify(tokens.astype(np.int32), self.cfg.batch_size)))
-
     def _make_optimizer(self) -> Optimizer:
         c = self.cfg
         schedule = Schedule(c.learning_rate, c.warmup_steps, self.total_steps, c.min_lr_ratio)
@@ -345,7 +341,7 @@ class Trainer:
             yield
             return
 
-        def handler(signum: int, frame: Any) -> None:
+        def handler(_signum: int, _frame: Any) -> None:
             if self._interrupt_requested:
                 raise KeyboardInterrupt
             self._interrupt_requested = True
@@ -372,8 +368,10 @@ class Trainer:
         """Perplexity over the whole split (exp of the mean per-token NLL)."""
         start = time.perf_counter()
         with self._not_step_traffic():
-            result = perplexity(self.model, getattr(self.corpus, split), self.cfg.batch_size,
-                                self.cfg.seq_len)
+            if split not in self._eval_streams:
+                self._eval_streams[split] = upload_split(
+                    self.backend, getattr(self.corpus, split), self.cfg.batch_size)
+            result = perplexity(self.model, self._eval_streams[split], self.cfg.seq_len)
         self.phases["eval"] += time.perf_counter() - start
         return result["perplexity"]
 
