@@ -160,6 +160,8 @@ KEYS: dict[str, Key] = dict([
     _k("LOG_FILE", "str", "training_log.txt", "append-only run log with the profiling report"),
     _k("LOG_INTERVAL", "int", 50, "steps between loss read-backs and progress updates", lo=1),
     _k("THREADS", "int", 0, "CPU threads for BLAS and NumPy work (0 = all cores)", lo=0),
+    _k("CPU_JIT", "choice", "auto", "CPU: numba kernels for the elementwise passes: auto (when "
+       "numba is installed), on (required) or off (pure NumPy)", choices=("auto", "on", "off")),
     _k("EVAL_INTERVAL", "int", 0, "steps between validation runs (0 = once per epoch)", lo=0),
     _k("MAX_STEPS", "int", 0, "stop after this many optimizer steps (0 = no limit)", lo=0),
 ])
@@ -224,6 +226,7 @@ class Config:
     log_file: str = _D["LOG_FILE"]
     log_interval: int = _D["LOG_INTERVAL"]
     threads: int = _D["THREADS"]
+    cpu_jit: str = _D["CPU_JIT"]
     eval_interval: int = _D["EVAL_INTERVAL"]
     max_steps: int = _D["MAX_STEPS"]
     source: dict[str, str] = field(default_factory=dict, compare=False, repr=False)

@@ -82,10 +82,18 @@ def compute_threads() -> int:
     return int(get_backend("cpu").fused.threads)
 
 
+def cpu_kernels() -> str:
+    """Which formulation the CPU's elementwise kernels run (CPU_JIT)."""
+    from .backend import get_backend
+
+    jit = get_backend("cpu").fused.jit
+    return "NumPy" if jit is None else f"numba {jit.VERSION}"
+
+
 def cpu_description() -> str:
     blas = blas_info()
     return (f"{cpu_name()} ({os.cpu_count()} cores; numpy {np.__version__}, "
-            f"{blas['library']}, {compute_threads()} threads)")
+            f"{blas['library']}, {compute_threads()} threads, {cpu_kernels()} kernels)")
 
 
 def gpu_properties() -> dict[str, Any]:
@@ -117,7 +125,7 @@ def devices_report() -> dict[str, Any]:
     """Everything `rustyflow devices` prints: each backend, usable or why not."""
     report: dict[str, Any] = {
         "cpu": {"usable": True, "name": cpu_name(), "cores": os.cpu_count(),
-                "numpy": np.__version__, "threads": compute_threads(),
+                "numpy": np.__version__, "threads": compute_threads(), "kernels": cpu_kernels(),
                 **{f"blas_{k}": v for k, v in blas_info().items()}},
     }
     reason = gpu_unavailable_reason()

@@ -82,6 +82,7 @@ class Trainer:
             from .devices import set_threads
 
             set_threads(cfg.threads)
+            self.backend.fused.set_jit(cfg.cpu_jit)
         self.dtype = np.float64 if cfg.precision == "fp64" else np.float32
         self.backend.set_precision(cfg.precision)
         self.corpus = data.load_corpus(cfg.dataset, cfg.data_dir or None)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Make sure ./.venv holds rustyflow-py (editable install) and print that venv's python.
 #
-#   scripts/bootstrap.sh [--gpu] [EXTRA ...]      e.g. scripts/bootstrap.sh dev
+#   scripts/bootstrap.sh [--gpu] [--jit] [EXTRA ...]      e.g. scripts/bootstrap.sh dev
 #
 # Shared by train_cpu.sh, train_gpu.sh and test.sh, so "works on a fresh machine" lives in one
 # place. The first run creates .venv and runs `pip install -e .[EXTRAS]`; later runs only
@@ -11,6 +11,9 @@
 # --gpu: also install CuPy (the extra matching the driver's CUDA major version) when
 # nvidia-smi exists and cupy does not import. A failed install is not an error: the trainer
 # then falls back to the CPU with a warning that says why.
+#
+# --jit: also install numba (the jit extra: compiled CPU kernels) when it does not import. A
+# failed install is not an error either: the CPU kernels then run their NumPy formulation.
 #
 # RUSTYFLOW_PYTHON=/path/to/python skips all of this and uses that interpreter as it is (it
 # must already import rustyflow_py). RUSTYFLOW_BOOTSTRAP_PYTHON is the interpreter that
@@ -26,9 +29,14 @@ if [[ -n "${RUSTYFLOW_PYTHON:-}" ]]; then
 fi
 
 gpu=0
+jit=0
 extras=()
 for arg in "$@"; do
-    if [[ $arg == --gpu ]]; then gpu=1; else extras+=("$arg"); fi
+    case $arg in
+        --gpu) gpu=1 ;;
+        --jit) jit=1 ;;
+        *) extras+=("$arg") ;;
+    esac
 done
 
 venv="$root/.venv"
@@ -81,6 +89,15 @@ if [[ $gpu == 1 ]] && command -v nvidia-smi >/dev/null 2>&1 && [[ ! -f $gave_up 
     if ! "$py" -m pip install --quiet --disable-pip-version-check -e "$root[$extra]" >&2; then
         touch "$gave_up"
         say "could not install CuPy: training falls back to the CPU (delete $gave_up to retry)"
+    fi
+fi
+
+no_jit="$venv/.rustyflow-numba-failed"
+if [[ $jit == 1 && ! -f $no_jit ]] && ! "$py" -c 'import numba' 2>/dev/null; then
+    say "installing numba for the compiled CPU kernels: pip install -e .[jit]"
+    if ! "$py" -m pip install --quiet --disable-pip-version-check -e "$root[jit]" >&2; then
+        touch "$no_jit"
+        say "could not install numba: the CPU kernels use NumPy (delete $no_jit to retry)"
     fi
 fi
 

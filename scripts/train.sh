@@ -24,7 +24,7 @@ elif [[ -f "$root/config.env" ]]; then
 fi
 cd "$root"
 
-bootstrap=()
+bootstrap=(--jit)  # numba: the compiled CPU kernels
 if [[ $device == gpu ]]; then bootstrap=(--gpu); fi
 py="$(scripts/bootstrap.sh ${bootstrap[@]+"${bootstrap[@]}"})"
 

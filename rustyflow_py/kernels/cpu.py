@@ -20,6 +20,7 @@ import math
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -69,21 +70,38 @@ def _blas_single_thread() -> bool:
     return True
 
 
-def _shifted_rows(
-    source: tuple[np.ndarray, np.ndarray], start: int, rows: np.ndarray, e: np.ndarray,
-    t: np.ndarray, picked: np.ndarray, s: np.ndarray,
+def _redo_shifted(
+    source: tuple[np.ndarray, np.ndarray], e: np.ndarray, targets: np.ndarray,
+    nll: np.ndarray, sums: np.ndarray,
 ) -> None:
-    """Redo rows (of a block at `start`) of an unshifted softmax with the usual max shift,
-    from their logits h[rows] @ w.T (a small GEMM, rarely needed: not timed as a matmul)."""
+    """Redo the rows of an unshifted softmax (see _softmax_rows) whose sum left the safe
+    range, with the usual max shift, from their logits h[rows] @ w.T (a small GEMM, rarely
+    needed: not timed as a matmul)."""
+    rows = np.flatnonzero(~((sums >= _SAFE_SUM) & (sums < np.inf)))
     if not rows.size:
         return
     h, w = source
-    logits = h[start + rows] @ w.T
+    logits = h[rows] @ w.T
     logits -= logits.max(axis=1, keepdims=True)
-    picked[rows] = logits[np.arange(rows.size), t[rows]]
+    picked = logits[np.arange(rows.size), targets[rows]]
     np.exp(logits, out=logits)
     e[rows] = logits
-    s[rows] = logits.sum(axis=1)
+    sums[rows] = logits.sum(axis=1)
+    nll[rows] = np.log(sums[rows]) - picked
+
+
+def load_jit(mode: str) -> ModuleType | None:
+    """kernels/jit.py (numba) for CPU_JIT=auto when numba imports, or on; None for off."""
+    if mode == "off":
+        return None
+    try:
+        from . import jit
+    except ImportError as exc:  # numba missing, or built for another NumPy
+        if mode == "on":
+            raise RuntimeError(f"CPU_JIT=on, but numba does not import ({exc}): pip install "
+                               "'rustyflow-py[jit]', or set CPU_JIT=auto to use NumPy") from exc
+        return None
+    return jit
 
 
 def _blocks(start: int, stop: int, size: int) -> Blocks:
@@ -99,6 +117,7 @@ class CpuKernels(XpKernels):
         self._notmask: dict[int, np.ndarray] = {}
         self._ones: dict[tuple[int, Any], np.ndarray] = {}
         self.set_threads(os.cpu_count() or 1)
+        self.set_jit("auto")
         _keep_freed_memory()
 
     def set_threads(self, threads: int) -> None:
@@ -109,6 +128,15 @@ class CpuKernels(XpKernels):
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
+
+    def set_jit(self, mode: str) -> None:
+        """CPU_JIT: auto (numba kernels when numba imports), on (numba required) or off."""
+        self.jit = load_jit(mode)
+
+    def _jit_for(self, *arrays: np.ndarray) -> ModuleType | None:
+        """The numba kernels for float32 work; float64 (gradient checks, PRECISION=fp64)
+        keeps the NumPy formulation, whose exp is exact to float64."""
+        return self.jit if all(a.dtype == np.float32 for a in arrays) else None
 
     # ---- the pool --------------------------------------------------------------------------
     def _parallel(self, worker: Callable[[Blocks], Any], n: int, block: int,
@@ -241,27 +269,32 @@ class CpuKernels(XpKernels):
         nll = np.empty(n, logits.dtype)
         sums = np.empty_like(nll)
         ones = self._ones_vector(v, logits.dtype)
+        jit = self._jit_for(logits)
 
         def worker(blocks: Blocks) -> None:
-            with np.errstate(over="ignore"):  # an overflowing row is redone, shifted
-                for i, j in blocks:
-                    x, e, t = logits[i:j], out[i:j], targets[i:j]
-                    idx = np.arange(j - i)
-                    if source is None:
-                        np.subtract(x, x.max(axis=1, keepdims=True), out=e)
-                    picked = e[idx, t]  # the target's shifted logit
+            for i, j in blocks:
+                x, e, t = logits[i:j], out[i:j], targets[i:j]
+                if jit is not None:
+                    jit.softmax_xent(e, None if out is logits else x, t, source is None,
+                                     n if grad_of_mean else 0, nll[i:j], sums[i:j])
+                    continue
+                idx = np.arange(j - i)
+                if source is None:
+                    np.subtract(x, x.max(axis=1, keepdims=True), out=e)
+                picked = e[idx, t]  # the target's shifted logit
+                # (errstate is per thread) an unshifted row that overflows is redone below
+                with np.errstate(over="ignore", divide="ignore"):
                     np.exp(e, out=e)
-                    s = e @ ones  # row sums as a BLAS GEMV: ~10% of the pass faster than sum()
-                    if source is not None:
-                        unsafe = np.flatnonzero(~((s >= _SAFE_SUM) & (s < np.inf)))
-                        _shifted_rows(source, i, unsafe, e, t, picked, s)
+                    s = e @ ones  # row sums as a BLAS GEMV: ~10% faster than sum()
                     nll[i:j] = np.log(s) - picked
-                    sums[i:j] = s
-                    if grad_of_mean:
-                        e *= (1.0 / (s * n))[:, None]
-                        e[idx, t] -= 1.0 / n
+                sums[i:j] = s
+                if grad_of_mean:
+                    e *= (1.0 / (s * n))[:, None]
+                    e[idx, t] -= 1.0 / n
 
         self._parallel(worker, n, _XENT_BLOCK // v, logits.size)
+        if source is not None:
+            _redo_shifted(source, out, targets, nll, sums)
         return nll, sums
 
     def cross_entropy(
@@ -310,18 +343,25 @@ class CpuKernels(XpKernels):
         return dh, dw
 
     # ---- GELU (tanh approximation) as x * sigmoid(2u): one exp instead of a slower tanh ---------
-    def _gelu_pass(self, x: Any, bias: Any | None, fn: Callable[..., None], *others: Any) -> Any:
-        """Run fn(z, out, *other_blocks, scratch) over cache blocks of rows, z = x (+ bias)."""
+    def _gelu_pass(self, x: Any, bias: Any | None, fn: Callable[..., None], *others: Any,
+                   jit_fn: Callable[..., None] | None = None) -> Any:
+        """Run fn(z, out, *other_blocks, scratch) over cache blocks of rows, z = x (+ bias);
+        with jit_fn (numba, float32), jit_fn(*other_blocks, x_block, bias, out) instead."""
         c = x.shape[-1]
         x2 = x.reshape(-1, c)
         rest = [o.reshape(-1, c) for o in others]
         out = np.empty_like(x2)
         rows = max(1, _BLOCK // c)
+        if self._jit_for(x2, *rest, *([] if bias is None else [bias])) is None:
+            jit_fn = None
 
         def worker(blocks: Blocks) -> None:
-            scratch = np.empty((3, rows, c), x.dtype)
+            scratch = None if jit_fn else np.empty((3, rows, c), x.dtype)
             with np.errstate(over="ignore"):  # exp(-2u) -> inf for very negative z: GELU -> 0
                 for i, j in blocks:
+                    if jit_fn is not None:
+                        jit_fn(*(r[i:j] for r in rest), x2[i:j], bias, out[i:j])
+                        continue
                     z = x2[i:j]
                     if bias is not None:
                         z = np.add(z, bias, out=out[i:j])
@@ -340,7 +380,8 @@ class CpuKernels(XpKernels):
             t += 1.0
             np.divide(z, t, out=out)  # z * sigmoid(2u) = 0.5 z (1 + tanh u)
 
-        return self._gelu_pass(x, bias, fwd)
+        jit_fn = None if self.jit is None else self.jit.gelu_forward
+        return self._gelu_pass(x, bias, fwd, jit_fn=jit_fn)
 
     def gelu_backward(self, g: Any, x: Any, bias: Any | None) -> Any:
         def bwd(z: Any, out: Any, gb: Any, z2: Any, sig: Any, tmp: Any) -> None:
@@ -360,7 +401,8 @@ class CpuKernels(XpKernels):
             z2 += sig  # d/dz z sigmoid(2u) = s + z s (1 - s) 2 du/dz
             np.multiply(z2, gb, out=out)
 
-        return self._gelu_pass(x, bias, bwd, g)
+        jit_fn = None if self.jit is None else self.jit.gelu_backward
+        return self._gelu_pass(x, bias, bwd, g, jit_fn=jit_fn)
 
     # ---- causal attention softmax over (B, H, T, T) scores ------------------------------------
     # Blocks of whole (T, T) matrices, and within them blocks of _QUERY_BLOCK query rows that
@@ -453,7 +495,8 @@ class CpuKernels(XpKernels):
         self, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any, scale: Any,
         betas: tuple[float, float], eps: float, weight_decay: float, decay_size: int,
     ) -> None:
-        """The shared formulation's arithmetic, op for op (bit-identical), per cache block."""
+        """The shared formulation's arithmetic, op for op (bit-identical), per cache block;
+        numba's fused loop instead when loaded (equal to within float32 rounding)."""
         b1, b2 = betas
         t = step.astype(p.dtype)
         g_scale = None if scale is None else scale.astype(g.dtype)
@@ -461,10 +504,17 @@ class CpuKernels(XpKernels):
         bias2 = np.sqrt(1.0 - b2**t)
         step_size = (lr / (1.0 - b1**t)).astype(p.dtype)
 
+        jit = self._jit_for(p, g, m, v)
+
         def worker(blocks: Blocks) -> None:
             scratch = np.empty((2, _BLOCK), p.dtype)
             for i, j in blocks:
                 gb, mb, vb, pb = g[i:j], m[i:j], v[i:j], p[i:j]
+                if jit is not None:
+                    jit.adamw(pb, gb, mb, vb, decay_size - i if weight_decay else 0,
+                              float(decay), b1, b2, float(step_size), float(bias2), eps,
+                              1.0 if g_scale is None else float(g_scale))
+                    continue
                 t1, t2 = scratch[:, : j - i]
                 if g_scale is not None:
                     gb = np.multiply(gb, g_scale, out=t1)

@@ -1,0 +1,143 @@
+"""Optional numba kernels for the CPU passes NumPy cannot make cheap.
+
+Why: NumPy's float32 `exp` costs ~2.2 ns an element on an AVX2 machine (it is not the
+vectorised path), and the seed shape takes 34M of them a step in the LM head's softmax alone:
+~40 ms of a ~370 ms step on 2 cores. The polynomial exp below, which LLVM vectorises, fused
+with the row sum and the target pick in one pass, does the same rows in ~0.5 ns an element.
+The other kernels fuse what NumPy runs as several passes with temporaries (GELU, AdamW).
+
+Everything here is optional (`pip install rustyflow-py[jit]`): this module is imported only
+when numba is installed and CPU_JIT is not off; otherwise kernels/cpu.py runs its NumPy
+formulation. The kernels
+release the GIL, so RustyFlow's own thread pool spreads them over the cores exactly like the
+NumPy passes (no second threading layer). Compiled code is cached on disk (numba's cache).
+
+Floating point: `contract` (FMA) and `reassoc` (vectorised sums) only; NaN and inf keep their
+IEEE meaning so a diverging run is still caught by the trainer's non-finite-loss check.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numba
+import numpy as np
+
+from .xp import GELU_C, GELU_K
+
+VERSION = str(numba.__version__)
+_FLAGS = {"contract", "reassoc"}
+# error_model="numpy": x / 0 is inf as in NumPy; Python's ZeroDivisionError check would keep
+# every loop with a division from vectorising.
+jit = functools.partial(numba.njit, nogil=True, fastmath=_FLAGS, error_model="numpy",
+                        cache=True)
+f32 = np.float32
+
+
+@jit(inline="always")
+def _pow2(k: Any) -> Any:
+    """2.0**k for an integer k in [-126, 127], from the float32 exponent bits."""
+    return np.int32((k + np.int32(127)) << np.int32(23)).view(np.float32)
+
+
+@jit(inline="always")
+def fexp(x: Any) -> Any:
+    """float32 exp, <= 2 ulp: 2**n * p(r) with x = n ln2 + r, |r| <= ln2 / 2 (Cody-Waite
+    reduction, Cephes' degree-6 polynomial). exp(x) = 0 below -87.3 (no subnormals)."""
+    n = np.floor(x * f32(1.44269504) + f32(0.5))
+    r = x - n * f32(0.693359375)
+    r = r - n * f32(-2.12194440e-4)
+    p = f32(1.9875691500e-4)
+    p = p * r + f32(1.3981999507e-3)
+    p = p * r + f32(8.3334519073e-3)
+    p = p * r + f32(4.1665795894e-2)
+    p = p * r + f32(1.6666665459e-1)
+    p = p * r + f32(5.0000001201e-1)
+    p = p * r * r + r + f32(1.0)
+    # 2**n as two factors 2**a * 2**b, a = floor(n / 2): each exponent stays in float32's
+    # range for every n a finite result can have (-126..128)
+    a = np.int32(np.floor(n * f32(0.5)))
+    b = np.int32(n) - a
+    scaled = p * _pow2(a) * _pow2(b)
+    if x > f32(88.7228391):
+        return f32(np.inf)
+    if x < f32(-87.3365447):
+        return f32(0.0)
+    return scaled  # NaN in, NaN out (through p)
+
+
+@jit
+def softmax_xent(out: Any, x: Any, targets: Any, shift: bool, grad_n: int, nll: Any,
+                 sums: Any) -> None:
+    """Rows of a softmax cross-entropy: out <- exp(x - m) (m = row max, or 0 without shift),
+    nll = log(sum) - (x[t] - m), sums = the row sums; grad_n > 0 then turns out into
+    d(mean NLL over grad_n rows)/dx. x=None works in place on out: passing the same array
+    twice would make LLVM's aliasing check fall back to scalar code (~7x slower)."""
+    src = out if x is None else x
+    rows, v = out.shape
+    for i in range(rows):
+        m = f32(0.0)
+        if shift:
+            m = src[i, 0]
+            for j in range(1, v):
+                m = max(m, src[i, j])
+        t = targets[i]
+        picked = src[i, t] - m
+        s = f32(0.0)
+        for j in range(v):
+            e = fexp(src[i, j] - m)
+            out[i, j] = e
+            s += e
+        nll[i] = np.log(s) - picked
+        sums[i] = s
+        if grad_n > 0:
+            scale = f32(1.0) / (s * f32(grad_n))
+            for j in range(v):
+                out[i, j] *= scale
+            out[i, t] -= f32(1.0) / f32(grad_n)
+
+
+@jit(inline="always")
+def _sigmoid2u(z: Any, c: Any, ck: Any) -> Any:
+    """sigmoid(2u), u = c (z + k z^3): GELU-tanh's 0.5 (1 + tanh u), with one exp."""
+    return f32(1.0) / (f32(1.0) + fexp(-f32(2.0) * z * (c + ck * z * z)))
+
+
+@jit
+def gelu_forward(x: Any, bias: Any, out: Any) -> None:
+    """out = GELU-tanh(x + bias) over a (rows, C) block; bias may be None."""
+    c, ck = f32(GELU_C), f32(GELU_C * GELU_K)
+    for i in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            z = x[i, j] if bias is None else x[i, j] + bias[j]
+            out[i, j] = z * _sigmoid2u(z, c, ck)
+
+
+@jit
+def gelu_backward(g: Any, x: Any, bias: Any, out: Any) -> None:
+    """out = g * d/dz [z sigmoid(2u)] = g (s + z s (1 - s) 2 du/dz), z = x (+ bias)."""
+    c, ck = f32(GELU_C), f32(GELU_C * GELU_K)
+    for i in range(x.shape[0]):
+        for j in range(x.shape[1]):
+            z = x[i, j] if bias is None else x[i, j] + bias[j]
+            s = _sigmoid2u(z, c, ck)
+            du2 = f32(2.0) * (c + f32(3.0) * ck * z * z)
+            out[i, j] = g[i, j] * (s + z * s * (f32(1.0) - s) * du2)
+
+
+@jit
+def adamw(p: Any, g: Any, m: Any, v: Any, decay_until: int, decay: float, b1: float,
+          b2: float, step_size: float, bias2: float, eps: float, g_scale: float) -> None:
+    """One AdamW step over a block of the flat buffers (one read and write of each, where
+    NumPy makes ~12 passes); elements below decay_until get the weight decay first."""
+    d, sb1, sb2, gs = f32(decay), f32(b1), f32(b2), f32(g_scale)
+    lr, rb2, e = f32(step_size), f32(1.0 / bias2), f32(eps)
+    for i in range(p.size):
+        gi = g[i] * gs
+        mi = sb1 * m[i] + (f32(1.0) - sb1) * gi
+        vi = sb2 * v[i] + (f32(1.0) - sb2) * (gi * gi)
+        m[i] = mi
+        v[i] = vi
+        pi = p[i] * d if i < decay_until else p[i]
+        p[i] = pi - lr * mi / (np.sqrt(vi) * rb2 + e)
