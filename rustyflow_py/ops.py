@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from .tensor import Function, Tensor, grad_enabled, run_op
+from .tensor import Function, RowGrad, Tensor, grad_enabled, run_op
 
 
 def unbroadcast(grad: Any, shape: tuple[int, ...], fused: Any = None) -> Any:
@@ -203,16 +203,16 @@ class Sum(Function):
 
 # ---- model ops -------------------------------------------------------------------------------
 class Embedding(Function):
-    """weight[idx]; backward scatter-adds rows into a dense (V, E) gradient."""
+    """weight[idx]; the gradient is row-sparse: a RowGrad, scatter-added into weight.grad."""
 
     name = "embedding"
 
     def forward(self, weight: Any, idx: Any) -> Any:
-        self.idx, self.num = idx, weight.shape[0]
+        self.idx, self.shape = idx, weight.shape
         return weight[idx]
 
     def backward(self, grad: Any) -> Sequence[Any]:
-        return self.fused.embedding_backward(self.idx, grad, self.num), None
+        return RowGrad(self.idx, grad, self.shape, self.fused), None
 
 
 class LayerNorm(Function):

@@ -52,6 +52,29 @@ def grad_enabled() -> bool:
     return _grad_enabled
 
 
+class RowGrad:
+    """The gradient of a row gather weight[idx]: zero except the gathered rows, where the
+    (..., E) `rows` add up (indices may repeat). A leaf's .grad takes it by a scatter-add, so
+    an embedding table never gets a dense (V, E) temporary (plus a full pass to add it)."""
+
+    __slots__ = ("idx", "rows", "shape", "fused")
+
+    def __init__(self, idx: Any, rows: Any, shape: tuple[int, ...], fused: Any) -> None:
+        self.idx, self.rows, self.shape, self.fused = idx, rows, shape, fused
+
+    def add_to(self, dst: Any) -> None:
+        self.fused.scatter_add_rows(dst, self.idx, self.rows)
+
+    def dense(self) -> Any:
+        out = self.fused.xp.zeros(self.shape, dtype=self.rows.dtype)
+        self.add_to(out)
+        return out
+
+
+def _add_into(dst: Any, g: Any) -> None:
+    dst += g
+
+
 class Function:
     """One op. Subclasses set `name`/`category` and implement forward/backward on raw arrays.
 
@@ -210,15 +233,21 @@ class Tensor:
                 if inp._ctx is None:  # a leaf: add straight into .grad (no summed temp)
                     inp._accumulate(ig)
                     continue
+                if isinstance(ig, RowGrad):
+                    ig = ig.dense()
                 key = id(inp)
                 grads[key] = ig if key not in grads else grads[key] + ig
             fn.release()
 
     def _accumulate(self, g: Any) -> None:
+        """Add a gradient into .grad; timed by the profiler as grad_accumulate (for a tied
+        embedding, its scatter-add and the LM head's dense weight gradient land here)."""
         if self.grad is None:
-            self.grad = g.copy()
+            self.grad = g.dense() if isinstance(g, RowGrad) else g.copy()
+        elif isinstance(g, RowGrad):
+            run_op("grad_accumulate", "other", "backward", g.add_to, self.grad)
         else:
-            self.grad += g
+            run_op("grad_accumulate", "other", "backward", _add_into, self.grad, g)
 
     # ---- operator sugar (the ops live in ops.py) ------------------------------------------
     def __add__(self, other: Tensor | float) -> Tensor:

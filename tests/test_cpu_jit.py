@@ -146,6 +146,59 @@ def test_jit_adamw_matches_numpy(kernels: CpuKernels, clip: float | None) -> Non
 
 
 @needs_numba
+def test_jit_layernorm_matches_numpy(kernels: CpuKernels) -> None:
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((4, 300, 96)) * 3 + 1).astype(np.float32)
+    w, b = (rng.standard_normal(96).astype(np.float32) for _ in range(2))
+    g = rng.standard_normal(x.shape).astype(np.float32)
+
+    def run() -> tuple[np.ndarray, ...]:
+        y, mean, rstd = kernels.layernorm_forward(x, w, b, 1e-5)
+        return (y, mean, rstd, *kernels.layernorm_backward(g, x, w, mean, rstd))
+
+    for got, ref in zip(*both(kernels, run), strict=True):
+        np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-5)
+
+
+@needs_numba
+def test_jit_causal_attention_softmax_matches_numpy(kernels: CpuKernels) -> None:
+    """Forward (with the log-sum-exp), recompute from it, and backward; the masked keys
+    above the diagonal must come out exactly zero."""
+    rng = np.random.default_rng(6)
+    scores = (rng.standard_normal((2, 3, 70, 70)) * 4).astype(np.float32)
+    g = rng.standard_normal(scores.shape).astype(np.float32)
+
+    def run() -> tuple[np.ndarray, ...]:
+        probs, lse = kernels.causal_softmax_forward(scores.copy(), 0.3, True)
+        again = kernels.causal_softmax_recompute(scores.copy(), lse, 0.3)
+        return probs, lse, again, kernels.causal_softmax_backward(g, probs, 0.3)
+
+    ref, got = both(kernels, run)
+    above = ~np.tri(70, dtype=bool)
+    for a in (got[0], got[2], got[3]):
+        assert not a[..., above].any()
+    for a, b in zip(got, ref, strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@needs_numba
+def test_jit_scatter_add_rows_adds_repeated_indices(kernels: CpuKernels) -> None:
+    rng = np.random.default_rng(7)
+    idx = rng.integers(0, 9, (6, 5))  # 30 rows into 9: many repeats
+    rows = rng.standard_normal((6, 5, 4)).astype(np.float32)
+    start = rng.standard_normal((9, 4)).astype(np.float32)
+
+    def run() -> np.ndarray:
+        table = start.copy()
+        kernels.scatter_add_rows(table, idx, rows)
+        return table
+
+    ref, got = both(kernels, run)
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(ref.sum(0), start.sum(0) + rows.reshape(-1, 4).sum(0), rtol=1e-5)
+
+
+@needs_numba
 def test_float64_work_keeps_the_numpy_kernels(kernels: CpuKernels) -> None:
     kernels.set_jit("on")
     assert kernels._jit_for(np.zeros(2, np.float32)) is kernels.jit is not None

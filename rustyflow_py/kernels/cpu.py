@@ -408,14 +408,19 @@ class CpuKernels(XpKernels):
     # Blocks of whole (T, T) matrices, and within them blocks of _QUERY_BLOCK query rows that
     # touch only the keys up to their last row: the rest is masked, so it is zeroed without
     # being computed (at T=256, 5/8 of the exps and passes remain).
-    def _causal_pass(self, arrays: tuple[Any, ...], fn: Callable[..., None]) -> None:
+    def _causal_pass(self, arrays: tuple[Any, ...], fn: Callable[..., None],
+                     jit_fn: Callable[[slice], None] | None = None) -> None:
         """fn(*views, mats, rows) for blocks of the (M, T, T) arrays, each view being
         array[mats, rows, :rows.stop] (the keys those query rows can see); the keys past
-        rows.stop are masked for all of them and are zeroed in arrays[0]."""
+        rows.stop are masked for all of them and are zeroed in arrays[0]. jit_fn(mats), a
+        numba kernel bound to its arrays, replaces that per block of matrices when given."""
         first, t = arrays[0], arrays[0].shape[-1]
 
         def worker(blocks: Blocks) -> None:
             for i, j in blocks:
+                if jit_fn is not None:
+                    jit_fn(slice(i, j))
+                    continue
                 for r0 in range(0, t, _QUERY_BLOCK):
                     r1 = min(r0 + _QUERY_BLOCK, t)
                     fn(*(a[i:j, r0:r1, :r1] for a in arrays), slice(i, j), slice(r0, r1))
@@ -447,7 +452,9 @@ class CpuKernels(XpKernels):
                 np.log(z, out=z)
                 np.add(z, m, out=lse[mats, rows])
 
-        self._causal_pass((s,), block)
+        jit = self._jit_for(s)
+        self._causal_pass((s,), block, jit and (lambda mats: jit.causal_softmax_forward(
+            s[mats], scale, None if lse is None else lse[mats])))
         probs = s.reshape(scores.shape)
         return (probs, lse.reshape((*scores.shape[:-1], 1))) if lse is not None else probs
 
@@ -463,7 +470,9 @@ class CpuKernels(XpKernels):
             x -= rows_lse[mats, rows]
             np.exp(x, out=x)
 
-        self._causal_pass((s,), block)
+        jit = self._jit_for(s, rows_lse)
+        self._causal_pass((s,), block, jit and (lambda mats: jit.causal_softmax_recompute(
+            s[mats], rows_lse[mats], scale)))
         return s.reshape(scores.shape)
 
     def causal_softmax_backward(self, g: Any, probs: Any, scale: float) -> Any:
@@ -477,8 +486,19 @@ class CpuKernels(XpKernels):
             d *= p  # p (g - <g, p>)
             d *= scale
 
-        self._causal_pass((ds, probs.reshape(-1, t, t), g.reshape(-1, t, t)), block)
+        p3, g3 = probs.reshape(-1, t, t), g.reshape(-1, t, t)
+        jit = self._jit_for(p3, g3)
+        self._causal_pass((ds, p3, g3), block, jit and (lambda mats: jit.causal_softmax_backward(
+            g3[mats], p3[mats], scale, ds[mats])))
         return ds.reshape(probs.shape)
+
+    # ---- embedding backward --------------------------------------------------------------------
+    def scatter_add_rows(self, dst: Any, idx: Any, rows: Any) -> None:
+        jit = self._jit_for(dst, rows)
+        if jit is None:
+            super().scatter_add_rows(dst, idx, rows)
+        else:
+            jit.scatter_add_rows(dst, idx.ravel(), rows.reshape(-1, dst.shape[-1]))
 
     # ---- optimizer ----------------------------------------------------------------------------
     def l2_norm(self, g: Any) -> Any:
@@ -545,10 +565,14 @@ class CpuKernels(XpKernels):
         mean = np.empty((n, 1), x.dtype)
         rstd = np.empty_like(mean)
         ones = self._ones_vector(c, x.dtype)
+        jit = self._jit_for(x2, w, b)
 
         def worker(blocks: Blocks) -> None:
             for i, j in blocks:
                 xb, yb, mb, rb = x2[i:j], y[i:j], mean[i:j], rstd[i:j]
+                if jit is not None:
+                    jit.layernorm_forward(xb, w, b, eps, yb, mb, rb)
+                    continue
                 np.multiply(xb @ ones, 1.0 / c, out=mb[:, 0])
                 np.subtract(xb, mb, out=yb)
                 var = np.einsum("ij,ij->i", yb, yb) * (1.0 / c)
@@ -571,11 +595,15 @@ class CpuKernels(XpKernels):
         dx = np.empty(g2.shape, np.result_type(g, x))
         rows = max(1, _BLOCK // c)
         ones_c, ones_r = self._ones_vector(c, dx.dtype), self._ones_vector(rows, dx.dtype)
+        jit = self._jit_for(g2, x2, w)
 
         def worker(blocks: Blocks) -> tuple[np.ndarray, np.ndarray]:
             dw, db = np.zeros(c, dx.dtype), np.zeros(c, dx.dtype)
             scratch = np.empty((rows, c), dx.dtype)
             for i, j in blocks:
+                if jit is not None:
+                    jit.layernorm_backward(g2[i:j], x2[i:j], w, m2[i:j], r2[i:j], dx[i:j], dw, db)
+                    continue
                 gb, d, xhat, ones = g2[i:j], dx[i:j], scratch[: j - i], ones_r[: j - i]
                 np.subtract(x2[i:j], m2[i:j], out=xhat)
                 xhat *= r2[i:j]

@@ -127,6 +127,110 @@ def gelu_backward(g: Any, x: Any, bias: Any, out: Any) -> None:
 
 
 @jit
+def layernorm_forward(x: Any, w: Any, b: Any, eps: float, y: Any, mean: Any,
+                      rstd: Any) -> None:
+    """y = (x - mean) * rstd * w + b over the rows of a (rows, C) block, one row at a time
+    (NumPy's ~10 calls a block cost more than the arithmetic at the seed shape)."""
+    n, c = x.shape
+    for i in range(n):
+        mu = f32(0.0)
+        for j in range(c):
+            mu += x[i, j]
+        mu /= f32(c)
+        var = f32(0.0)
+        for j in range(c):
+            d = x[i, j] - mu
+            var += d * d
+        r = f32(1.0) / np.sqrt(var / f32(c) + f32(eps))
+        for j in range(c):
+            y[i, j] = (x[i, j] - mu) * r * w[j] + b[j]
+        mean[i, 0] = mu
+        rstd[i, 0] = r
+
+
+@jit
+def layernorm_backward(g: Any, x: Any, w: Any, mean: Any, rstd: Any, dx: Any, dw: Any,
+                       db: Any) -> None:
+    """dx = rstd (g w - mean(g w) - xhat mean(g w xhat)) for a block of rows; the block's
+    dw (sum of g xhat) and db (sum of g) are added into dw and db."""
+    n, c = x.shape
+    for i in range(n):
+        mu, r = mean[i, 0], rstd[i, 0]
+        mean_gw = f32(0.0)
+        mean_gwx = f32(0.0)
+        for j in range(c):
+            xhat = (x[i, j] - mu) * r
+            gw = g[i, j] * w[j]
+            mean_gw += gw
+            mean_gwx += gw * xhat
+            dw[j] += g[i, j] * xhat
+            db[j] += g[i, j]
+        mean_gw /= f32(c)
+        mean_gwx /= f32(c)
+        for j in range(c):
+            xhat = (x[i, j] - mu) * r
+            dx[i, j] = r * (g[i, j] * w[j] - mean_gw - xhat * mean_gwx)
+
+
+@jit
+def causal_softmax_forward(s: Any, scale: float, lse: Any) -> None:
+    """In place over (M, T, T) scores: row r <- softmax(scale * s[r, :r+1]), zeros past r;
+    lse (M, T, 1), unless None, gets each row's log-sum-exp of the scaled scores."""
+    sc = f32(scale)
+    for m in range(s.shape[0]):
+        for r in range(s.shape[1]):
+            row = s[m, r]
+            top = row[0] * sc
+            for c in range(1, r + 1):
+                top = max(top, row[c] * sc)
+            total = f32(0.0)
+            for c in range(r + 1):
+                e = fexp(row[c] * sc - top)
+                row[c] = e
+                total += e
+            inv = f32(1.0) / total
+            for c in range(r + 1):
+                row[c] *= inv
+            row[r + 1:] = 0
+            if lse is not None:
+                lse[m, r, 0] = np.log(total) + top
+
+
+@jit
+def causal_softmax_recompute(s: Any, lse: Any, scale: float) -> None:
+    """In place: the probabilities back from the scores and their saved log-sum-exp."""
+    sc = f32(scale)
+    for m in range(s.shape[0]):
+        for r in range(s.shape[1]):
+            row = s[m, r]
+            shift = lse[m, r, 0]
+            for c in range(r + 1):
+                row[c] = fexp(row[c] * sc - shift)
+            row[r + 1:] = 0
+
+
+@jit
+def causal_softmax_backward(g: Any, p: Any, scale: float, ds: Any) -> None:
+    """ds = scale * p (g - <g, p>) row by row; zeros past the diagonal."""
+    sc = f32(scale)
+    for m in range(p.shape[0]):
+        for r in range(p.shape[1]):
+            dot = f32(0.0)
+            for c in range(r + 1):
+                dot += g[m, r, c] * p[m, r, c]
+            for c in range(r + 1):
+                ds[m, r, c] = sc * p[m, r, c] * (g[m, r, c] - dot)
+            ds[m, r, r + 1:] = 0
+
+
+@jit
+def scatter_add_rows(dst: Any, idx: Any, rows: Any) -> None:
+    """dst[idx[i]] += rows[i] (NumPy's add.at takes ~2 ms for the seed shape's 1,024 rows)."""
+    for i in range(idx.size):
+        dst[idx[i]] += rows[i]
+
+
+@jit
 def adamw(p: Any, g: Any, m: Any, v: Any, decay_until: int, decay: float, b1: float,
           b2: float, step_size: float, bias2: float, eps: float, g_scale: float) -> None:
     """One AdamW step over a block of the flat buffers (one read and write of each, where

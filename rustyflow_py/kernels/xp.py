@@ -176,12 +176,10 @@ class XpKernels:
         dw = mm(dlogits.T, h) if need_w else None
         return dh, dw
 
-    # ---- embedding backward: scatter-add rows of g into a dense (V, E) gradient -------------
-    def embedding_backward(self, idx: Any, g: Any, num_embeddings: int) -> Any:
-        xp = self.xp
-        dw = xp.zeros((num_embeddings, g.shape[-1]), dtype=g.dtype)
-        xp.add.at(dw, idx.ravel(), g.reshape(-1, g.shape[-1]))
-        return dw
+    # ---- embedding backward: rows of g added into the (V, E) gradient ---------------------------
+    def scatter_add_rows(self, dst: Any, idx: Any, rows: Any) -> None:
+        """dst[idx[i]] += rows[i] for every i, repeated indices included."""
+        self.xp.add.at(dst, idx.ravel(), rows.reshape(-1, dst.shape[-1]))
 
     # ---- optimizer kernels over the flat parameter buffer ------------------------------------
     def l2_norm(self, g: Any) -> Any:
