@@ -2,7 +2,8 @@
 
 Both frameworks train the SPEC §6 GPT from the same initial weights (`init_weights(cfg, SEED)`)
 with the same step: zero grad, forward, backward, clip the global grad norm to 1.0, AdamW.
-For every shape and precision it times RustyFlow (eager, and CUDA-graph replay on the GPU) and
+For every shape and precision it times RustyFlow (eager, and CUDA-graph replay on the GPU; on the
+CPU also eager with CPU_JIT=off, the pure-NumPy kernels, when numba is installed) and
 PyTorch (eager, and torch.compile mode="reduce-overhead" by default on the GPU), then trains
 both for --curve-steps steps on WikiText-2 and reports how far the loss curves drift apart.
 On the CPU each timing runs in a worker process of its own, so the peak RSS it reports is that
@@ -75,7 +76,7 @@ class Job:
     shape: str
     precision: str
     framework: str  # rustyflow | pytorch
-    mode: str  # eager | graph (rustyflow) | compile (pytorch)
+    mode: str  # eager | numpy (rustyflow eager, CPU_JIT=off) | graph (rustyflow) | compile
     warmup: int
     steps: int
     windows: int
@@ -115,7 +116,7 @@ def rustyflow_step_fn(model: GPT, optimizer: AdamW, mode: str) -> StepFn:
         optimizer.step()
         return loss.data
 
-    if mode == "eager":
+    if mode in ("eager", "numpy"):
         return eager
     if mode != "graph":
         raise ValueError(f"unknown RustyFlow mode {mode!r}")
@@ -244,6 +245,7 @@ def measure_rustyflow(job: Job) -> dict[str, Any]:
     backend.set_precision(job.precision)
     if job.device == "cpu":
         devices.set_threads(job.threads)
+        backend.fused.set_jit("off" if job.mode == "numpy" else "auto")
     base = rss_bytes()
     cfg, batch = gpt_config(job.shape)
     x, y = (backend.from_host(a) for a in synthetic_batch(cfg, batch))
@@ -402,7 +404,8 @@ def machine(device: str) -> str:
     if device == "gpu":
         return devices.gpu_description()
     blas = devices.blas_info()
-    return f"{devices.cpu_name()} ({os.cpu_count()} cores, {blas['library']})"
+    return (f"{devices.cpu_name()} ({os.cpu_count()} cores, {blas['library']}); RustyFlow "
+            f"eager: {devices.cpu_kernels()} kernels, numpy: CPU_JIT=off (NumPy kernels)")
 
 
 def versions(device: str) -> str:
@@ -531,6 +534,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def plan(args: argparse.Namespace) -> list[Job]:
     modes = [("rustyflow", "eager")] + ([("rustyflow", "graph")] if args.device == "gpu" else [])
+    if args.device == "cpu" and get_backend("cpu").fused.jit is not None:
+        modes.append(("rustyflow", "numpy"))  # the pure-NumPy path too, for comparison
     modes += [("pytorch", "eager")] + ([("pytorch", "compile")] if args.compile else [])
     jobs = []
     for shape in args.shapes:
