@@ -82,7 +82,7 @@ class Trainer:
             from .devices import set_threads
 
             set_threads(cfg.threads)
-            self.backend.fused.set_jit(cfg.cpu_jit)
+            self._load_cpu_kernels()
         self.dtype = np.float64 if cfg.precision == "fp64" else np.float32
         self.backend.set_precision(cfg.precision)
         self.corpus = data.load_corpus(cfg.dataset, cfg.data_dir or None)
@@ -166,6 +166,18 @@ class Trainer:
         self._epoch_carry = t.get("epoch_elapsed", 0.0)
         self.say(f"Resumed from {path} at step {self.pos.step} (epoch {self.pos.epoch + 1}, "
                  f"batch {self.pos.batch})")
+
+    def _load_cpu_kernels(self) -> None:
+        """CPU_JIT: load the numba kernels and compile them now, not inside the first step."""
+        kernels = self.backend.fused
+        kernels.set_jit(self.cfg.cpu_jit)
+        if kernels.jit is None:
+            return
+        start = time.perf_counter()
+        kernels.jit.warm_up()
+        seconds = time.perf_counter() - start
+        if seconds > 1.0:
+            self.say(f"numba CPU kernels compiled in {seconds:.1f}s (cached for later runs)")
 
     def _want_graph(self) -> bool:
         """Whether to replay the step as a CUDA graph (GRAPH=auto|on|off)."""

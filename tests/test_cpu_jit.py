@@ -228,6 +228,30 @@ def test_training_with_and_without_jit_follows_the_same_losses(kernels: CpuKerne
     np.testing.assert_allclose(got, ref, rtol=1e-4)
 
 
+@needs_numba
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_warm_up_compiles_everything_a_training_step_needs(
+    kernels: CpuKernels, dtype: type,
+) -> None:
+    """The trainer warms the kernels up before its first step, so compilation never lands
+    in a step or in the profile: a step afterwards must not compile anything new."""
+    import numba
+
+    from rustyflow_py.kernels import jit
+
+    kernels.set_jit("on")
+    jit.warm_up()
+    dispatchers = [f for f in vars(jit).values() if isinstance(f, numba.core.dispatcher.Dispatcher)]
+    before = [len(f.signatures) for f in dispatchers]
+    for heads, seq_len in ((2, 8), (4, 64)):  # attention keeps the probabilities / the lse
+        model = GPT(GPTConfig(300, seq_len, 1, heads, 16), "cpu", seed=1)
+        opt = AdamW(model.buffer, Schedule(1e-3, 1, 10, 0.1))
+        x = np.arange(2 * seq_len, dtype=dtype).reshape(2, seq_len) % 300
+        model(Tensor(x), Tensor(x)).backward()
+        opt.step()
+    assert [len(f.signatures) for f in dispatchers] == before
+
+
 def test_cpu_jit_on_without_numba_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "numba", None)  # import numba -> ImportError
     monkeypatch.delitem(sys.modules, "rustyflow_py.kernels.jit", raising=False)
