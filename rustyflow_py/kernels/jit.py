@@ -4,13 +4,14 @@ Why: NumPy's float32 `exp` costs ~2.2 ns an element on an AVX2 machine (it is no
 vectorised path), and the seed shape takes 34M of them a step in the LM head's softmax alone:
 ~40 ms of a ~370 ms step on 2 cores. The polynomial exp below, which LLVM vectorises, fused
 with the row sum and the target pick in one pass, does the same rows in ~0.5 ns an element.
-The other kernels fuse what NumPy runs as several passes with temporaries (GELU, AdamW).
+The other kernels fuse what NumPy runs as several passes with temporaries (GELU, AdamW,
+LayerNorm, the attention softmax) or one slow call (add.at for the embedding gradient).
 
 Everything here is optional (`pip install rustyflow-py[jit]`): this module is imported only
 when numba is installed and CPU_JIT is not off; otherwise kernels/cpu.py runs its NumPy
-formulation. The kernels
-release the GIL, so RustyFlow's own thread pool spreads them over the cores exactly like the
-NumPy passes (no second threading layer). Compiled code is cached on disk (numba's cache).
+formulation. Only float32 work comes here. The kernels release the GIL, so RustyFlow's own
+thread pool spreads them over the cores exactly like the NumPy passes (no second threading
+layer). Compiled code is cached on disk by numba; `warm_up()` compiles before training.
 
 Floating point: `contract` (FMA) and `reassoc` (vectorised sums) only; NaN and inf keep their
 IEEE meaning so a diverging run is still caught by the trainer's non-finite-loss check.
@@ -43,8 +44,9 @@ def _pow2(k: Any) -> Any:
 
 @jit(inline="always")
 def fexp(x: Any) -> Any:
-    """float32 exp, <= 2 ulp: 2**n * p(r) with x = n ln2 + r, |r| <= ln2 / 2 (Cody-Waite
-    reduction, Cephes' degree-6 polynomial). exp(x) = 0 below -87.3 (no subnormals)."""
+    """float32 exp within 1 ulp (tests/test_cpu_jit.py): 2**n * p(r) with x = n ln2 + r,
+    |r| <= ln2 / 2 (Cody-Waite reduction, Cephes' degree-6 polynomial). exp(x) = 0 below
+    -87.3 (no subnormals); branch-free after LLVM turns the two tests into selects."""
     n = np.floor(x * f32(1.44269504) + f32(0.5))
     r = x - n * f32(0.693359375)
     r = r - n * f32(-2.12194440e-4)
