@@ -222,6 +222,11 @@ def banner(train_args: tuple[str, ...]) -> None:
                f"cosine to {cfg.min_lr_ratio:g}x)"),
         ("log", cfg.log_file),
     ]
+    if cfg.device == "cpu":
+        kernels = {"auto": "numba kernels when installed", "on": "numba kernels",
+                   "off": "NumPy kernels"}[cfg.cpu_jit]
+        rows.insert(3, ("cpu", f"threads {cfg.threads or 'all cores'}, "
+                               f"CPU_JIT={cfg.cpu_jit} ({kernels})"))
     if resume:
         rows.append(("resume", resume))
     click.echo("RustyFlow train")
