@@ -174,7 +174,17 @@ class Trainer:
         if kernels.jit is None:
             return
         start = time.perf_counter()
-        kernels.jit.warm_up()
+        try:
+            kernels.jit.warm_up()
+        except Exception as exc:  # numba installed but unable to compile on this machine
+            if self.cfg.cpu_jit == "on":
+                raise TrainingError(f"CPU_JIT=on, but numba could not compile the CPU kernels "
+                                    f"({type(exc).__name__}: {exc}); set CPU_JIT=auto or off "
+                                    "to train with the NumPy kernels") from exc
+            self.say(f"WARN: numba could not compile the CPU kernels ({type(exc).__name__}); "
+                     "training with the NumPy kernels (CPU_JIT=off silences this)")
+            kernels.set_jit("off")
+            return
         seconds = time.perf_counter() - start
         if seconds > 1.0:
             self.say(f"numba CPU kernels compiled in {seconds:.1f}s (cached for later runs)")

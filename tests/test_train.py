@@ -8,6 +8,7 @@ exactly: bitwise-equal losses and weights after a resume, the exact step a NaN i
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -27,7 +28,7 @@ from click.testing import CliRunner, Result
 from conftest import real_data_dir
 
 from rustyflow_py import data, evaluate
-from rustyflow_py.backend import gpu_unavailable_reason
+from rustyflow_py.backend import get_backend, gpu_unavailable_reason
 from rustyflow_py.checkpoint import Checkpoint
 from rustyflow_py.cli import main
 from rustyflow_py.config import KEYS, Config, load_config
@@ -384,6 +385,30 @@ def test_report_reads_what_train_wrote() -> None:
 
 
 # ------------------------------------------------------------------------------ config errors
+
+
+@pytest.mark.skipif(importlib.util.find_spec("numba") is None, reason="numba is not installed")
+def test_cpu_kernels_that_fail_to_compile_fall_back_to_numpy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from rustyflow_py.kernels import jit
+
+    kernels = get_backend("cpu").fused
+    monkeypatch.setattr(kernels, "jit", kernels.jit)  # restored afterwards
+
+    def cannot_compile() -> None:
+        raise RuntimeError("no LLVM target for this CPU")
+
+    monkeypatch.setattr(jit, "warm_up", cannot_compile)
+    said: list[str] = []
+    trainer = Trainer(make_cfg(MAX_STEPS=2), said.append)
+    assert kernels.jit is None
+    assert any("training with the NumPy kernels" in line for line in said)
+    assert trainer.run()["status"] == "completed"
+    with pytest.raises(TrainingError, match=r"CPU_JIT=on, but numba could not compile.*"
+                                            r"no LLVM target"):
+        Trainer(make_cfg(CPU_JIT="on"), quiet)
+
 
 
 @pytest.mark.parametrize(
