@@ -175,8 +175,8 @@ def devices(as_json: bool) -> None:
                f"{cpu['blas_library']}, {cpu['threads']} threads (BLAS itself: "
                f"{cpu['blas_threads']} per call), {cpu['kernels']} kernels")
     if cpu["kernels"] == "NumPy":
-        click.echo("     (pip install 'rustyflow-py[jit]' adds numba kernels for the softmax, "
-                   "GELU and AdamW passes: ~20% faster steps)")
+        click.echo("     (pip install 'rustyflow-py[jit]' adds compiled numba kernels for the "
+                   "elementwise passes: 10-20% faster CPU steps in benchmarks/results/)")
     if gpu["usable"]:
         click.echo(f"gpu: usable - {gpu['name']} (compute {gpu['compute_capability']}), "
                    f"{gpu['memory_total'] / 2**30:.1f} GiB, CUDA runtime {gpu['cuda_runtime']}"
