@@ -359,7 +359,7 @@ class CpuKernels(XpKernels):
             jit_fn = None
 
         def worker(blocks: Blocks) -> None:
-            scratch = None if jit_fn else np.empty((3, rows, c), x.dtype)
+            scratch = None if jit_fn is not None else np.empty((3, rows, c), x.dtype)
             with np.errstate(over="ignore"):  # exp(-2u) -> inf for very negative z: GELU -> 0
                 for i, j in blocks:
                     if jit_fn is not None:
@@ -528,15 +528,15 @@ class CpuKernels(XpKernels):
         step_size = (lr / (1.0 - b1**t)).astype(p.dtype)
 
         jit = self._jit_for(p, g, m, v)
+        scalars = (float(decay), b1, b2, float(step_size), float(bias2), eps,
+                   1.0 if g_scale is None else float(g_scale))  # the kernel's, read once
 
         def worker(blocks: Blocks) -> None:
-            scratch = np.empty((2, _BLOCK), p.dtype)
+            scratch = None if jit is not None else np.empty((2, _BLOCK), p.dtype)
             for i, j in blocks:
                 gb, mb, vb, pb = g[i:j], m[i:j], v[i:j], p[i:j]
                 if jit is not None:
-                    jit.adamw(pb, gb, mb, vb, decay_size - i if weight_decay else 0,
-                              float(decay), b1, b2, float(step_size), float(bias2), eps,
-                              1.0 if g_scale is None else float(g_scale))
+                    jit.adamw(pb, gb, mb, vb, decay_size - i if weight_decay else 0, *scalars)
                     continue
                 t1, t2 = scratch[:, : j - i]
                 if g_scale is not None:
@@ -602,7 +602,7 @@ class CpuKernels(XpKernels):
 
         def worker(blocks: Blocks) -> tuple[np.ndarray, np.ndarray]:
             dw, db = np.zeros(c, dx.dtype), np.zeros(c, dx.dtype)
-            scratch = np.empty((rows, c), dx.dtype)
+            scratch = None if jit is not None else np.empty((rows, c), dx.dtype)
             for i, j in blocks:
                 if jit is not None:
                     jit.layernorm_backward(g2[i:j], x2[i:j], w, m2[i:j], r2[i:j], dx[i:j], dw, db)
