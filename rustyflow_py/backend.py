@@ -18,11 +18,9 @@ from typing import Any
 
 import numpy as np
 
+from .errors import DeviceError
+
 DEVICES = ("cpu", "gpu")
-
-
-class DeviceError(RuntimeError):
-    """A device was asked for that cannot be used, or tensors of two devices were mixed."""
 
 
 class TransferError(RuntimeError):

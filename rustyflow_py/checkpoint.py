@@ -17,11 +17,9 @@ from typing import Any
 
 import numpy as np
 
+from .errors import CheckpointError
+
 FORMAT_VERSION = 1
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint is missing, corrupt, or does not fit the model it is loaded into."""
 
 
 def save(

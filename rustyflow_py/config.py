@@ -19,15 +19,13 @@ from pathlib import Path
 
 from dotenv import dotenv_values
 
+from .errors import ConfigError
+
 BUILTIN_DATASETS = ("wikitext-2", "tinyshakespeare")
 MODEL_PATH_TEMPLATE = "models/${DATASET}-L${NUM_LAYERS}-H${NUM_HEADS}-E${EMBED_DIM}.npz"
 _REF = re.compile(r"\$\{([^}:]*)(:-[^}]*)?\}")  # the ${NAME} / ${NAME:-default} syntax of dotenv
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
-
-
-class ConfigError(ValueError):
-    """A bad configuration value; the message names key, value, origin and what is expected."""
 
 
 def _num(x: float) -> str:

@@ -26,14 +26,12 @@ from typing import Any
 
 import numpy as np
 
+from .errors import DataError
+
 EOS = "<eos>"
 UNK = "<unk>"
 SPLITS = ("train", "valid", "test")
 VALID_FRACTION = 0.1  # held-out share for datasets without official splits
-
-
-class DataError(RuntimeError):
-    """A dataset problem, with a message that says what to do about it."""
 
 
 @dataclass(frozen=True)

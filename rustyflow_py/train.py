@@ -25,6 +25,7 @@ import numpy as np
 from . import checkpoint, data, logfile, report
 from .backend import TRANSFERS, DeviceError, get_backend, gpu_unavailable_reason
 from .config import Config
+from .errors import TrainingError
 from .evaluate import perplexity, upload_split
 from .gpu_memory import PeakMemory
 from .graph import CapturedStep, GraphCaptureError
@@ -34,10 +35,6 @@ from .profiler import Profiler
 from .tensor import Tensor
 
 Say = Callable[[str], None]
-
-
-class TrainingError(RuntimeError):
-    """Training cannot go on (non-finite loss, bad resume checkpoint, ...)."""
 
 
 def resolve_device(requested: str, strict: bool, say: Say) -> tuple[str, str | None]:

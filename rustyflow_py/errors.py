@@ -1,0 +1,31 @@
+"""The one exception root for every error a user can fix.
+
+Anything raised as a `RustyFlowError` is expected: the command line prints its message as one
+line (no traceback) and exits 1. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class RustyFlowError(Exception):
+    """An expected error whose message names the problem and the fix."""
+
+
+class ConfigError(RustyFlowError, ValueError):
+    """A bad configuration value; the message names key, value, origin and what is expected."""
+
+
+class DataError(RustyFlowError):
+    """A dataset problem, with a message that says what to do about it."""
+
+
+class CheckpointError(RustyFlowError):
+    """A checkpoint is missing, corrupt, or does not fit the model it is loaded into."""
+
+
+class DeviceError(RustyFlowError):
+    """A device was asked for that cannot be used, or tensors of two devices were mixed."""
+
+
+class TrainingError(RustyFlowError):
+    """Training cannot go on (non-finite loss, an output path that cannot be written, ...)."""
