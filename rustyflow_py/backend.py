@@ -12,13 +12,14 @@ import contextlib
 import dataclasses
 import functools
 import os
-from collections.abc import Iterator
+import resource
+from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from .errors import DeviceError
+from .errors import DeviceError, TrainingError
 
 DEVICES = ("cpu", "gpu")
 
@@ -94,6 +95,49 @@ class Backend:
     def set_precision(self, precision: str) -> None:
         """fp32/fp64 are dtypes; TF32 only changes GPU matmuls, so the CPU ignores it."""
 
+    @staticmethod
+    def dtype_for(precision: str) -> Any:
+        """The dtype parameters are stored in for PRECISION."""
+        return np.float64 if precision == "fp64" else np.float32
+
+    def configure(self, threads: int, cpu_jit: str, say: Callable[[str], None],
+                  warn: Callable[[str], None]) -> None:
+        """CPU: THREADS and CPU_JIT, compiling the numba kernels now rather than inside the
+        first step (so compilation never lands in a step or the profile)."""
+        import time
+
+        from .devices import set_threads
+
+        set_threads(threads)
+        kernels = self.fused
+        try:
+            kernels.set_jit(cpu_jit)
+        except RuntimeError as exc:
+            raise DeviceError(str(exc)) from None
+        if kernels.jit is None:
+            return
+        start = time.perf_counter()
+        try:
+            kernels.jit.warm_up()
+        except Exception as exc:  # numba installed but unable to compile on this machine
+            if cpu_jit == "on":
+                raise TrainingError(f"CPU_JIT=on, but numba could not compile the CPU kernels "
+                                    f"({type(exc).__name__}: {exc}); set CPU_JIT=auto or "
+                                    "off to train with the NumPy kernels") from exc
+            warn(f"WARN: numba could not compile the CPU kernels ({type(exc).__name__}); "
+                 "training with the NumPy kernels (CPU_JIT=off silences this)")
+            kernels.set_jit("off")
+            return
+        seconds = time.perf_counter() - start
+        if seconds > 1.0:
+            say(f"numba CPU kernels compiled in {seconds:.1f}s (cached for later runs)")
+
+    def hardware(self) -> str:
+        """The processor's name, for the log's summary line."""
+        from .devices import cpu_name
+
+        return cpu_name()
+
     def from_host(self, array: np.ndarray) -> Any:
         return array
 
@@ -107,6 +151,22 @@ class Backend:
         from .devices import cpu_description
 
         return cpu_description()
+
+    # ---- memory: what the run record reports --------------------------------------------------
+    def reset_memory_stats(self) -> None:
+        """Start a new run's peak (the process RSS peak cannot be reset on the CPU)."""
+
+    def tracking_memory(self) -> contextlib.AbstractContextManager[None]:
+        """Track the peak bytes in use while inside (the GPU's; the CPU reads its RSS)."""
+        return contextlib.nullcontext()
+
+    def release_cached_memory(self) -> None:
+        """Hand cached free blocks back (the GPU pool's, before a graph takes over)."""
+
+    def memory_stats(self, extra_reserved: int = 0) -> dict[str, Any]:
+        """{"kind", "peak_bytes", "pool_total_bytes"}: here the peak process RSS."""
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB on Linux
+        return {"kind": "rss", "peak_bytes": int(peak), "pool_total_bytes": None}
 
 
 class CupyBackend(Backend):
@@ -124,6 +184,7 @@ class CupyBackend(Backend):
 
         self.fused = CudaKernels(self)
         self.rng = cupy.random.default_rng(0)
+        self.reset_memory_stats()
 
     def seed(self, seed: int) -> None:
         self.rng = self.xp.random.default_rng(seed)
@@ -138,6 +199,15 @@ class CupyBackend(Backend):
         kind = linalg.COMPUTE_TYPE_TF32 if precision == "tf32" else linalg.COMPUTE_TYPE_DEFAULT
         linalg.set_compute_type(np.float32, kind)
         self.fused.cublas.tf32 = precision == "tf32"
+
+    def configure(self, threads: int, cpu_jit: str, say: Callable[[str], None],
+                  warn: Callable[[str], None]) -> None:
+        """THREADS and CPU_JIT are CPU settings."""
+
+    def hardware(self) -> str:
+        from .devices import gpu_properties
+
+        return str(gpu_properties()["name"])
 
     def from_host(self, array: np.ndarray) -> Any:
         _count("host->device", array.nbytes)
@@ -154,6 +224,29 @@ class CupyBackend(Backend):
         from .devices import gpu_description
 
         return gpu_description()
+
+    def reset_memory_stats(self) -> None:
+        from .gpu_memory import PeakMemory
+
+        self._peak = PeakMemory()
+        self._eager_pool = 0
+
+    def tracking_memory(self) -> contextlib.AbstractContextManager[None]:
+        """Peak bytes in use, counted like torch.cuda.max_memory_allocated."""
+        return self._peak.tracking()
+
+    def release_cached_memory(self) -> None:
+        pool = self.xp.get_default_memory_pool()
+        self._eager_pool = max(self._eager_pool, int(pool.total_bytes()))
+        pool.free_all_blocks()
+
+    def memory_stats(self, extra_reserved: int = 0) -> dict[str, Any]:
+        """Peak bytes in use while tracked, and the reserved size: the larger of the eager
+        phase's default pool and the default pool plus `extra_reserved` (a graph's pool)."""
+        pool = self.xp.get_default_memory_pool()
+        reserved = max(int(pool.total_bytes()) + extra_reserved, self._eager_pool)
+        used = self._peak.peak or reserved
+        return {"kind": "gpu_pool", "peak_bytes": used, "pool_total_bytes": reserved}
 
 
 def gpu_unavailable_reason() -> str | None:
@@ -173,6 +266,25 @@ def gpu_unavailable_reason() -> str | None:
     except Exception as exc:
         return f"CUDA is not usable: {type(exc).__name__}: {exc}"
     return None
+
+
+def resolve_device(requested: str, strict: bool, say: Callable[[str], None],
+                   warn: Callable[[str], None]) -> tuple[str, str | None]:
+    """The device to use and, when a requested GPU is not usable, why we fell back."""
+    if requested == "cpu":
+        return "cpu", None
+    reason = gpu_unavailable_reason()
+    if reason is None:
+        from .devices import gpu_description
+
+        say(f"INFO: Using GPU: {gpu_description()}")
+        return "gpu", None
+    if requested == "auto":
+        return "cpu", None
+    if strict:
+        raise DeviceError(f"--device gpu: {reason} (STRICT_DEVICE=true, so no CPU fallback)")
+    warn(f"WARN: GPU requested but not usable, falling back to CPU ({reason})")
+    return "cpu", reason
 
 
 @functools.cache

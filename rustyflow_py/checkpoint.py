@@ -12,6 +12,7 @@ import json
 import os
 import tempfile
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -48,34 +49,135 @@ def save(
     return target
 
 
-class Checkpoint:
-    """A loaded checkpoint: weights, optimizer state, meta (JSON) and vocabulary."""
+def _not_ours(path: Path, reason: str, flag: str) -> CheckpointError:
+    return CheckpointError(f"{path} is not a readable RustyFlow checkpoint (.npz written by "
+                           f"`rustyflow train`): {reason}; pass another file to {flag}")
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
-        self.path = Path(path)
+
+def _read_arrays(path: Path, flag: str) -> dict[str, Any]:
+    """Every member of the .npz, with NumPy's errors reworded.
+
+    NumPy answers a non-.npz file with advice to load it with allow_pickle, which would run
+    code from an untrusted file; a checkpoint never holds pickles, so that advice is dropped.
+    """
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise CheckpointError(f"{path} cannot be read ({exc.strerror}); pass another file to "
+                              f"{flag}") from None
+    if magic != b"PK\x03\x04":
+        raise _not_ours(path, "it is not an .npz (zip) archive", flag)
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except ValueError as exc:
+        reason = ("it holds pickled Python objects, which a checkpoint never does"
+                  if "pickle" in str(exc) else "an array in it is damaged")
+        raise _not_ours(path, reason, flag) from None
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        detail = "" if "pickle" in str(exc) else f" ({exc})"
+        raise _not_ours(path, f"the archive is damaged or truncated{detail}", flag) from None
+
+
+def _parse_meta(files: dict[str, Any], path: Path, flag: str) -> dict[str, Any]:
+    """The `meta` member as a dict; a CheckpointError when absent or not a JSON object."""
+    if "meta" not in files:
+        raise _not_ours(path, "it has no 'meta' entry (configuration and training state)", flag)
+    try:
+        meta = json.loads(str(files["meta"]))
+    except ValueError:
+        raise _not_ours(path, "its 'meta' entry is not JSON", flag) from None
+    if not isinstance(meta, dict):
+        raise _not_ours(path, "its 'meta' entry is not a JSON object", flag)
+    return meta
+
+
+def _parse_vocab(files: dict[str, Any], path: Path, flag: str) -> np.ndarray:
+    """The `vocab` member: a 1-D array of words."""
+    vocab = files.get("vocab")
+    if vocab is None:
+        raise _not_ours(path, "it has no 'vocab' entry (the vocabulary)", flag)
+    if not isinstance(vocab, np.ndarray) or vocab.ndim != 1 or vocab.dtype.kind != "U":
+        raise _not_ours(path, "its 'vocab' entry is not a list of words", flag)
+    return vocab
+
+
+def _members(files: dict[str, Any], prefix: str) -> dict[str, Any]:
+    return {k[len(prefix):]: v for k, v in files.items() if k.startswith(prefix)}
+
+
+class Checkpoint:
+    """A loaded checkpoint: weights, optimizer state, meta (JSON) and vocabulary.
+
+    `flag` is the option the path came from (--model, --resume): every error names it, so the
+    user knows which argument to change.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, flag: str = "--model") -> None:
+        self.path, self.flag = Path(path), flag
         if not self.path.is_file():
-            raise CheckpointError(f"checkpoint not found: {self.path}")
-        try:
-            with np.load(self.path, allow_pickle=False) as z:
-                files = {k: z[k] for k in z.files}
-            self.meta: dict[str, Any] = json.loads(str(files.pop("meta")))
-            self.vocab: np.ndarray = files.pop("vocab")
-        except (OSError, ValueError, KeyError, EOFError, zipfile.BadZipFile) as exc:
-            raise CheckpointError(
-                f"{self.path} is not a readable RustyFlow checkpoint ({type(exc).__name__}: "
-                f"{exc}); re-train or point --model at another file"
-            ) from exc
+            raise CheckpointError(f"checkpoint not found: {self.path}; pass an existing file "
+                                  f"to {flag}")
+        files = _read_arrays(self.path, flag)
+        self.meta: dict[str, Any] = _parse_meta(files, self.path, flag)
         if self.meta.get("format_version") != FORMAT_VERSION:
             raise CheckpointError(
                 f"{self.path}: checkpoint format {self.meta.get('format_version')} is not "
-                f"supported (expected {FORMAT_VERSION})"
+                f"supported (expected {FORMAT_VERSION}); pass another file to {flag}"
             )
-        self.weights = {k[6:]: v for k, v in files.items() if k.startswith("param/")}
-        self.optimizer = {k[4:]: v for k, v in files.items() if k.startswith("opt/")}
+        self.vocab: np.ndarray = _parse_vocab(files, self.path, flag)
+        self.weights: dict[str, np.ndarray] = _members(files, "param/")
+        self.optimizer: dict[str, np.ndarray] = _members(files, "opt/")
+        if not self.weights:
+            raise _not_ours(self.path, "it holds no weights (no param/ arrays)", flag)
+        odd = next((k for k, v in {**self.weights, **self.optimizer}.items()
+                    if not isinstance(v, np.ndarray) or v.dtype.kind not in "fiu"), None)
+        if odd is not None:
+            raise _not_ours(self.path, f"its array {odd!r} is not numeric", flag)
 
     @property
     def config(self) -> dict[str, Any]:
         if not isinstance(self.meta.get("config"), dict):
             raise CheckpointError(f"{self.path}: the checkpoint stores no run configuration; "
-                                  "it was not written by `rustyflow train`")
+                                  f"it was not written by `rustyflow train`; pass another "
+                                  f"file to {self.flag}")
         return self.meta["config"]
+
+
+def validate_against(ckpt: Checkpoint, shapes: dict[str, tuple[int, ...]],
+                     optimizer_sizes: dict[str, int] | None, flag: str) -> None:
+    """CheckpointError naming the first tensor or optimizer array that does not fit the model.
+
+    Loading copies arrays into flat buffers where a wrong size can fail deep inside NumPy, or
+    (a 1-element optimizer array) broadcast silently; checking first gives one clear message.
+    `optimizer_sizes` maps each optimizer state (m, v, step_count, ...) to its element count;
+    None skips the optimizer.
+    """
+    where = f"{flag} {ckpt.path}"
+    for name, shape in shapes.items():
+        if name not in ckpt.weights:
+            raise CheckpointError(f"{where}: the checkpoint lacks the tensor {name} (shape "
+                                  f"{tuple(shape)}): it is damaged or belongs to another model")
+        got = tuple(ckpt.weights[name].shape)
+        if got != tuple(shape):
+            raise CheckpointError(f"{where}: tensor {name} has shape {got}, this model needs "
+                                  f"{tuple(shape)}: the checkpoint belongs to another model "
+                                  f"configuration")
+    if optimizer_sizes is not None:
+        _validate_optimizer(ckpt, optimizer_sizes, where)
+
+
+def _validate_optimizer(ckpt: Checkpoint, sizes: dict[str, int], where: str) -> None:
+    if not ckpt.optimizer:
+        raise CheckpointError(f"{where}: the checkpoint holds no optimizer state, so training "
+                              f"cannot continue from it exactly")
+    for name, size in sizes.items():
+        state = ckpt.optimizer.get(name)
+        if state is None:
+            raise CheckpointError(f"{where}: the checkpoint lacks optimizer state {name!r}: "
+                                  f"saved with another OPTIMIZER?")
+        if state.size != size:
+            raise CheckpointError(f"{where}: optimizer state {name!r} has {state.size} values, "
+                                  f"this model needs {size}: the checkpoint is damaged or "
+                                  f"belongs to another model")

@@ -9,6 +9,7 @@ from typing import Any
 import click
 
 from .config import KEYS, ConfigError, load_config
+from .errors import RustyFlowError
 
 _TRAIN_KEYS = [k for k in KEYS.values() if k.name not in ("DEVICE", "PROFILE", "SEED",
                                                            "MAX_STEPS")]
@@ -37,7 +38,39 @@ def _load(config: str | None, overrides: dict[str, Any]) -> Any:
     return cfg
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+def _out_of_memory(exc: Exception) -> str | None:
+    """A GPU out-of-memory error as one line with the sizes and what to reduce, else None."""
+    if type(exc).__name__ != "OutOfMemoryError":
+        return None
+    from .devices import gpu_memory_line
+
+    return (f"GPU out of memory: {exc}. {gpu_memory_line()}. Reduce BATCH_SIZE or SEQ_LEN "
+            f"(activations grow with both), or EMBED_DIM/NUM_LAYERS (the model itself)")
+
+
+class _Main(click.Group):
+    """The command group: every expected error (a RustyFlowError, a GPU out-of-memory) becomes
+    one line and exit status 1; a stop signal exits 128 + its number; anything else is a bug
+    and keeps its traceback."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        from .signals import Stopped
+
+        try:
+            return super().invoke(ctx)
+        except RustyFlowError as exc:
+            raise click.ClickException(str(exc)) from None
+        except Stopped as exc:
+            sys.exit(exc.exit_code)
+        except Exception as exc:
+            message = _out_of_memory(exc)
+            if message is None:
+                raise
+            raise click.ClickException(message) from None
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="rustyflow-py", prog_name="rustyflow")
 def main() -> None:
     """RustyFlow: train a GPT on WikiText-2 with a from-scratch engine on NumPy or CuPy."""
 
@@ -56,38 +89,18 @@ def main() -> None:
 def train(config: str | None, resume: str | None, **overrides: Any) -> None:
     """Train a GPT; append the profiling report to the log."""
     from .progress import TrainingProgress
-    from .train import TrainingError
     from .train import train as run_training
 
     cfg = _load(config, overrides)
     progress = TrainingProgress(cfg.num_epochs)
     try:
-        run_training(cfg, resume=resume, progress=progress)
-    except TrainingError as exc:
+        run_training(cfg, click.echo, resume, progress, _warn)
+    finally:
         progress.close()
-        raise click.ClickException(str(exc)) from None
-    except KeyboardInterrupt:
-        progress.close()
-        sys.exit(130)
-    except Exception as exc:
-        progress.close()
-        _friendly(exc)
-        raise
-    progress.close()
 
 
-def _friendly(exc: Exception) -> None:
-    """Turn the errors a user can fix into one clear line (GPU OOM, missing data, ...)."""
-    from .backend import DeviceError
-    from .checkpoint import CheckpointError
-    from .data import DataError
-
-    if isinstance(exc, DataError | DeviceError | CheckpointError):
-        raise click.ClickException(str(exc)) from None
-    if type(exc).__name__ == "OutOfMemoryError":
-        raise click.ClickException(
-            f"GPU out of memory: {exc}. Reduce BATCH_SIZE, SEQ_LEN or EMBED_DIM/NUM_LAYERS"
-        ) from None
+def _warn(message: str) -> None:
+    click.echo(message, err=True)
 
 
 @main.command("eval")
@@ -98,12 +111,10 @@ def _friendly(exc: Exception) -> None:
 def eval_(model_path: str, split: str, device: str, data_dir: str | None) -> None:
     """Word-level perplexity of a checkpoint on a split."""
     from .evaluate import evaluate_checkpoint
+    from .progress import TrainingProgress
 
-    try:
-        result = evaluate_checkpoint(model_path, split, device, data_dir)
-    except Exception as exc:
-        _friendly(exc)
-        raise
+    result = evaluate_checkpoint(model_path, split, device, data_dir,
+                                 TrainingProgress(1).evaluating)
     click.echo(f"{split} perplexity {result['perplexity']:.3f} (mean NLL "
                f"{result['nll']:.4f} over {result['tokens']} tokens, {result['device']})")
 
@@ -149,15 +160,19 @@ def data_download(dataset: str, data_dir: str) -> None:
 @data.command("info")
 @click.argument("dataset", default="wikitext-2")
 @click.option("--data-dir", default=None)
-def data_info(dataset: str, data_dir: str | None) -> None:
-    """Where DATASET was found, sizes, token counts and checksums."""
-    from .data import DataError, dataset_info
+@click.option("--json", "as_json", is_flag=True, help="machine-readable output")
+def data_info(dataset: str, data_dir: str | None, as_json: bool) -> None:
+    """Where DATASET was found, sizes, token counts and checksums; exit 1 if missing or damaged."""
+    from .data import DataError, dataset_info, format_info, info_problem
 
     try:
         info = dataset_info(dataset, data_dir)
     except DataError as exc:
         raise click.ClickException(str(exc)) from None
-    click.echo(json.dumps(info, indent=2, default=str))
+    click.echo(json.dumps(info, indent=2, default=str) if as_json else format_info(info))
+    problem = info_problem(info)
+    if problem:
+        raise click.ClickException(problem)
 
 
 @main.command()
@@ -195,6 +210,8 @@ def banner(train_args: tuple[str, ...]) -> None:
     """
     from pathlib import Path
 
+    from .data import where_found
+
     with train.make_context("rustyflow train", list(train_args)) as ctx:
         params = dict(ctx.params)
     config, resume = params.pop("config"), params.pop("resume")
@@ -211,6 +228,7 @@ def banner(train_args: tuple[str, ...]) -> None:
     rows = [
         ("config", shown or "none (built-in defaults, environment and flags)"),
         ("dataset", cfg.dataset + (f" (DATA_DIR={cfg.data_dir})" if cfg.data_dir else "")),
+        ("found in", where_found(cfg.dataset, cfg.data_dir or None)),
         ("device", cfg.device + (" (strict: no CPU fallback)" if cfg.strict_device else "")),
         ("model", f"L{cfg.num_layers} H{cfg.num_heads} E{cfg.embed_dim}, dropout "
                   f"{cfg.dropout:g}, {cfg.precision}"),
@@ -250,34 +268,36 @@ def _sampling_options(fn: Any) -> Any:
     fn = click.option("--max-tokens", type=click.IntRange(min=0), default=100,
                       show_default=True,
                       help="tokens to generate (chat: per reply, which also ends at <eos>)")(fn)
-    return click.option("--model", "model_path", required=True,
-                        type=click.Path(dir_okay=False), help="checkpoint (.npz)")(fn)
+    return click.option("--model", "model_path", default=None,
+                        type=click.Path(dir_okay=False),
+                        help="checkpoint (.npz) [default: the one `rustyflow train` wrote for "
+                             "the config]")(fn)
 
 
-def _open_session(model_path: str, config: str | None, quiet: bool, **overrides: Any) -> Any:
+def _open_session(model_path: str | None, config: str | None, quiet: bool,
+                  prompt_missing: bool = False, **overrides: Any) -> Any:
     """Config (flags > env > file), device and checkpoint; user errors as one clear line."""
-    from .generate import Sampling, open_session
+    from .generate import Sampling, find_checkpoint, open_session
 
     cfg = _load(config, overrides)
-    say = (lambda msg: None) if quiet else (lambda msg: click.echo(msg, err=True))
-    try:
-        return open_session(model_path, cfg.device, cfg.strict_device,
-                            Sampling(cfg.temperature, cfg.top_k, cfg.top_p), cfg.seed, say)
-    except Exception as exc:
-        _friendly(exc)
-        raise
+    say = (lambda msg: None) if quiet else _warn
+    path = find_checkpoint(model_path, cfg, say, prompt_missing)
+    if prompt_missing:
+        raise click.UsageError("generate needs --prompt TEXT (the text to continue)")
+    return open_session(path, cfg.device, cfg.strict_device,
+                        Sampling(cfg.temperature, cfg.top_k, cfg.top_p), cfg.seed, say, _warn)
 
 
 @main.command()
-@click.option("--prompt", required=True,
+@click.option("--prompt", default=None,
               help="text to continue; only a trailing newline ends its line with <eos>")
 @_sampling_options
-def generate(model_path: str, prompt: str, max_tokens: int, config: str | None,
+def generate(model_path: str | None, prompt: str | None, max_tokens: int, config: str | None,
              quiet: bool, **overrides: Any) -> None:
     """Continue a prompt with text sampled from a trained model."""
     from .generate import generate_text
 
-    session = _open_session(model_path, config, quiet, **overrides)
+    session = _open_session(model_path, config, quiet, prompt is None, **overrides)
     generate_text(session, prompt, max_tokens, sys.stdout, sys.stderr)
     if not quiet:
         click.echo(session.speed(), err=True)
@@ -285,14 +305,14 @@ def generate(model_path: str, prompt: str, max_tokens: int, config: str | None,
 
 @main.command()
 @_sampling_options
-def chat(model_path: str, max_tokens: int, config: str | None, quiet: bool,
+def chat(model_path: str | None, max_tokens: int, config: str | None, quiet: bool,
          **overrides: Any) -> None:
     """Talk to a trained model: it continues each line you type (exit, quit or Ctrl-D ends)."""
     from .generate import chat_loop
 
     session = _open_session(model_path, config, quiet, **overrides)
     if not quiet:
-        click.echo(f"Chatting with {model_path} on {session.model.device}; it continues what "
+        click.echo(f"Chatting with {session.path} on {session.model.device}; it continues what "
                    f"you type. exit, quit or Ctrl-D ends.", err=True)
     try:
         chat_loop(session, sys.stdin, sys.stdout, sys.stderr, max_tokens)

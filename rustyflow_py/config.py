@@ -28,6 +28,22 @@ _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
 
 
+def escape_controls(text: str) -> str:
+    """`text` with control and other invisible characters as escapes (\\x1b, \\u202e, \\t).
+
+    Config keys and values are echoed in warnings and errors; a raw escape sequence from a file
+    could recolour or rewrite the terminal, and a bidi override could make the line lie.
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def _error(message: str) -> ConfigError:
+    """A ConfigError whose quoted keys and values cannot carry control characters."""
+    return ConfigError(escape_controls(message))
+
+
 def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else repr(x)
 
@@ -236,8 +252,8 @@ class Config:
             try:
                 setattr(self, key.attr, key.parse(value))
             except ValueError:
-                raise ConfigError(f"{_where(origin, key.name)}: {key.name}='{value}' is not "
-                                  f"valid: expected {key.expect}") from None
+                raise _error(f"{_where(origin, key.name)}: {key.name}='{value}' is not "
+                             f"valid: expected {key.expect}") from None
         self._check_heads()
         self.model_path = self._expand_model_path(self.model_path or MODEL_PATH_TEMPLATE)
 
@@ -247,7 +263,7 @@ class Config:
             return
         heads = sorted((d for d in range(1, e + 1) if e % d == 0), key=lambda d: (abs(d - h), d))
         dims = sorted({m for m in (e - e % h, e - e % h + h) if m > 0})
-        raise ConfigError(
+        raise _error(
             f"EMBED_DIM={e} ({_where(self.source['EMBED_DIM'], 'EMBED_DIM')}) is not divisible "
             f"by NUM_HEADS={h} ({_where(self.source['NUM_HEADS'], 'NUM_HEADS')}): expected "
             f"EMBED_DIM to be a multiple of NUM_HEADS (each head gets EMBED_DIM/NUM_HEADS "
@@ -261,16 +277,16 @@ class Config:
         def value_of(match: re.Match[str]) -> str:
             name = match.group(1)
             if name not in KEYS:
-                raise ConfigError(f"{where}: MODEL_PATH='{path}' is not valid: ${{{name}}} is "
-                                  f"not a config key; expected only {', '.join(KEYS)}")
+                raise _error(f"{where}: MODEL_PATH='{path}' is not valid: ${{{name}}} is "
+                             f"not a config key; expected only {', '.join(KEYS)}")
             if name == "DATASET":
                 return dataset_stem(self.dataset)
             return str(getattr(self, name.lower()))
 
         expanded = _REF.sub(value_of, path)
         if not expanded.endswith(".npz"):
-            raise ConfigError(f"{where}: MODEL_PATH='{path}' is not valid: expected a path "
-                              f"ending in .npz")
+            raise _error(f"{where}: MODEL_PATH='{path}' is not valid: expected a path "
+                         f"ending in .npz")
         return expanded
 
     def model_path_for(self, device: str) -> str:
@@ -312,8 +328,8 @@ def _read_file(path: Path, label: str) -> tuple[dict[str, str], dict[str, str], 
         values = dotenv_values(path, interpolate=True, encoding="utf-8")
         raw = dotenv_values(path, interpolate=False, encoding="utf-8")
     except UnicodeDecodeError as err:
-        raise ConfigError(f"{label}: not valid UTF-8 at byte {err.start}: expected a text file "
-                          f"of KEY=VALUE lines") from None
+        raise _error(f"{label}: not valid UTF-8 at byte {err.start}: expected a text file "
+                     f"of KEY=VALUE lines") from None
     finally:
         logger.removeHandler(collect)
     warnings = [f"{label}: {m}" for m in dict.fromkeys(collect.messages)]
@@ -379,9 +395,11 @@ def load_config(
     if path is not None:
         label = os.fspath(path)
         if not Path(path).is_file():
-            raise ConfigError(f"{label}: config file not found (looked for "
-                              f"{Path(path).absolute()}): expected a file of KEY=VALUE lines")
+            raise _error(f"{label}: config file not found (looked for "
+                         f"{Path(path).absolute()}): expected a file of KEY=VALUE lines")
         values, file_raw, warnings = _read_file(Path(path), label)
+        if not file_raw:
+            raise _no_settings(Path(path), label)
         for key in KEYS:
             if key in values:
                 raw_values[key], source[key] = values[key], f"file:{label}"
@@ -390,8 +408,8 @@ def load_config(
             raw_values[key], source[key] = environ[key], "env"
     for key, value in (overrides or {}).items():
         if key not in KEYS:
-            raise ConfigError(f"command line: unknown key '{key}': expected one of "
-                              f"{', '.join(KEYS)}")
+            raise _error(f"command line: unknown key '{key}': expected one of "
+                         f"{', '.join(KEYS)}")
         if value is not None:
             raw_values[key], source[key] = value, "cli"
     config = Config(**{KEYS[k].attr: v for k, v in raw_values.items()},  # type: ignore[arg-type]
@@ -399,7 +417,21 @@ def load_config(
     _check_dataset(config)
     if label:
         warnings += _file_warnings(label, values, file_raw, config)
-    return config, warnings
+    return config, [escape_controls(w) for w in warnings]
+
+
+def _no_settings(path: Path, label: str) -> ConfigError:
+    """A file that sets nothing: running on the defaults would hide an empty or mangled file."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    content = [(i, line.strip()) for i, line in enumerate(lines, 1)
+               if line.strip() and not line.lstrip().startswith("#")]
+    if content:
+        what = f"line {content[0][0]} {content[0][1][:60]!r} is not KEY=VALUE"
+    else:
+        what = "it holds only comments" if any(line.strip() for line in lines) else "it is empty"
+    return _error(f"{label}: no KEY=VALUE setting found ({what}): expected lines such as "
+                  f"BATCH_SIZE=16. A config file that sets nothing is an error, not a run on "
+                  f"the built-in defaults; to run on those, use no config file at all")
 
 
 def _check_dataset(config: Config) -> None:
@@ -408,6 +440,6 @@ def _check_dataset(config: Config) -> None:
         return
     hint = difflib.get_close_matches(dataset, BUILTIN_DATASETS, n=1)
     tip = f" (did you mean {hint[0]}?)" if hint else ""
-    raise ConfigError(f"{_where(config.source['DATASET'], 'DATASET')}: DATASET='{dataset}' is not "
-                      f"valid: expected {' or '.join(BUILTIN_DATASETS)}, or the path of an "
-                      f"existing UTF-8 text file{tip}")
+    raise _error(f"{_where(config.source['DATASET'], 'DATASET')}: DATASET='{dataset}' is not "
+                 f"valid: expected {' or '.join(BUILTIN_DATASETS)}, or the path of an "
+                 f"existing UTF-8 text file{tip}")

@@ -217,16 +217,63 @@ def _folders(source: Source, dirs: list[tuple[Path, str]]) -> list[tuple[Path, s
     return out
 
 
+def _locate(source: Source, folder: Path) -> dict[str, Path | None]:
+    """Each file of `source` in `folder` (canonical or official name), None where absent."""
+    paths = {}
+    for name in source.files:
+        hits = [folder / n for n in (name, source.aliases.get(name)) if n]
+        paths[name] = next((p for p in hits if p.is_file()), None)
+    return paths
+
+
 def _find(source: Source, dirs: list[tuple[Path, str]]) -> dict[str, Path] | None:
     """The first folder holding every file (canonical or official name), or None."""
     for folder, _ in _folders(source, dirs):
-        paths = {}
-        for name in source.files:
-            hits = [folder / n for n in (name, source.aliases.get(name)) if n]
-            paths[name] = next((p for p in hits if p.is_file()), None)
+        paths = _locate(source, folder)
         if all(paths.values()):
             return paths  # type: ignore[return-value]
     return None
+
+
+def _searched(source: Source, dirs: list[tuple[Path, str]]) -> list[dict[str, Any]]:
+    """Every folder looked in, whether its data folder exists, and which files it holds.
+
+    A folder with some files but not all (say train.txt alone) is the usual half-finished
+    copy; naming what is there and what is not saves guessing why it was "not found".
+    """
+    out = []
+    for root, label in dirs:
+        for folder, _ in _folders(source, [(root, label)]):
+            paths = _locate(source, folder)
+            out.append({"folder": str(folder), "from": label, "root": str(root),
+                        "exists": root.is_dir(),
+                        "found": [p.name for p in paths.values() if p],
+                        "missing": [name for name, p in paths.items() if p is None]})
+    return out
+
+
+def _searched_line(entry: dict[str, Any]) -> str:
+    """One folder of the "looked in" list, with why nothing usable was there."""
+    notes = [entry["from"]]
+    if not entry["exists"]:
+        notes.append(f"{entry['root']} does not exist")
+    elif entry["found"]:
+        notes.append(f"found {', '.join(entry['found'])}; missing {', '.join(entry['missing'])}")
+    return f"  {entry['folder']}  ({'; '.join(notes)})"
+
+
+def where_found(dataset: str, data_dir: str | None = None) -> str:
+    """Where `dataset` would be read from, in words, without reading it (for banners)."""
+    source = SOURCES.get(dataset)
+    if source is None:
+        return str(Path(dataset).absolute()) if Path(dataset).is_file() else "not found"
+    dirs = search_dirs(data_dir)
+    paths = _find(source, dirs)
+    if paths is None:
+        return "not found locally: train downloads it into ./data"
+    folder = next(iter(paths.values())).parent
+    label = next((lbl for f, lbl in _folders(source, dirs) if f == folder), "")
+    return f"{folder}" + (f" (from {label})" if label else "")
 
 
 def _sha256(data: bytes) -> str:
@@ -258,7 +305,7 @@ def _read_verified(source: Source, name: str, path: Path) -> str:
 def _missing(dataset: str, source: Source, dirs: list[tuple[Path, str]], why: str) -> DataError:
     names = ", ".join(source.files)
     official = ", ".join(source.aliases[n] for n in source.files if n in source.aliases)
-    looked = "\n".join(f"  {folder}  ({label})" for folder, label in _folders(source, dirs))
+    looked = "\n".join(_searched_line(entry) for entry in _searched(source, dirs))
     return DataError(
         f"{source.title} not found: need {names}"
         f"{f' (or the official {official})' if official else ''} in one of:\n{looked}\n"
@@ -270,14 +317,39 @@ def _missing(dataset: str, source: Source, dirs: list[tuple[Path, str]], why: st
 
 
 def default_download_dir(data_dir: str | os.PathLike[str] | None = None) -> Path:
-    """The first resolution folder that exists or can be created, and is writable."""
+    """The first resolution folder that exists (./data is created) and is writable.
+
+    DATA_DIR and $RUSTYFLOW_DATA_DIR are never created: a typo there would otherwise become a
+    new folder holding the download while the intended one stays empty, so a missing one is a
+    DataError naming it.
+    """
     dirs = search_dirs(data_dir)
-    for folder, _ in dirs:
-        with contextlib.suppress(OSError):
-            folder.mkdir(parents=True, exist_ok=True)
-            if os.access(folder, os.W_OK):
-                return folder
+    for folder, label in dirs:
+        if folder == Path("data").absolute():
+            with contextlib.suppress(OSError):
+                folder.mkdir(parents=True, exist_ok=True)
+        elif not folder.exists():
+            raise DataError(f"{label.lstrip('$')}={folder} does not exist: fix the path, or "
+                            f"create the folder first (mkdir -p {folder}); it is not created "
+                            f"for you, so that a typo cannot become a new data folder")
+        if folder.is_dir() and os.access(folder, os.W_OK):
+            return folder
     raise DataError("no writable data folder among: " + ", ".join(str(d) for d, _ in dirs))
+
+
+def _download(dataset: str, data_dir: str | None, download: bool) -> Path:
+    """Download `dataset` into default_download_dir, or the not-found error saying why not."""
+    source, dirs = SOURCES[dataset], search_dirs(data_dir)
+    if not download:
+        raise _missing(dataset, source, dirs, "Downloading was not requested.")
+    try:
+        dest = default_download_dir(data_dir)
+    except DataError as err:
+        raise _missing(dataset, source, dirs, f"Not downloaded: {err}") from None
+    try:
+        return download_dataset(dataset, dest)
+    except DataError as err:
+        raise _missing(dataset, source, dirs, f"Download failed: {err}") from None
 
 
 def load_corpus(dataset: str, data_dir: str | None = None, download: bool = True) -> Corpus:
@@ -293,12 +365,7 @@ def load_corpus(dataset: str, data_dir: str | None = None, download: bool = True
     source, dirs = SOURCES[dataset], search_dirs(data_dir)
     paths = _find(source, dirs)
     if paths is None:
-        if not download:
-            raise _missing(dataset, source, dirs, "Downloading was not requested.")
-        try:
-            folder = download_dataset(dataset, default_download_dir(data_dir))
-        except DataError as err:
-            raise _missing(dataset, source, dirs, f"Download failed: {err}") from None
+        folder = _download(dataset, data_dir, download)
         paths = {name: folder / name for name in source.files}
     texts = {name: _read_verified(source, name, p) for name, p in paths.items()}
     where = str(paths[source.files[0]].parent)
@@ -320,6 +387,8 @@ def dataset_info(dataset: str, data_dir: str | None = None) -> dict[str, object]
         paths = _find(source, dirs)
     info["found"] = paths is not None
     if paths is None:
+        if source is not None:
+            info["searched"] = _searched(source, dirs)
         return info
     files = []
     for name, path in paths.items():
@@ -340,6 +409,54 @@ def dataset_info(dataset: str, data_dir: str | None = None) -> dict[str, object]
     info["tokens"] = {s: int(getattr(corpus, s).shape[0]) for s in SPLITS}
     info["test_is_valid"] = corpus.test_is_valid
     return info
+
+
+def info_problem(info: dict[str, Any]) -> str | None:
+    """Why a dataset_info() result is not usable as it is (missing, damaged), or None.
+
+    `rustyflow data info` exits 1 with this line, so scripts can test a dataset before a run.
+    """
+    name = info["dataset"]
+    if not info["found"]:
+        return f"{name} not found; `rustyflow data download {name}` fetches it"
+    if info.get("checksum_ok") is False:
+        bad = [f["name"] for f in info["files"] if f["checksum_ok"] is False]
+        return (f"{name}: checksum mismatch in {', '.join(bad)}; delete the damaged files and "
+                f"run `rustyflow data download {name}`")
+    if "error" in info:
+        return f"{name}: {info['error']}"
+    return None
+
+
+def _file_line(entry: dict[str, Any]) -> str:
+    """One file of `data info`: name, size and checksum state."""
+    state = {True: "sha256 ok", False: f"sha256 MISMATCH (is {entry['sha256'][:12]}..., "
+             f"expected {str(entry['expected_sha256'])[:12]}...)",
+             None: "sha256 unrecorded"}[entry["checksum_ok"]]
+    alias = "" if Path(entry["path"]).name == entry["name"] else f" ({Path(entry['path']).name})"
+    return f"  {entry['name'] + alias:<32}{entry['bytes']:>14,} bytes  {state}"
+
+
+def format_info(info: dict[str, Any]) -> str:
+    """dataset_info() as lines for a terminal: where, files, checksums, tokens, vocabulary."""
+    lines = [f"{info['title']} ({info['dataset']})"]
+    if not info["found"]:
+        lines.append("  not found; looked in:")
+        lines += [f"  {_searched_line(e)}" for e in info.get("searched", [])]
+        lines += [f"    {place}" for place in info["looked_in"] if "searched" not in info]
+        return "\n".join(lines)
+    lines.append(f"  location  {info['location']}")
+    lines += [_file_line(entry) for entry in info["files"]]
+    if "tokens" in info:
+        tokens = info["tokens"]
+        counts = [f"{split} {tokens[split]:,}" for split in SPLITS
+                  if not (split == "test" and info.get("test_is_valid"))]
+        same = " (test = valid: no official test split)" if info.get("test_is_valid") else ""
+        lines.append(f"  tokens    {', '.join(counts)}{same}")
+        lines.append(f"  vocab     {info['vocab_size']:,} words")
+    if "error" in info:
+        lines.append(f"  error     {info['error']}")
+    return "\n".join(lines)
 
 
 # --------------------------------------------------------------------------- download
@@ -480,3 +597,33 @@ def get_batch(stream: Any, i: int, seq_len: int, partial: bool = False) -> tuple
     start = i * seq_len
     end = min(start + seq_len, stream.shape[1] - 1)
     return stream[:, start:end], stream[:, start + 1: end + 1]
+
+
+def layout_advice(tokens: int, batch_size: int, seq_len: int) -> str:
+    """Concrete settings under which `tokens` fill one window per stream, for error messages."""
+    fixes = []
+    if tokens // (seq_len + 1) >= 1:
+        fixes.append(f"BATCH_SIZE={tokens // (seq_len + 1)} or less (at SEQ_LEN={seq_len})")
+    if tokens // batch_size - 1 >= 1:
+        fixes.append(f"SEQ_LEN={tokens // batch_size - 1} or less (at BATCH_SIZE={batch_size})")
+    if not fixes and tokens >= 2:
+        fixes.append(f"BATCH_SIZE=1 with SEQ_LEN={tokens - 1} or less")
+    return "use " + ", or ".join([*fixes, "more text"])
+
+
+def check_layout(corpus: Corpus, batch_size: int, seq_len: int) -> None:
+    """DataError unless every split fills one window of seq_len + 1 tokens per stream.
+
+    Each split is cut into `batch_size` contiguous streams (batchify) and read in windows of
+    seq_len + 1 tokens (inputs plus shifted targets). Checking all splits before the first
+    step turns a validation split that is too short into an error now, not after an epoch.
+    """
+    need = batch_size * (seq_len + 1)
+    sizes = {split: int(getattr(corpus, split).shape[0]) for split in SPLITS
+             if not (split == "test" and corpus.test_is_valid)}
+    short = [f"the {split} split has {n} tokens" for split, n in sizes.items() if n < need]
+    if short:
+        raise DataError(
+            f"{corpus.name}: {' and '.join(short)}, too few for BATCH_SIZE={batch_size} streams "
+            f"of SEQ_LEN+1={seq_len + 1} tokens (at least {need} tokens per split); "
+            f"{layout_advice(min(sizes.values()), batch_size, seq_len)}")

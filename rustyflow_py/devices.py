@@ -121,6 +121,16 @@ def gpu_description() -> str:
             f"{p['memory_total'] / 2**30:.1f} GiB)")
 
 
+def gpu_memory_line() -> str:
+    """The GPU's memory now, for out-of-memory messages."""
+    try:
+        p = gpu_properties()
+    except Exception as exc:  # the error being reported may have broken the context too
+        return f"GPU memory could not be read ({type(exc).__name__})"
+    return (f"{p['name']}: {p['memory_free'] / 2**30:.2f} GiB free of "
+            f"{p['memory_total'] / 2**30:.2f} GiB")
+
+
 def devices_report() -> dict[str, Any]:
     """Everything `rustyflow devices` prints: each backend, usable or why not."""
     report: dict[str, Any] = {

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
+import sys
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -10,6 +13,7 @@ import numpy as np
 from . import data
 from .checkpoint import Checkpoint, CheckpointError
 from .config import Config, ConfigError
+from .errors import DataError
 from .nn import GPT, GPTConfig
 from .tensor import Tensor, no_grad
 
@@ -46,8 +50,11 @@ def perplexity(model: GPT, stream: Any, seq_len: int) -> dict[str, Any]:
     backend = model.buffer.backend
     n = data.num_batches(stream, seq_len)
     if n < 1:
-        raise ValueError(f"split of {stream.size} tokens is too short for {stream.shape[0]} "
-                         f"streams of {seq_len + 1} tokens")
+        streams = stream.shape[0]
+        raise DataError(f"split of {stream.size} tokens is too short for BATCH_SIZE={streams} "
+                        f"streams of SEQ_LEN+1={seq_len + 1} tokens (at least "
+                        f"{streams * (seq_len + 1)}); "
+                        f"{data.layout_advice(int(stream.size), streams, seq_len)}")
     total = backend.xp.zeros((), dtype=np.float64)
     was_training, model.training = model.training, False
     try:
@@ -61,17 +68,19 @@ def perplexity(model: GPT, stream: Any, seq_len: int) -> dict[str, Any]:
     return {"perplexity": math.exp(nll), "nll": nll, "tokens": n * stream.shape[0] * seq_len}
 
 
-def evaluate_checkpoint(path: str, split: str, device: str,
-                        data_dir: str | None = None) -> dict[str, Any]:
-    """`rustyflow eval`: perplexity of a checkpoint on the valid or test split."""
-    from .train import resolve_device
+def evaluate_checkpoint(path: str, split: str, device: str, data_dir: str | None = None,
+                        status: Callable[[str, int], Any] | None = None) -> dict[str, Any]:
+    """`rustyflow eval`: perplexity of a checkpoint on the valid or test split.
+    `status(split, tokens)` is a context manager shown while the split is evaluated."""
+    from .backend import resolve_device
 
-    used, _ = resolve_device(device, False, lambda msg: print(msg))
+    used, _ = resolve_device(device, False, print, lambda msg: print(msg, file=sys.stderr))
     model, ckpt, cfg = load_model(path, used)
     corpus = data.load_corpus(cfg.dataset, data_dir or cfg.data_dir or None)
     if list(ckpt.vocab) != corpus.vocab.itos:
         raise CheckpointError(f"{path}: its vocabulary differs from {cfg.dataset}'s: was it "
                               f"trained on another dataset?")
     stream = upload_split(model.buffer.backend, getattr(corpus, split), cfg.batch_size)
-    result = perplexity(model, stream, cfg.seq_len)
+    with status(split, int(stream.size)) if status else contextlib.nullcontext():
+        result = perplexity(model, stream, cfg.seq_len)
     return {**result, "device": used, "split": split}

@@ -68,6 +68,11 @@ class Optimizer:
         state["step_count"] = to_host(self.step_count)
         return state
 
+    def state_sizes(self) -> dict[str, int]:
+        """Element count of each state array, as state_dict() names them."""
+        sizes = {name: int(getattr(self, name).size) for name in self.state_names}
+        return {**sizes, "step_count": 1}
+
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
         from_host = self.buffer.backend.from_host
         for name in (*self.state_names, "step_count"):

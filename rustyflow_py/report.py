@@ -16,20 +16,21 @@ Only the first line (to find blocks) and the ``[RUN_JSON]`` line (the data) are 
 rest is for people and may change. Anything between blocks is ignored, so hand edits there are
 harmless.
 
-Shares. "% of total training time" is taken over the profiled window: the denominator is
-``profile.profiled_time_s``, the wall time of the steps whose ops were timed (the sum of the op
-times if it is missing). When every step was profiled that is the run's training time less
-evaluation; when only a window was (GPU runs time an eager window after warm-up, the rest runs
-as CUDA graphs) it is the window's time, and the line under Amdahl's bound says so. The matmul
-share p = matmul op time / window, "Other" = window - matmul (non-matmul ops, data loading and
-framework overhead), Amdahl's bound = 1 / (1 - p). Evaluation runs outside the training steps:
-its phase share is of the run's ``train_time_s``.
+Shares. The per-op and matmul/other shares are of the profiled training steps: the denominator
+is ``profile.profiled_time_s``, the wall time of the steps whose ops were timed (the sum of the
+op times if it is missing), and the matmul line names it. When every step was profiled that is
+the run's training time less evaluation; when only a window was (GPU runs time an eager window
+after warm-up, the rest runs as CUDA graphs) it is the window's time, and the line under
+Amdahl's bound says so. The matmul share p = matmul op time / window, "Other" = window - matmul
+(non-matmul ops, data loading and framework overhead), Amdahl's bound = 1 / (1 - p). Evaluation
+runs outside the training steps: its phase share is of the run's ``train_time_s``.
 
 ``[AVG_EPOCH_TIME]`` is the mean over completed epochs. When no epoch completed (an interrupted
 run, or ``--max-steps`` shorter than an epoch) it is an estimate: the trainer's own
 ``avg_epoch_time_s`` if set, else ``(train_time_s - eval) / steps * steps_per_epoch`` (an
-optional record field). The line above it then says it is an estimate and the summary line adds
-"(extrapolated)". With nothing to estimate from, the line is left out.
+optional record field). A diverged run (``no_extrapolation``) is never extrapolated. The line
+above it then says it is an estimate and the summary line adds "(extrapolated)". With nothing
+to estimate from, the line is left out.
 
 Non-finite numbers are written as ``null`` in ``[RUN_JSON]``, so the line is strict JSON.
 """
@@ -41,9 +42,43 @@ import math
 import numbers
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
-Record = dict[str, Any]
+Record = dict[str, Any]  # a record as read back from a log: any version, any field missing
+
+
+class RunRecord(TypedDict, total=False):
+    """What a run writes as ``[RUN_JSON]`` (version 1). Readers must accept missing fields:
+    older blocks lack the later ones, and an interrupted run may lack its results."""
+
+    version: int
+    timestamp: str
+    status: str  # completed | interrupted | failed
+    device: str
+    device_requested: str
+    fallback_reason: str | None
+    hardware: str
+    backend: str
+    dataset: str
+    model: dict[str, int]  # layers heads embed seq_len batch vocab params
+    precision: str
+    optimizer: str
+    graph: bool
+    epochs: int
+    epochs_planned: int
+    steps: int  # optimizer steps done in all, resumed ones included
+    steps_here: int  # of those, the steps this process ran (tokens/s counts these)
+    steps_per_epoch: int
+    train_time_s: float  # this process's, evaluation included
+    avg_epoch_time_s: float | None
+    no_extrapolation: bool  # a diverged run: no epoch time is estimated from it
+    tokens_per_s: float | None
+    val_ppl: float | None
+    test_ppl: float | None
+    final_loss: float | None
+    checkpoint: str | None
+    message: str | None
+    profile: dict[str, Any] | None
 
 BLOCK_START = "=== RustyFlow run "
 BLOCK_END = "=== end of run ==="
@@ -128,7 +163,11 @@ def _epoch_time(r: Record) -> tuple[float | None, str | None]:
     avg, epochs = r.get("avg_epoch_time_s"), _num(r.get("epochs"))
     if _is_num(avg):
         return float(avg), None if epochs >= 1 else "the trainer's estimate"
-    steps, per_epoch, train = r.get("steps"), r.get("steps_per_epoch"), r.get("train_time_s")
+    if r.get("no_extrapolation"):
+        return None, "not estimated from a diverged run"
+    # this process's steps over this process's time (a resumed run ran only some of them)
+    steps, per_epoch = r.get("steps_here", r.get("steps")), r.get("steps_per_epoch")
+    train = r.get("train_time_s")
     if _is_num(steps) and _is_num(per_epoch) and _is_num(train) and steps > 0 and per_epoch > 0:
         prof = r.get("profile") if isinstance(r.get("profile"), dict) else {}
         eval_s = _num((prof.get("phases") or {}).get("eval"))
@@ -217,10 +256,10 @@ def _matmul_lines(
     else:
         bound = "unbounded" if p >= 1.0 else f"{1.0 / (1.0 - p):.2f}x"
     lines = [
-        f"Total matmul time (CPU + GPU): {matmul:.3f}s ({_pct(matmul, window)} of total "
-        "training time)",
+        f"Total matmul time (CPU + GPU): {matmul:.3f}s ({_pct(matmul, window)} of the "
+        f"{window:.3f}s of profiled training steps)",
         "Other time (non-matmul ops, data loading and framework overhead; eval excluded): "
-        f"{other:.3f}s ({_pct(other, window)})",
+        f"{other:.3f}s ({_pct(other, window)} of the same)",
         f"Amdahl's bound: {bound} max speed-up from faster matmuls alone (p={_fmt(p, '.3f')})",
     ]
     if profiled < steps:
@@ -363,6 +402,32 @@ def format_block(record: Record) -> str:
     payload = json.dumps(_plain(r), separators=(",", ":"), allow_nan=False)
     lines += [f"{JSON_TAG} {payload}", BLOCK_END]
     return "\n".join(lines) + "\n"
+
+
+def format_summary(record: RunRecord | Record, log: str | None, top: int = 5) -> str:
+    """The few lines a person reads at the end of a run: the summary line, the top ops, the
+    matmul/other/Amdahl lines, and where the checkpoint and the full block went."""
+    r = record
+    lines = [_summary_line(r)]
+    if r.get("message"):
+        lines.append(f"Message: {_text(r['message'])}")
+    prof = r.get("profile")
+    if isinstance(prof, dict):
+        ops = [op for op in prof.get("ops") or [] if isinstance(op, dict)]
+        window = prof.get("profiled_time_s")
+        if not (_is_num(window) and window > 0):
+            window = sum(_num(op.get("time_s")) for op in ops)
+        steps, profiled = int(_num(r.get("steps_here", r.get("steps")))), int(
+            _num(prof.get("profiled_steps")))
+        head = _op_lines(sorted(ops, key=lambda op: -_num(op.get("time_s")))[:top], window)
+        lines += [f"Top {min(top, len(ops))} ops of {len(ops)}:", *head[:-1]]
+        lines += _matmul_lines(ops, window, profiled, max(steps, profiled), prof.get("note"))
+    ckpt = r.get("checkpoint")
+    lines.append(f"Checkpoint: {_text(ckpt)}" if ckpt else
+                 "Checkpoint: none written (see the message above)")
+    lines.append(f"Full report: appended to {log} (`rustyflow report --log {log}` shows it)"
+                 if log else "Full report: not written (see the warning above)")
+    return "\n".join(lines)
 
 
 # ---------------------------------------------------------------- reading the log back

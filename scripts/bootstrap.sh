@@ -28,6 +28,10 @@ if [[ -n "${RUSTYFLOW_PYTHON:-}" ]]; then
     exit 0
 fi
 
+# An extra name as pip accepts it (PEP 685): anything else, an empty string above all, would
+# make the spec malformed (`.[,dev]`), so it is refused here and dropped from an old stamp.
+is_extra() { [[ $1 =~ ^[A-Za-z0-9]([A-Za-z0-9._-]*[A-Za-z0-9])?$ ]]; }
+
 gpu=0
 jit=0
 extras=()
@@ -35,7 +39,13 @@ for arg in "$@"; do
     case $arg in
         --gpu) gpu=1 ;;
         --jit) jit=1 ;;
-        *) extras+=("$arg") ;;
+        *)
+            if ! is_extra "$arg"; then
+                say "not an option or an extra name: '$arg' (usage: [--gpu] [--jit] [EXTRA ...])"
+                exit 2
+            fi
+            extras+=("$arg")
+            ;;
     esac
 done
 
@@ -44,12 +54,40 @@ py="$venv/bin/python"
 stamp="$venv/.rustyflow-bootstrap"
 hash="$(cksum <"$root/pyproject.toml" | cut -d' ' -f1)"
 
+sorted_unique() {  # the arguments sorted, once each, one a line; nothing at all for none
+    if [[ $# -gt 0 ]]; then printf '%s\n' "$@" | LC_ALL=C sort -u; fi
+}
+
+# The extras an existing stamp records (its lines after the hash). Blank, padded or malformed
+# lines are skipped: an older bootstrap wrote an empty line there, which must heal, not fail.
+recorded=()
+if [[ -f $stamp ]]; then
+    while IFS= read -r line || [[ -n $line ]]; do
+        line="${line#"${line%%[![:space:]]*}"}"
+        line="${line%"${line##*[![:space:]]}"}"
+        if is_extra "$line"; then recorded+=("$line"); fi
+    done < <(tail -n +2 "$stamp")
+fi
+
+write_stamp() {  # hash, then the extras: never an empty line; replaced in one rename
+    { echo "$hash"; sorted_unique "$@"; } >"$stamp.tmp"
+    mv -f "$stamp.tmp" "$stamp"
+}
+
+recorded_has() {  # is $1 among the extras the stamp records?
+    local extra
+    for extra in ${recorded[@]+"${recorded[@]}"}; do
+        if [[ $extra == "$1" ]]; then return 0; fi
+    done
+    return 1
+}
+
 installed() {  # is every requested extra recorded for this pyproject.toml?
     [[ -x $py && -f $stamp ]] || return 1
     [[ "$(head -n 1 "$stamp")" == "$hash" ]] || return 1
     local extra
     for extra in ${extras[@]+"${extras[@]}"}; do
-        grep -qxF "$extra" "$stamp" || return 1
+        recorded_has "$extra" || return 1
     done
     "$py" -c 'import rustyflow_py' 2>/dev/null
 }
@@ -65,18 +103,16 @@ if ! installed; then
         "$base" -m venv --clear "$venv"
     fi
     # Keep the extras installed earlier (test.sh's dev) when a train script reinstalls.
-    all=(${extras[@]+"${extras[@]}"})
-    if [[ -f $stamp ]]; then
-        while IFS= read -r extra; do all+=("$extra"); done < <(tail -n +2 "$stamp")
-    fi
+    all=(${extras[@]+"${extras[@]}"} ${recorded[@]+"${recorded[@]}"})
     spec="$root"
     if [[ ${#all[@]} -gt 0 ]]; then
-        joined="$(printf '%s\n' "${all[@]}" | sort -u | paste -sd, -)"
-        spec="$root[$joined]"
+        spec="${root}[$(sorted_unique "${all[@]}" | paste -sd, -)]"
     fi
     say "installing rustyflow-py${spec#"$root"} into .venv (pip install -e)"
     "$py" -m pip install --quiet --disable-pip-version-check -e "$spec" >&2
-    { echo "$hash"; printf '%s\n' ${all[@]+"${all[@]}"} | sort -u; } >"$stamp"
+    write_stamp ${all[@]+"${all[@]}"}
+elif ! cmp -s "$stamp" <(echo "$hash"; sorted_unique ${recorded[@]+"${recorded[@]}"}); then
+    write_stamp ${recorded[@]+"${recorded[@]}"}  # satisfied, but the stamp had stray lines
 fi
 
 gave_up="$venv/.rustyflow-cupy-failed"  # one failed CuPy install is not retried every run
@@ -86,7 +122,7 @@ if [[ $gpu == 1 ]] && command -v nvidia-smi >/dev/null 2>&1 && [[ ! -f $gave_up 
     extra=cuda13
     if [[ -n $cuda && $cuda -lt 13 ]]; then extra=gpu; fi  # cupy-cuda12x for 12.x drivers
     say "nvidia-smi found (CUDA ${cuda:-?}) but CuPy is missing: pip install -e .[$extra]"
-    if ! "$py" -m pip install --quiet --disable-pip-version-check -e "$root[$extra]" >&2; then
+    if ! "$py" -m pip install --quiet --disable-pip-version-check -e "${root}[$extra]" >&2; then
         touch "$gave_up"
         say "could not install CuPy: training falls back to the CPU (delete $gave_up to retry)"
     fi
@@ -95,7 +131,7 @@ fi
 no_jit="$venv/.rustyflow-numba-failed"
 if [[ $jit == 1 && ! -f $no_jit ]] && ! "$py" -c 'import numba' 2>/dev/null; then
     say "installing numba for the compiled CPU kernels: pip install -e .[jit]"
-    if ! "$py" -m pip install --quiet --disable-pip-version-check -e "$root[jit]" >&2; then
+    if ! "$py" -m pip install --quiet --disable-pip-version-check -e "${root}[jit]" >&2; then
         touch "$no_jit"
         say "could not install numba: the CPU kernels use NumPy (delete $no_jit to retry)"
     fi

@@ -189,3 +189,41 @@ def test_to_dict_from_dict_round_trip() -> None:
     assert list(stored) == list(KEYS)
     with pytest.raises(ConfigError, match="checkpoint: SEQ_LEN='-3'"):
         Config.from_dict({**stored, "SEQ_LEN": -3})
+
+
+@pytest.mark.parametrize(("text", "why"), [
+    ("", "it is empty"),
+    ("# BATCH_SIZE=8\n\n   \n", "it holds only comments"),
+    ("batch size 8\nSEQ_LEN 16\n", "line 1 'batch size 8' is not KEY=VALUE"),
+])
+def test_file_without_any_setting_is_an_error(tmp_path: Path, text: str, why: str) -> None:
+    path = write(tmp_path, text)
+    with pytest.raises(ConfigError) as err:
+        load_config(path, environ={})
+    message = str(err.value)
+    assert message.startswith(f"{path}: no KEY=VALUE setting found ({why}): expected lines such "
+                              f"as BATCH_SIZE=16")
+    assert "not a run on the built-in defaults" in message
+    write(tmp_path, text, "config.env")  # picked up implicitly: the same error
+    with pytest.raises(ConfigError, match="^config.env: no KEY=VALUE setting found"):
+        load_config(environ={})
+
+
+def test_control_characters_are_escaped_in_warnings_and_errors(tmp_path: Path) -> None:
+    path = write(tmp_path, "BAD\x1b[31mKEY=1\n\u202eEVIL=2\nSEQ_LEN=8\n")
+    config, warnings = load_config(path, environ={})
+    assert config.seq_len == 8
+    assert f"{path}: unknown key 'BAD\\x1b[31mKEY' ignored" in warnings
+    assert f"{path}: unknown key '\\u202eEVIL' ignored" in warnings
+    assert all(w.isprintable() for w in warnings)
+    path = write(tmp_path, "BATCH_SIZE=\x1b[2J\x07\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, environ={})
+    assert str(err.value).startswith(f"{path}: BATCH_SIZE='\\x1b[2J\\x07' is not valid")
+    errors = []
+    for environ, overrides in (({"DATASET": "wiki\x1btext"}, {}), ({}, {"BAT\tCH": 1}),
+                               ({"MODEL_PATH": "m-${A\x1b}.npz"}, {})):
+        with pytest.raises(ConfigError) as err:
+            load_config(overrides=overrides, environ=environ)
+        errors.append(str(err.value))
+    assert all(e.isprintable() for e in errors) and "\\x1b" in errors[0] and "\\t" in errors[1]

@@ -5,7 +5,10 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import io
+import itertools
+import json
 import os
+import re
 import socket
 import threading
 import zipfile
@@ -15,9 +18,13 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 from rustyflow_py import config, data
+from rustyflow_py.cli import main
 from rustyflow_py.data import DataError
+from rustyflow_py.evaluate import perplexity
+from rustyflow_py.nn import GPT, GPTConfig
 
 REPO = Path(__file__).resolve().parents[1]
 # Read at import: the autouse fixture below hides $RUSTYFLOW_DATA_DIR from the tests.
@@ -99,6 +106,60 @@ def test_dataset_info(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     assert info["checksum_ok"] is False and "checksum mismatch" in info["error"]
 
 
+def test_format_info_shows_files_checksums_tokens_and_where_it_looked(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fixture_source(monkeypatch)
+    folder = tmp_path / "data" / "wikitext-2"
+    folder.mkdir(parents=True)
+    (folder / "train.txt").write_text(TRAIN)
+    missing = data.dataset_info("wikitext-2")
+    text = data.format_info(missing)
+    assert "not found" in text
+    assert f"{folder}  (./data; found train.txt; missing valid.txt, test.txt)" in text
+    assert data.info_problem(missing) == ("wikitext-2 not found; `rustyflow data download "
+                                          "wikitext-2` fetches it")
+    (folder / "valid.txt").write_text(VALID)
+    (folder / "test.txt").write_text(TEST)
+    info = data.dataset_info("wikitext-2")
+    text = data.format_info(info)
+    assert data.info_problem(info) is None
+    assert f"location  {folder}" in text
+    assert re.search(rf"train.txt +{len(TRAIN.encode())} bytes  sha256 ok", text)
+    assert "tokens    train 9, valid 4, test 4" in text and "vocab     6 words" in text
+    (folder / "valid.txt").write_text("tampered\n")
+    info = data.dataset_info("wikitext-2")
+    assert "valid.txt" in data.format_info(info) and "sha256 MISMATCH" in data.format_info(info)
+    assert "checksum mismatch in valid.txt" in str(data.info_problem(info))
+
+
+def test_format_info_of_a_dataset_without_recorded_checksums(tmp_path: Path) -> None:
+    folder = tmp_path / "data" / "tinyshakespeare"
+    folder.mkdir(parents=True)
+    (folder / "input.txt").write_text("".join(f"w{i} w{i + 1}\n" for i in range(30)))
+    text = data.format_info(data.dataset_info("tinyshakespeare"))
+    assert "sha256 unrecorded" in text
+    assert "tokens    train 81, valid 9 (test = valid: no official test split)" in text
+
+
+def test_cli_data_info_exits_1_when_missing_or_damaged(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fixture_source(monkeypatch)
+    runner = CliRunner()
+    result = runner.invoke(main, ["data", "info"])
+    assert result.exit_code == 1 and "Traceback" not in result.output
+    assert "not found; looked in:" in result.stdout and "Error: wikitext-2 not found" in (
+        result.stderr)
+    write_splits(tmp_path / "data" / "wikitext-2")
+    result = runner.invoke(main, ["data", "info"])
+    assert result.exit_code == 0 and result.stdout.count("sha256 ok") == 3
+    result = runner.invoke(main, ["data", "info", "--json"])
+    assert result.exit_code == 0 and json.loads(result.stdout)["vocab_size"] == 6
+    (tmp_path / "data" / "wikitext-2" / "test.txt").write_text("x\n")
+    result = runner.invoke(main, ["data", "info", "--json"])
+    assert result.exit_code == 1 and json.loads(result.stdout)["checksum_ok"] is False
+    assert "checksum mismatch in test.txt" in result.stderr
+
+
 def test_unknown_word_without_unk_is_an_error() -> None:
     vocab = data.Vocab.build(["a", "b", "<eos>"])
     assert vocab.unk_id is None and vocab.eos_id == 2
@@ -150,6 +211,48 @@ def test_resolution_order_and_folder_named_like_the_dataset(
     direct = str(tmp_path / "data" / "wikitext-2")
     assert data.load_corpus("wikitext-2", direct).source == direct
     assert set(data.SOURCES) == set(config.BUILTIN_DATASETS)
+
+
+def test_partial_folders_list_found_and_missing_files(tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    fixture_source(monkeypatch)
+    shared, local = tmp_path / "shared" / "wikitext-2", tmp_path / "data" / "wikitext-2"
+    shared.mkdir(parents=True)
+    local.mkdir(parents=True)
+    (shared / "train.txt").write_text(TRAIN)
+    (local / "wiki.valid.tokens").write_text(VALID)
+    monkeypatch.setenv("RUSTYFLOW_DATA_DIR", str(tmp_path / "shared"))
+    with pytest.raises(DataError) as err:
+        data.load_corpus("wikitext-2", download=False)
+    message = str(err.value)
+    assert (f"{shared}  ($RUSTYFLOW_DATA_DIR; found train.txt; missing valid.txt, test.txt)"
+            in message)
+    assert f"{local}  (./data; found wiki.valid.tokens; missing train.txt, test.txt)" in message
+
+
+def test_mistyped_data_dir_is_reported_and_never_created(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fixture_source(monkeypatch)
+    downloads: list[Path] = []
+
+    def offline(dataset: str, dest: Path, *args: object, **kwargs: object) -> Path:
+        downloads.append(dest)
+        raise DataError("no network in tests")
+
+    monkeypatch.setattr(data, "download_dataset", offline)
+    typo = tmp_path / "sahred"
+    monkeypatch.setenv("RUSTYFLOW_DATA_DIR", str(typo))
+    with pytest.raises(DataError) as err:
+        data.load_corpus("wikitext-2")
+    assert f"RUSTYFLOW_DATA_DIR={typo} does not exist" in str(err.value)
+    assert f"$RUSTYFLOW_DATA_DIR; {typo} does not exist" in str(err.value)
+    assert not typo.exists() and downloads == []
+    with pytest.raises(DataError, match="DATA_DIR=.*dtaa does not exist"):
+        data.default_download_dir(tmp_path / "dtaa")
+    assert not (tmp_path / "dtaa").exists()
+    monkeypatch.delenv("RUSTYFLOW_DATA_DIR")
+    assert data.default_download_dir() == tmp_path / "data"  # ./data alone is created
+    assert (tmp_path / "data").is_dir()
 
 
 def test_real_wikitext2_counts() -> None:
@@ -206,6 +309,7 @@ def test_download_good_zip_installs_verified_files(
     archive = make_zip()
     routes["/w.zip"] = archive
     fixture_source(monkeypatch, urls=(closed_port_url(), f"{base}/w.zip"), archive=archive)
+    (tmp_path / "dl").mkdir()  # DATA_DIR must exist: only ./data is ever created
     corpus = data.load_corpus("wikitext-2", str(tmp_path / "dl"))  # downloads: mirror works
     target = tmp_path / "dl" / "wikitext-2"
     assert sorted(p.name for p in (tmp_path / "dl").iterdir()) == ["wikitext-2"]
@@ -239,6 +343,7 @@ def test_offline_message_lists_places_and_fixes(tmp_path: Path,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     fixture_source(monkeypatch, urls=(closed_port_url(),))
     monkeypatch.setenv("RUSTYFLOW_DATA_DIR", str(tmp_path / "shared"))
+    (tmp_path / "mine").mkdir()
     with pytest.raises(DataError) as err:
         data.load_corpus("wikitext-2", str(tmp_path / "mine"))
     message = str(err.value)
@@ -294,3 +399,66 @@ def test_seed_shape_steps_per_epoch() -> None:
     assert stream.shape == (16, 130539)
     assert data.num_batches(stream, 64) == 2039
     assert data.num_batches(stream, 64, partial=True) == 2040
+
+
+def nine_thousand_word_corpus(tmp_path: Path) -> data.Corpus:
+    path = tmp_path / "notes.txt"
+    path.write_text((" ".join(f"w{i}" for i in range(9)) + "\n") * 900)  # 9000 tokens
+    return data.load_corpus(str(path))
+
+
+def test_check_layout_names_the_short_split_and_settings_that_fit(tmp_path: Path) -> None:
+    corpus = nine_thousand_word_corpus(tmp_path)
+    assert (len(corpus.train), len(corpus.valid)) == (8100, 900)
+    with pytest.raises(DataError) as err:
+        data.check_layout(corpus, 16, 64)  # the defaults
+    message = str(err.value)
+    assert "the valid split has 900 tokens" in message and "train split" not in message
+    assert "at least 1040 tokens" in message
+    assert "BATCH_SIZE=13 or less (at SEQ_LEN=64)" in message
+    assert "SEQ_LEN=55 or less (at BATCH_SIZE=16)" in message and "more text" in message
+    data.check_layout(corpus, 13, 64)
+    data.check_layout(corpus, 16, 55)
+    for batch_size, seq_len in ((14, 64), (16, 56)):
+        with pytest.raises(DataError):
+            data.check_layout(corpus, batch_size, seq_len)
+
+
+def test_check_layout_checks_every_split() -> None:
+    vocab = data.Vocab.build(["a"])
+    long, short = np.zeros(100, np.int32), np.zeros(9, np.int32)
+    corpus = data.Corpus("x", vocab, long, long, short, "x")
+    with pytest.raises(DataError, match=r"^x: the test split has 9 tokens, too few .* least 10"):
+        data.check_layout(corpus, 2, 4)
+    data.check_layout(dataclasses.replace(corpus, test=np.zeros(10, np.int32)), 2, 4)
+
+
+def test_check_layout_agrees_with_batchify_and_its_advice_fits() -> None:
+    vocab = data.Vocab.build(["a"])
+    for n, batch_size, seq_len in itertools.product(range(1, 40), range(1, 6), range(1, 9)):
+        tokens = np.zeros(n, np.int32)
+        corpus = data.Corpus("x", vocab, tokens, tokens, tokens, "x")
+        try:
+            fits = data.num_batches(data.batchify(tokens, batch_size), seq_len) >= 1
+        except DataError:
+            fits = False
+        try:
+            data.check_layout(corpus, batch_size, seq_len)
+        except DataError as err:
+            assert not fits, (n, batch_size, seq_len)
+            for b, s in re.findall(r"BATCH_SIZE=(\d+) or less \(at SEQ_LEN=(\d+)", str(err)):
+                data.check_layout(corpus, int(b), int(s))
+            for s, b in re.findall(r"SEQ_LEN=(\d+) or less \(at BATCH_SIZE=(\d+)", str(err)):
+                data.check_layout(corpus, int(b), int(s))
+        else:
+            assert fits, (n, batch_size, seq_len)
+
+
+def test_perplexity_of_a_too_short_split_is_a_data_error() -> None:
+    model = GPT(GPTConfig(10, 8, 1, 2, 8), "cpu", 0)
+    stream = data.batchify(np.arange(40, dtype=np.int32) % 10, 8)  # 8 streams of 5 tokens
+    with pytest.raises(DataError) as err:
+        perplexity(model, stream, 8)
+    message = str(err.value)
+    assert "split of 40 tokens is too short for BATCH_SIZE=8 streams of SEQ_LEN+1=9" in message
+    assert "at least 72" in message and "BATCH_SIZE=4 or less (at SEQ_LEN=8)" in message

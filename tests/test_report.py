@@ -204,11 +204,11 @@ def test_cpu_block_lines_in_order_with_computed_numbers() -> None:
         "steps: 300" in lines
     )
     assert (
-        f"Total matmul time (CPU + GPU): {matmul:.3f}s ({100 * p:.1f}% of total training "
-        "time)" in lines
+        f"Total matmul time (CPU + GPU): {matmul:.3f}s ({100 * p:.1f}% of the {window:.3f}s "
+        "of profiled training steps)" in lines
     )
     other = next(line for line in lines if line.startswith("Other time ("))
-    assert other.endswith(f"): {window - matmul:.3f}s ({100 * (1 - p):.1f}%)")
+    assert other.endswith(f"): {window - matmul:.3f}s ({100 * (1 - p):.1f}% of the same)")
     amdahl = (
         f"Amdahl's bound: {1 / (1 - p):.2f}x max speed-up from faster matmuls alone (p={p:.3f})"
     )
@@ -278,9 +278,10 @@ def test_gpu_partial_window_block() -> None:
     )
     assert "| tf32 |" in lines[0] and "| 252,000 tok/s |" in lines[0]
     assert "CUDA graph replay: yes" in lines[1]
+    window = prof["profiled_time_s"]
     assert (
-        f"Total matmul time (CPU + GPU): {matmul:.3f}s ({100 * p:.1f}% of total training "
-        "time)" in lines
+        f"Total matmul time (CPU + GPU): {matmul:.3f}s ({100 * p:.1f}% of the {window:.3f}s "
+        "of profiled training steps)" in lines
     )
     amdahl = index_of(lines, "Amdahl's bound:")
     assert lines[amdahl].startswith(f"Amdahl's bound: {1 / (1 - p):.2f}x ")

@@ -85,9 +85,25 @@ def quiet(_: str) -> None:
     """A `say` that drops the trainer's console output."""
 
 
-def run_interrupted(cfg: Config, stop_after: int, resume: str | None = None) -> Trainer:
-    """Train until `stop_after` steps, where the trainer raises KeyboardInterrupt as Ctrl-C."""
-    trainer = Trainer(cfg, quiet, resume=resume, stop_after=stop_after)
+def interrupt_in_step(trainer: Trainer, step: int, signum: int = signal.SIGINT) -> None:
+    """Deliver a real `signum` to this process while the trainer runs step number `step`."""
+    real_run = trainer.runner.run
+
+    def run(done: int) -> None:
+        if done + 1 == step:
+            os.kill(os.getpid(), signum)
+        real_run(done)
+
+    trainer.runner.run = run  # type: ignore[method-assign]
+
+
+def run_interrupted(cfg: Config, stop_after: int, resume: str | None = None,
+                    say: Callable[[str], None] | None = None,
+                    signum: int = signal.SIGINT) -> Trainer:
+    """Train until a stop signal arrives inside step `stop_after`: the trainer finishes that
+    step, writes its checkpoint and log block, and raises KeyboardInterrupt."""
+    trainer = Trainer(cfg, say or quiet, resume=resume)
+    interrupt_in_step(trainer, stop_after, signum)
     with pytest.raises(KeyboardInterrupt):
         trainer.run()
     return trainer
@@ -194,9 +210,7 @@ def test_resume_refuses_a_checkpoint_of_another_shape() -> None:
 
 def test_interrupted_run_leaves_a_checkpoint_and_a_log_block() -> None:
     messages: list[str] = []
-    trainer = Trainer(make_cfg(PROFILE=True), messages.append, stop_after=6)
-    with pytest.raises(KeyboardInterrupt):
-        trainer.run()
+    trainer = run_interrupted(make_cfg(PROFILE=True), 6, say=messages.append)
 
     path = trainer.checkpoint_path
     assert path == "models/tiny-cpu.npz"
@@ -479,6 +493,7 @@ def test_banner_shows_what_train_would_run() -> None:
         "RustyFlow train",
         "  config      tiny.env",
         "  dataset     tiny.txt",
+        f"  found in    {Path('tiny.txt').absolute()}",
         "  device      auto (strict: no CPU fallback)",
         "  model       L3 H2 E32, dropout 0, fp32",
         "  model path  models/tiny-gpu.npz on a usable GPU, else models/tiny-cpu.npz",
@@ -526,8 +541,10 @@ def test_train_script_prints_the_banner_and_trains(
         assert line in banner
     assert any(line.startswith("  LR          0.01 (adamw") for line in banner)
     assert any(line.startswith("  model path") and str(ckpt) in line for line in banner)
-    if device == "gpu":
-        assert f"falling back to CPU ({no_gpu})" in done.stdout
+    if device == "gpu":  # a warning: on stderr, like every warning
+        assert f"WARN: GPU requested but not usable, falling back to CPU ({no_gpu})" in (
+            done.stderr.splitlines())
+        assert "WARN" not in done.stdout
     [record] = log_records(tiny_dir / "log.txt")
     assert record["status"] == "completed" and record["steps"] == 5
     assert record["model"]["seq_len"] == 8 and record["device_requested"] == device
@@ -599,9 +616,16 @@ def test_real_wikitext2_seed_shape_steps_and_profile(monkeypatch: pytest.MonkeyP
     assert record["steps"] == 3 and record["status"] == "completed"
     assert record["checkpoint"] == "models/wikitext-2-L2-H4-E128-cpu.npz"
     assert "matmul" in {op["category"] for op in record["profile"]["ops"]}
-    block = "\n".join(messages)
+    console = "\n".join(messages)
     text = Path("log.txt").read_text()
     for needle in ("Per-op profile: wall timing, 3 of 3 steps profiled",
                    "Total matmul time (CPU + GPU):", "Amdahl's bound:", "Phase split",
-                   "Host<->device traffic per step:", "[AVG_EPOCH_TIME] "):
-        assert needle in block and needle in text
+                   "Host<->device traffic per step:", "[AVG_EPOCH_TIME] ", "[RUN_JSON] "):
+        assert needle in text
+    # the console gets a concise summary; the full block is in the log
+    for needle in ("=== RustyFlow run ", "Top 5 ops of ", "Total matmul time (CPU + GPU):",
+                   "Amdahl's bound:", "Checkpoint: models/wikitext-2-L2-H4-E128-cpu.npz",
+                   "Full report: appended to log.txt"):
+        assert needle in console
+    for needle in ("[RUN_JSON]", "Phase split", "Host<->device traffic"):
+        assert needle not in console

@@ -1,0 +1,100 @@
+"""Where a run's outputs go, checked before any work and saved without losing them.
+
+A run that trains for an hour and then cannot write its checkpoint or log block has lost the
+hour. So the checkpoint folder and the log file are probed up front (fail in milliseconds with
+the path and the reason), and if a write still fails at the end, the output goes to a fallback
+file that the message names.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from .errors import TrainingError
+
+
+def _reason(exc: OSError) -> str:
+    return exc.strerror or (errno.errorcode.get(exc.errno or 0) or type(exc).__name__)
+
+
+def _probe_folder(folder: Path) -> None:
+    """Create `folder` if needed, then write, flush and remove a small file in it."""
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, probe = tempfile.mkstemp(prefix=".rustyflow-probe-", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(b"probe\n")
+            f.flush()
+            os.fsync(f.fileno())
+    finally:
+        Path(probe).unlink(missing_ok=True)
+
+
+def check_checkpoint_target(path: str) -> None:
+    """The checkpoint `path` can be written: its folder takes a new file, and the path is not
+    a folder or a device. Raises TrainingError naming the path and the reason."""
+    target = Path(path)
+    if target.is_dir():
+        raise TrainingError(f"checkpoint {path} is a folder: set MODEL_PATH to a file path "
+                            f"ending in .npz")
+    if target.exists() and not target.is_file():
+        raise TrainingError(f"checkpoint {path} exists and is not a regular file: set "
+                            f"MODEL_PATH to a file path ending in .npz")
+    try:
+        _probe_folder(target.parent)
+    except OSError as exc:
+        raise TrainingError(f"cannot write the checkpoint {path}: {target.parent} is not "
+                            f"writable ({_reason(exc)}); set MODEL_PATH to a writable "
+                            f"place") from None
+
+
+def check_log_file(path: str) -> None:
+    """The log `path` can be appended to (a regular file, or a new one in a writable folder).
+    Raises TrainingError naming the path and the reason."""
+    target = Path(path)
+    if target.is_dir():
+        raise TrainingError(f"log file {path} is a folder: set LOG_FILE to a file path")
+    if target.exists() and not stat.S_ISREG(target.stat().st_mode):
+        raise TrainingError(f"log file {path} is not a regular file (a device or pipe cannot "
+                            f"hold the append-only log): set LOG_FILE to a file path")
+    try:
+        _probe_folder(target.parent)
+        if target.exists():  # a new log is created by the first block, not by this check
+            os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC))
+    except OSError as exc:
+        raise TrainingError(f"cannot append to the log file {path} ({_reason(exc)}); set "
+                            f"LOG_FILE to a writable path") from None
+
+
+def fallbacks(path: str, name: str | None = None) -> list[Path]:
+    """Other places for an output that could not be written: the current folder, then the
+    temporary folder, under `name` (default: the same file name)."""
+    name = name or Path(path).name
+    places = [Path.cwd() / name, Path(tempfile.gettempdir()) / name]
+    return [p for p in places if p.resolve() != Path(path).resolve()]
+
+
+def write_with_fallback(path: str, write: Callable[[str], object], what: str,
+                        warn: Callable[[str], None], name: str | None = None) -> str | None:
+    """write(path); if that fails, write(fallback) for each fallback in turn. Returns where it
+    went (None if nowhere), after one warning line that names the failure and the place."""
+    try:
+        write(path)
+        return path
+    except OSError as exc:
+        first = f"could not write the {what} to {path} ({_reason(exc)})"
+    places = fallbacks(path, name)
+    for place in places:
+        try:
+            write(str(place))
+        except OSError:
+            continue
+        warn(f"WARN: {first}; wrote it to {place} instead")
+        return str(place)
+    warn(f"WARN: {first}, nor to {' or '.join(map(str, places))}: it is lost")
+    return None

@@ -1,0 +1,121 @@
+"""The run record: what a finished (or stopped) run reports, built from the trainer's state.
+
+The record's shape is `report.RunRecord`; this module only fills it in. Times are this
+process's: a resumed run counts its own steps over its own time, so tokens/s stays true.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+from typing import Any
+
+import numpy as np
+
+from .backend import TRANSFERS, Backend
+from .report import RunRecord
+
+
+def build_record(trainer: Any, status: str, message: str | None, train_time: float,
+                 ckpt: str | None) -> RunRecord:
+    """The record of `trainer`'s run (a train.Trainer) that ended with `status`."""
+    cfg, m, runner = trainer.cfg, trainer.model.cfg, trainer.runner
+    steps_done = len(trainer.losses)
+    steps_here = max(trainer.pos.step - trainer.start_step, 0)
+    steps_time = train_time - runner.phases["eval"]
+    diverged = status == "failed"
+    tokens_per_s = (steps_here * cfg.batch_size * cfg.seq_len / steps_time
+                    if steps_time > 0 and steps_here and not diverged else None)
+    avg_epoch = (sum(trainer.epoch_times) / len(trainer.epoch_times)
+                 if trainer.epoch_times else None)
+    step_time = steps_time / max(steps_here, 1)
+    return {
+        "version": 1,
+        "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "status": status,
+        "device": trainer.device,
+        "device_requested": cfg.device,
+        "fallback_reason": trainer.fallback,
+        "hardware": trainer.backend.hardware(),
+        "backend": trainer.backend.describe(),
+        "dataset": cfg.dataset,
+        "model": {"layers": m.n_layer, "heads": m.n_head, "embed": m.n_embd,
+                  "seq_len": m.seq_len, "batch": cfg.batch_size, "vocab": m.vocab_size,
+                  "params": trainer.model.num_params()},
+        "precision": cfg.precision,
+        "optimizer": cfg.optimizer,
+        "graph": runner.captured is not None,
+        "epochs": len(trainer.epoch_times),
+        "epochs_planned": cfg.num_epochs,
+        "steps": steps_done,
+        "steps_here": steps_here,
+        "steps_per_epoch": trainer.steps_per_epoch,
+        "train_time_s": train_time,
+        "avg_epoch_time_s": avg_epoch,
+        "no_extrapolation": diverged,
+        "tokens_per_s": tokens_per_s,
+        "val_ppl": trainer.val_ppl,
+        "test_ppl": trainer.test_ppl,
+        "final_loss": trainer.losses[-1] if trainer.losses else None,
+        "checkpoint": ckpt,
+        "message": message,
+        "profile": (_profile(trainer, steps_done, step_time)
+                    if trainer.profiler is not None else None),
+    }
+
+
+def _profile(trainer: Any, steps: int, step_time: float) -> dict[str, Any]:
+    prof, runner = trainer.profiler, trainer.runner
+    gpu = trainer.device == "gpu"
+    phases = dict(runner.phases)
+    if gpu:  # device time per phase from the op events
+        phases.update({k: v for k, v in prof.phase_times().items() if k in phases})
+    mode = "CUDA-graph replay" if runner.captured is not None else "eager"
+    note = (f"per-op device times from CUDA events over an eager window of {prof.steps} "
+            f"steps after 1 warm-up step; totals and epoch times from the whole {mode} run"
+            if gpu else "per-op wall times of every step")
+    floor = None
+    if not gpu:
+        floor = matmul_floor(trainer.backend, trainer.model, trainer.cfg.batch_size,
+                             trainer.cfg.seq_len, step_time)
+    return {
+        "timing": "cuda-events" if gpu else "wall",
+        "note": note,
+        "profiled_steps": prof.steps,
+        "profiled_time_s": runner.profiled_wall,
+        "ops": prof.ops(),
+        "phases": phases,
+        "host_launch_s": runner.window_host if gpu else None,
+        "device_busy_s": prof.total() if gpu else None,
+        "transfers": {**{k: v - trainer.other_transfers[k]
+                         for k, v in TRANSFERS.snapshot().items()}, "steps": steps},
+        "memory": runner.memory(),
+        "matmul_floor": floor,
+    }
+
+
+def matmul_floor(backend: Backend, model: Any, batch: int, seq_len: int,
+                 step_time: float) -> dict[str, float]:
+    """The step's matmul FLOPs at this machine's measured GEMM rate."""
+    cfg = model.cfg
+    gflops = measure_gemm_gflops(backend.fused.matmul, batch * seq_len, cfg.n_embd,
+                                 cfg.vocab_size, model.buffer.flat.dtype)
+    flops = model.matmul_flops_per_step(batch, seq_len)
+    return {"gflops": gflops, "flops_per_step": flops,
+            "floor_s_per_step": flops / (gflops * 1e9), "step_s": step_time}
+
+
+def measure_gemm_gflops(matmul: Callable[[Any, Any], Any], m: int, k: int, n: int,
+                        dtype: Any, seconds: float = 0.3) -> float:
+    """Sustained GEMM rate of the kernels' own matmul (all its threads) on an (m, k) x (k, n)
+    product, like the LM head's."""
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((m, k)).astype(dtype)
+    b = rng.standard_normal((k, n)).astype(dtype)
+    matmul(a, b)  # warm-up
+    reps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        matmul(a, b)
+        reps += 1
+    return 2.0 * m * k * n * reps / (time.perf_counter() - start) / 1e9

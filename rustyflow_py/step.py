@@ -1,0 +1,141 @@
+"""The step runner: one optimizer step on the device, eager, profiled, or replayed as a graph.
+
+A step is `gather batch -> zero_grad -> forward -> backward -> optimizer` with everything on
+the device. Its loss stays there too: each step writes it into a small device ring that is
+read back once every LOG_INTERVAL steps (one transfer), which is also where a non-finite loss
+is caught and named by its exact step.
+
+On the GPU the first step is a warm-up, the next PROFILE_STEPS run eagerly with per-op CUDA
+events (the profiled window), and then the step is captured once as a CUDA graph and replayed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .errors import TrainingError
+from .graph import CapturedStep, GraphCaptureError
+from .nn import GPT
+from .optim import Optimizer
+from .profiler import Profiler
+from .tensor import Tensor
+
+PHASES = ("forward", "backward", "optimizer", "data", "eval")
+
+
+class StepRunner:
+    """Runs steps of `model` on `stream` and keeps their losses, timings and memory peak."""
+
+    def __init__(self, model: GPT, optimizer: Optimizer, stream: Any, seq_len: int, *,
+                 log_interval: int, profiler: Profiler | None, profile_steps: int,
+                 graph: bool, dropout_seed: int | None, warn: Callable[[str], None]) -> None:
+        self.model, self.optimizer, self.stream, self.seq_len = model, optimizer, stream, seq_len
+        self.backend = model.buffer.backend
+        self.profiler, self.profile_steps, self.graph = profiler, profile_steps, graph
+        self.dropout_seed, self.warn = dropout_seed, warn
+        xp, batch = self.backend.xp, stream.shape[0]
+        # Static batch buffers: each step gathers its batch into them on the device.
+        self.x = xp.zeros((batch, seq_len), dtype=np.int32)
+        self.y = xp.zeros_like(self.x)
+        self.ring = xp.zeros(log_interval, dtype=model.buffer.flat.dtype)  # step s at (s-1) % n
+        self.captured: CapturedStep | None = None
+        self.phases = dict.fromkeys(PHASES, 0.0)
+        self.profiled_wall = 0.0  # wall time of the profiled steps, including their sync
+        self.window_host = 0.0  # host time spent issuing the profiled steps
+        self.steps_here = 0  # steps run by this runner (warm-up and profiling window)
+
+    # ---- one step ----------------------------------------------------------------------------
+    def _body(self, timed: bool) -> None:
+        """One optimizer step on the device: gather the batch, forward, backward, update, and
+        put the loss in the ring. Reads nothing from the host, so it can be graph-captured."""
+        clock, opt, kernels = time.perf_counter, self.optimizer, self.backend.fused
+        t0 = clock()
+        kernels.gather_batch(self.stream, opt.step_count, self.seq_len, self.x, self.y)
+        t1 = clock()
+        self.model.buffer.zero_grad()
+        loss = self.model(Tensor(self.x), Tensor(self.y))
+        t2 = clock()
+        loss.backward()
+        t3 = clock()
+        opt.step()
+        kernels.store_at_step(self.ring, opt.step_count, loss.data)
+        if timed:
+            for phase, dt in zip(("data", "forward", "backward", "optimizer"),
+                                 (t1 - t0, t2 - t1, t3 - t2, clock() - t3), strict=True):
+                self.phases[phase] += dt
+
+    def run(self, step: int) -> None:
+        """Run step number `step` + 1 (`step` steps are done): eager (profiled while in the
+        window), or the captured graph once it exists."""
+        if self.captured is not None:
+            self.captured.replay()
+            return
+        if self.dropout_seed is not None:  # masks depend on (seed, step): resume stays exact
+            self.backend.seed(self.dropout_seed + step)
+        gpu = self.backend.name == "gpu"
+        window = 1 <= self.steps_here <= self.profile_steps
+        if self.profiler is not None and (not gpu or window):
+            start = time.perf_counter()
+            with self.profiler, self.backend.tracking_memory():
+                self._body(timed=True)
+            self.window_host += time.perf_counter() - start
+            self.profiler.step_end()
+            self.profiled_wall += time.perf_counter() - start
+        elif self.graph and self.steps_here > (self.profile_steps if self.profiler else 0):
+            self._capture()  # after 1 warm-up step (and the profiled window, if profiling)
+        else:
+            self._body(timed=True)
+        self.steps_here += 1
+
+    def _capture(self) -> None:
+        """Record the step as a CUDA graph and run it; on failure, say why and stay eager."""
+        captured = CapturedStep(self.backend, lambda: self._body(timed=False))
+        try:
+            with self.backend.tracking_memory():
+                captured.capture()
+        except GraphCaptureError as exc:
+            self.graph = False
+            self.warn(f"WARN: CUDA graph capture failed, training eagerly ({exc})")
+            self._body(timed=True)
+            return
+        self.captured = captured
+        self.backend.release_cached_memory()  # the eager steps' temporaries; the graph has its own
+        captured.replay()
+
+    # ---- losses ------------------------------------------------------------------------------
+    def drain(self, losses: list[float], last: int, advice: str) -> None:
+        """Append the losses of the steps after len(losses) up to `last` (at most one ring
+        apart), read back in one transfer; a non-finite one stops the run, naming its step and
+        `advice`, with the losses before it kept."""
+        first = len(losses) + 1
+        if last < first:
+            return
+        ring = self.backend.to_host(self.ring)
+        n = len(ring)
+        for step in range(first, last + 1):
+            value = float(ring[(step - 1) % n])
+            if not math.isfinite(value):
+                raise TrainingError(f"loss is {value} at step {step}: training diverged; "
+                                    f"{advice}")
+            losses.append(value)
+
+    # ---- what the record needs ------------------------------------------------------------------
+    def memory(self) -> dict[str, Any]:
+        """GPU: peak bytes in use over the profiled steps and the capture, and the pools'
+        reserved size (CuPy caches freed blocks, the graph has a private pool). CPU: peak RSS."""
+        extra = self.captured.pool_bytes() if self.captured is not None else 0
+        return self.backend.memory_stats(extra)
+
+
+@contextlib.contextmanager
+def quiet_float_errors() -> Any:
+    """A diverging run overflows somewhere before its loss turns inf; the loss check names the
+    step, so NumPy's RuntimeWarnings on the way are noise."""
+    with np.errstate(over="ignore", invalid="ignore", divide="ignore", under="ignore"):
+        yield
