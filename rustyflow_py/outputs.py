@@ -45,6 +45,10 @@ def check_checkpoint_target(path: str) -> None:
     if target.exists() and not target.is_file():
         raise TrainingError(f"checkpoint {path} exists and is not a regular file: set "
                             f"MODEL_PATH to a file path ending in .npz")
+    for folder in (target.parent, *target.parent.parents):
+        if folder.exists() and not folder.is_dir():
+            raise TrainingError(f"cannot write the checkpoint {path}: {folder} is not a "
+                                f"folder; set MODEL_PATH to a writable place")
     try:
         _probe_folder(target.parent)
     except OSError as exc:
