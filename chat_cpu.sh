@@ -22,7 +22,7 @@ cd "$root"  # relative MODEL_PATHs are relative to the repo, as for the train sc
 model="$("$py" - "$config" "$device" <<'PY'
 import sys
 
-from rustyflow_py.config import ConfigError, load_config
+from rustyflow_py.training.config import ConfigError, load_config
 
 try:
     print(load_config(sys.argv[1])[0].model_path_for(sys.argv[2]))

@@ -40,12 +40,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # time the working tree's package, installed or not
 
-from rustyflow_py import data, devices  # noqa: E402
-from rustyflow_py.backend import get_backend, gpu_unavailable_reason  # noqa: E402
-from rustyflow_py.gpu_memory import PeakMemory  # noqa: E402
-from rustyflow_py.nn import GPT, GPTConfig, init_weights  # noqa: E402
-from rustyflow_py.optim import AdamW, Schedule  # noqa: E402
-from rustyflow_py.tensor import Tensor  # noqa: E402
+from rustyflow_py import data  # noqa: E402
+from rustyflow_py.engine import backend, devices  # noqa: E402
+from rustyflow_py.engine.backend import get_backend, gpu_unavailable_reason  # noqa: E402
+from rustyflow_py.engine.memory import PeakMemory  # noqa: E402
+from rustyflow_py.engine.tensor import Tensor  # noqa: E402
+from rustyflow_py.model.gpt import GPT, GPTConfig, init_weights  # noqa: E402
+from rustyflow_py.model.optim import AdamW, Schedule  # noqa: E402
 
 SHAPES = {  # SPEC §9: layers, heads, embed, seq_len, batch
     "seed": (2, 4, 128, 64, 16),
@@ -105,7 +106,7 @@ def rustyflow_step_fn(model: GPT, optimizer: AdamW, mode: str) -> StepFn:
     """RustyFlow's training step from its public API, as Trainer.step runs it.
 
     "eager" runs zero_grad -> forward -> backward -> optimizer.step (clip + AdamW) each call.
-    "graph" captures that same step once as a CUDA graph (rustyflow_py.graph.CapturedStep)
+    "graph" captures that same step once as a CUDA graph (rustyflow_py.engine.graph.CapturedStep)
     and replays it; NotAvailable when this tree has no graph support or the capture fails.
     """
 
@@ -130,7 +131,7 @@ class GraphStep:
 
     def __init__(self, eager: StepFn, backend: Any) -> None:
         try:
-            from rustyflow_py.graph import CapturedStep, GraphCaptureError
+            from rustyflow_py.engine.graph import CapturedStep, GraphCaptureError
         except ImportError as exc:
             raise NotAvailable(f"no graph support in this tree ({exc})") from None
         self.eager, self.backend = eager, backend
@@ -244,7 +245,7 @@ def measure_rustyflow(job: Job) -> dict[str, Any]:
     backend = get_backend(job.device)
     backend.set_precision(job.precision)
     if job.device == "cpu":
-        devices.set_threads(job.threads)
+        backend.set_threads(job.threads)
         backend.fused.set_jit("off" if job.mode == "numpy" else "auto")
     base = rss_bytes()
     cfg, batch = gpt_config(job.shape)
@@ -405,7 +406,7 @@ def machine(device: str) -> str:
         return devices.gpu_description()
     blas = devices.blas_info()
     return (f"{devices.cpu_name()} ({os.cpu_count()} cores, {blas['library']}); RustyFlow "
-            f"eager: {devices.cpu_kernels()} kernels, numpy: CPU_JIT=off (NumPy kernels)")
+            f"eager: {backend.cpu_kernels()} kernels, numpy: CPU_JIT=off (NumPy kernels)")
 
 
 def versions(device: str) -> str:
@@ -573,7 +574,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.device == "cpu":
             import torch
 
-            torch.set_num_threads(devices.set_threads(args.threads))
+            torch.set_num_threads(backend.set_threads(args.threads))
         try:
             curve = loss_curves(args.device, args.curve_shape, args.curve_steps, args.data_dir)
         except data.DataError as exc:

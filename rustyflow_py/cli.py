@@ -8,8 +8,8 @@ from typing import Any
 
 import click
 
-from .config import KEYS, ConfigError, load_config
 from .errors import RustyFlowError
+from .training.config import KEYS, ConfigError, load_config
 
 _TRAIN_KEYS = [k for k in KEYS.values() if k.name not in ("DEVICE", "PROFILE", "SEED",
                                                            "MAX_STEPS")]
@@ -42,7 +42,7 @@ def _out_of_memory(exc: Exception) -> str | None:
     """A GPU out-of-memory error as one line with the sizes and what to reduce, else None."""
     if type(exc).__name__ != "OutOfMemoryError":
         return None
-    from .devices import gpu_memory_line
+    from .engine.devices import gpu_memory_line
 
     return (f"GPU out of memory: {exc}. {gpu_memory_line()}. Reduce BATCH_SIZE or SEQ_LEN "
             f"(activations grow with both), or EMBED_DIM/NUM_LAYERS (the model itself)")
@@ -54,7 +54,7 @@ class _Main(click.Group):
     and keeps its traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
-        from .signals import Stopped
+        from .training.signals import Stopped
 
         try:
             return super().invoke(ctx)
@@ -88,8 +88,8 @@ def main() -> None:
 @_hyperparameter_options
 def train(config: str | None, resume: str | None, **overrides: Any) -> None:
     """Train a GPT; append the profiling report to the log."""
-    from .progress import TrainingProgress
-    from .train import train as run_training
+    from .reporting.progress import TrainingProgress
+    from .training.loop import train as run_training
 
     cfg = _load(config, overrides)
     progress = TrainingProgress(cfg.num_epochs)
@@ -110,8 +110,8 @@ def _warn(message: str) -> None:
 @click.option("--data-dir", default=None, help="where the dataset lives (DATA_DIR)")
 def eval_(model_path: str, split: str, device: str, data_dir: str | None) -> None:
     """Word-level perplexity of a checkpoint on a split."""
-    from .evaluate import evaluate_checkpoint
-    from .progress import TrainingProgress
+    from .reporting.progress import TrainingProgress
+    from .training.evaluate import evaluate_checkpoint
 
     result = evaluate_checkpoint(model_path, split, device, data_dir,
                                  TrainingProgress(1).evaluating)
@@ -126,7 +126,7 @@ def eval_(model_path: str, split: str, device: str, data_dir: str | None) -> Non
               default="table")
 def report(log_path: str, last: int | None, fmt: str) -> None:
     """The runs in the log, CPU-vs-GPU speed-ups and the latest profiling report."""
-    from . import report as rep
+    from .reporting import report as rep
 
     warnings: list[str] = []
     try:
@@ -179,7 +179,7 @@ def data_info(dataset: str, data_dir: str | None, as_json: bool) -> None:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def devices(as_json: bool) -> None:
     """Which backends are usable here, and why not."""
-    from .devices import devices_report
+    from .engine.backend import devices_report
 
     info = devices_report()
     if as_json:
@@ -277,7 +277,8 @@ def _sampling_options(fn: Any) -> Any:
 def _open_session(model_path: str | None, config: str | None, quiet: bool,
                   prompt_missing: bool = False, **overrides: Any) -> Any:
     """Config (flags > env > file), device and checkpoint; user errors as one clear line."""
-    from .generate import Sampling, find_checkpoint, open_session
+    from .model.generate import Sampling
+    from .training.evaluate import find_checkpoint, open_session
 
     cfg = _load(config, overrides)
     say = (lambda msg: None) if quiet else _warn
@@ -295,7 +296,7 @@ def _open_session(model_path: str | None, config: str | None, quiet: bool,
 def generate(model_path: str | None, prompt: str | None, max_tokens: int, config: str | None,
              quiet: bool, **overrides: Any) -> None:
     """Continue a prompt with text sampled from a trained model."""
-    from .generate import generate_text
+    from .model.generate import generate_text
 
     session = _open_session(model_path, config, quiet, prompt is None, **overrides)
     generate_text(session, prompt, max_tokens, sys.stdout, sys.stderr)
@@ -308,7 +309,7 @@ def generate(model_path: str | None, prompt: str | None, max_tokens: int, config
 def chat(model_path: str | None, max_tokens: int, config: str | None, quiet: bool,
          **overrides: Any) -> None:
     """Talk to a trained model: it continues each line you type (exit, quit or Ctrl-D ends)."""
-    from .generate import chat_loop
+    from .model.generate import chat_loop
 
     session = _open_session(model_path, config, quiet, **overrides)
     if not quiet:

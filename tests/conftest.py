@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rustyflow_py.backend import gpu_unavailable_reason
+from rustyflow_py.engine.backend import gpu_unavailable_reason
 
 _GPU_REASON = gpu_unavailable_reason()
 REPO_ROOT = Path(__file__).resolve().parents[1]

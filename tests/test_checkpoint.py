@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from rustyflow_py import checkpoint
-from rustyflow_py.checkpoint import Checkpoint, CheckpointError, validate_against
 from rustyflow_py.cli import main
 from rustyflow_py.data import Vocab
+from rustyflow_py.training import checkpoint
+from rustyflow_py.training.checkpoint import Checkpoint, CheckpointError, validate_against
 
 SHAPES = {"wte": (10, 4), "ln_f.weight": (4,)}
 OPT_SIZES = {"m": 44, "v": 44, "step_count": 1}

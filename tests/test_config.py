@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rustyflow_py.config import KEYS, Config, ConfigError, load_config
+from rustyflow_py.training.config import KEYS, Config, ConfigError, load_config
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -13,11 +13,11 @@ from typing import TypeVar
 import numpy as np
 import pytest
 
-from rustyflow_py.backend import get_backend
-from rustyflow_py.kernels.cpu import CpuKernels, load_jit
-from rustyflow_py.nn import GPT, GPTConfig
-from rustyflow_py.optim import AdamW, Schedule
-from rustyflow_py.tensor import Tensor
+from rustyflow_py.engine.backend import get_backend
+from rustyflow_py.engine.kernels.cpu import CpuKernels, load_jit
+from rustyflow_py.engine.tensor import Tensor
+from rustyflow_py.model.gpt import GPT, GPTConfig
+from rustyflow_py.model.optim import AdamW, Schedule
 
 T = TypeVar("T")
 needs_numba = pytest.mark.skipif(
@@ -45,7 +45,7 @@ def both(k: CpuKernels, fn: Callable[[], T]) -> tuple[T, T]:
 
 def exp_via_kernel(x: np.ndarray) -> np.ndarray:
     """The JIT exp over x (one row of an unshifted softmax)."""
-    from rustyflow_py.kernels import jit
+    from rustyflow_py.engine.kernels import jit
 
     row = x.reshape(1, -1).astype(np.float32)
     out = np.empty_like(row)
@@ -237,7 +237,7 @@ def test_warm_up_compiles_everything_a_training_step_needs(
     in a step or in the profile: a step afterwards must not compile anything new."""
     import numba
 
-    from rustyflow_py.kernels import jit
+    from rustyflow_py.engine.kernels import jit
 
     kernels.set_jit("on")
     jit.warm_up()
@@ -254,8 +254,8 @@ def test_warm_up_compiles_everything_a_training_step_needs(
 
 def test_cpu_jit_on_without_numba_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "numba", None)  # import numba -> ImportError
-    monkeypatch.delitem(sys.modules, "rustyflow_py.kernels.jit", raising=False)
-    monkeypatch.delattr("rustyflow_py.kernels.jit", raising=False)
+    monkeypatch.delitem(sys.modules, "rustyflow_py.engine.kernels.jit", raising=False)
+    monkeypatch.delattr("rustyflow_py.engine.kernels.jit", raising=False)
     assert load_jit("auto") is None
     assert load_jit("off") is None
     with pytest.raises(RuntimeError, match=r"CPU_JIT=on.*pip install 'rustyflow-py\[jit\]'"):

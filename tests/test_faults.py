@@ -33,11 +33,12 @@ from test_train import (  # noqa: F401  (tiny_dir: the autouse fixture these tes
     wait_for_line,
 )
 
-from rustyflow_py import checkpoint, logfile
-from rustyflow_py.checkpoint import Checkpoint
 from rustyflow_py.errors import RustyFlowError, TrainingError
-from rustyflow_py.optim import AdamW
-from rustyflow_py.train import Trainer
+from rustyflow_py.model.optim import AdamW
+from rustyflow_py.reporting import logfile
+from rustyflow_py.training import checkpoint
+from rustyflow_py.training.checkpoint import Checkpoint
+from rustyflow_py.training.loop import Trainer
 
 # ------------------------------------------------------------------------------ output paths
 

@@ -13,13 +13,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from rustyflow_py import checkpoint
-from rustyflow_py.checkpoint import CheckpointError
 from rustyflow_py.cli import main
-from rustyflow_py.config import Config
 from rustyflow_py.data import EOS, UNK, Vocab
-from rustyflow_py.evaluate import load_model
-from rustyflow_py.generate import (
+from rustyflow_py.engine.tensor import Tensor, no_grad
+from rustyflow_py.model.generate import (
     Decoder,
     Sampling,
     Session,
@@ -30,8 +27,11 @@ from rustyflow_py.generate import (
     render,
     sample_next,
 )
-from rustyflow_py.nn import GPT, GPTConfig
-from rustyflow_py.tensor import Tensor, no_grad
+from rustyflow_py.model.gpt import GPT, GPTConfig
+from rustyflow_py.training import checkpoint
+from rustyflow_py.training.checkpoint import CheckpointError
+from rustyflow_py.training.config import Config
+from rustyflow_py.training.evaluate import load_model
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = [UNK, EOS, *(f"w{i}" for i in range(28))]

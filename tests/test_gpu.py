@@ -8,13 +8,18 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rustyflow_py.backend import TRANSFERS, get_backend, gpu_unavailable_reason, strict_transfers
-from rustyflow_py.config import Config
-from rustyflow_py.kernels.xp import XpKernels
-from rustyflow_py.nn import GPT, GPTConfig
-from rustyflow_py.optim import AdamW, Schedule
-from rustyflow_py.tensor import Tensor
-from rustyflow_py.train import Trainer
+from rustyflow_py.engine.backend import (
+    TRANSFERS,
+    get_backend,
+    gpu_unavailable_reason,
+    strict_transfers,
+)
+from rustyflow_py.engine.kernels.reference import XpKernels
+from rustyflow_py.engine.tensor import Tensor
+from rustyflow_py.model.gpt import GPT, GPTConfig
+from rustyflow_py.model.optim import AdamW, Schedule
+from rustyflow_py.training.config import Config
+from rustyflow_py.training.loop import Trainer
 
 pytestmark = [
     pytest.mark.gpu,

@@ -7,8 +7,8 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 
-from rustyflow_py import ops
-from rustyflow_py.tensor import Tensor
+from rustyflow_py.engine import ops
+from rustyflow_py.engine.tensor import Tensor
 
 RNG = np.random.default_rng(0)
 

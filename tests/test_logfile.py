@@ -8,9 +8,9 @@ import os
 from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
-from rustyflow_py import logfile
-from rustyflow_py.logfile import append_block
-from rustyflow_py.report import format_block, parse_log
+from rustyflow_py.reporting import logfile
+from rustyflow_py.reporting.logfile import append_block
+from rustyflow_py.reporting.report import format_block, parse_log
 
 WRITERS, BLOCKS_EACH, PAYLOAD_BYTES = 4, 20, 200_000
 

@@ -8,8 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from rustyflow_py.logfile import append_block
-from rustyflow_py.report import format_block, parse_log, read_log, render_report
+from rustyflow_py.reporting.logfile import append_block
+from rustyflow_py.reporting.report import format_block, parse_log, read_log, render_report
 
 CPU_OPS = [
     {"name": "matmul", "category": "matmul", "phase": "forward", "calls": 4200, "time_s": 0.7},

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 from conftest import DEVICES
 
-from rustyflow_py import ops
-from rustyflow_py.backend import TRANSFERS, DeviceError, TransferError, strict_transfers
-from rustyflow_py.tensor import Tensor, no_grad
+from rustyflow_py.engine import ops
+from rustyflow_py.engine.backend import TRANSFERS, DeviceError, TransferError, strict_transfers
+from rustyflow_py.engine.tensor import Tensor, no_grad
 
 GPU = DEVICES[1]
 

@@ -17,11 +17,11 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rustyflow_py import ops
-from rustyflow_py.backend import get_backend
-from rustyflow_py.nn import GPT, GPTConfig, init_weights
-from rustyflow_py.optim import AdamW, Schedule
-from rustyflow_py.tensor import Tensor
+from rustyflow_py.engine import ops
+from rustyflow_py.engine.backend import get_backend
+from rustyflow_py.engine.tensor import Tensor
+from rustyflow_py.model.gpt import GPT, GPTConfig, init_weights
+from rustyflow_py.model.optim import AdamW, Schedule
 
 torch = pytest.importorskip("torch")
 F = torch.nn.functional

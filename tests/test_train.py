@@ -27,14 +27,15 @@ import pytest
 from click.testing import CliRunner, Result
 from conftest import real_data_dir
 
-from rustyflow_py import data, evaluate
-from rustyflow_py.backend import get_backend, gpu_unavailable_reason
-from rustyflow_py.checkpoint import Checkpoint
+from rustyflow_py import data
 from rustyflow_py.cli import main
-from rustyflow_py.config import KEYS, Config, load_config
-from rustyflow_py.optim import AdamW
-from rustyflow_py.report import BLOCK_END, BLOCK_START, read_log
-from rustyflow_py.train import Trainer, TrainingError
+from rustyflow_py.engine.backend import get_backend, gpu_unavailable_reason
+from rustyflow_py.model.optim import AdamW
+from rustyflow_py.reporting.report import BLOCK_END, BLOCK_START, read_log
+from rustyflow_py.training import evaluate
+from rustyflow_py.training.checkpoint import Checkpoint
+from rustyflow_py.training.config import KEYS, Config, load_config
+from rustyflow_py.training.loop import Trainer, TrainingError
 
 REPO = Path(__file__).resolve().parents[1]
 STEPS_PER_EPOCH = 29  # the tiny corpus below at BATCH_SIZE 4 x SEQ_LEN 16
@@ -405,7 +406,7 @@ def test_report_reads_what_train_wrote() -> None:
 def test_cpu_kernels_that_fail_to_compile_fall_back_to_numpy(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from rustyflow_py.kernels import jit
+    from rustyflow_py.engine.kernels import jit
 
     kernels = get_backend("cpu").fused
     monkeypatch.setattr(kernels, "jit", kernels.jit)  # restored afterwards

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from .tensor import Function, RowGrad, Tensor, grad_enabled, run_op
+from .autograd import Function, RowGrad, Tensor, grad_enabled, run_op
 
 
 def unbroadcast(grad: Any, shape: tuple[int, ...], fused: Any = None) -> Any:
@@ -421,3 +421,30 @@ def lm_head_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor) -> Tensor:
     """Mean NLL of logits = h @ weight.T (N, V) against targets (N,), without returning them."""
     need = grad_enabled() and (h.requires_grad or weight.requires_grad)
     return LMHeadCrossEntropy.apply(h, weight, targets, need_grad=need)
+
+
+# ---- operator sugar -------------------------------------------------------------------------
+def _sub(a: Tensor, b: Tensor | float) -> Tensor:
+    return add(a, mul(b, -1.0) if isinstance(b, Tensor) else -b)
+
+
+def _reshape(x: Tensor, *shape: Any) -> Tensor:
+    return reshape(x, shape[0] if len(shape) == 1 and isinstance(shape[0], tuple) else shape)
+
+
+def _transpose(x: Tensor, *axes: int) -> Tensor:
+    return transpose(x, axes or None)
+
+
+def bind_operators(cls: type[Tensor]) -> None:
+    """Give Tensor its operators (a + b, a * b, a - b, -a, a @ b, .reshape, .transpose,
+    .sum, .mean): called once by tensor.py, the module users import Tensor from."""
+    cls.__add__ = cls.__radd__ = add  # type: ignore[method-assign,assignment]
+    cls.__mul__ = cls.__rmul__ = mul  # type: ignore[method-assign,assignment]
+    cls.__sub__ = _sub  # type: ignore[method-assign,assignment]
+    cls.__neg__ = lambda x: mul(x, -1.0)  # type: ignore[method-assign,assignment]
+    cls.__matmul__ = matmul  # type: ignore[method-assign,assignment]
+    cls.reshape = _reshape  # type: ignore[attr-defined]
+    cls.transpose = _transpose  # type: ignore[attr-defined]
+    cls.sum = sum  # type: ignore[attr-defined]
+    cls.mean = mean  # type: ignore[attr-defined]

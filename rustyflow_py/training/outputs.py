@@ -15,7 +15,7 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import TrainingError
+from ..errors import TrainingError
 
 
 def _reason(exc: OSError) -> str:

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 
-from .nn import ParameterBuffer
-from .tensor import run_op
+from ..engine.tensor import run_op
+from .gpt import ParameterBuffer
 
 
 class Schedule:

@@ -12,10 +12,6 @@ import os
 import platform
 from typing import Any
 
-import numpy as np
-
-from .backend import gpu_unavailable_reason
-
 
 @functools.cache
 def openblas() -> tuple[Any, str] | None:
@@ -50,17 +46,14 @@ def blas_info() -> dict[str, Any]:
     }
 
 
-def set_threads(threads: int) -> int:
-    """Use `threads` cores for BLAS and RustyFlow's own parallel passes (0 = all cores)."""
-    from .backend import get_backend
-
-    n = threads or os.cpu_count() or 1
+def set_blas_threads(threads: int) -> bool:
+    """Give OpenBLAS `threads` threads; False if this NumPy's BLAS cannot be controlled."""
     found = openblas()
-    if found is not None:
-        lib, pattern = found
-        getattr(lib, pattern % "set_num_threads")(ctypes.c_int(n))
-    get_backend("cpu").fused.set_threads(n)
-    return n
+    if found is None:
+        return False
+    lib, pattern = found
+    getattr(lib, pattern % "set_num_threads")(ctypes.c_int(threads))
+    return True
 
 
 def cpu_name() -> str:
@@ -72,28 +65,6 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def compute_threads() -> int:
-    """Threads RustyFlow's CPU kernels use (its pool splits GEMMs into one-thread BLAS calls
-    when it can pin BLAS to one thread; otherwise BLAS threads itself)."""
-    from .backend import get_backend
-
-    return int(get_backend("cpu").fused.threads)
-
-
-def cpu_kernels() -> str:
-    """Which formulation the CPU's elementwise kernels run (CPU_JIT)."""
-    from .backend import get_backend
-
-    jit = get_backend("cpu").fused.jit
-    return "NumPy" if jit is None else f"numba {jit.VERSION}"
-
-
-def cpu_description() -> str:
-    blas = blas_info()
-    return (f"{cpu_name()} ({os.cpu_count()} cores; numpy {np.__version__}, "
-            f"{blas['library']}, {compute_threads()} threads, {cpu_kernels()} kernels)")
 
 
 def gpu_properties() -> dict[str, Any]:
@@ -131,15 +102,20 @@ def gpu_memory_line() -> str:
             f"{p['memory_total'] / 2**30:.2f} GiB")
 
 
-def devices_report() -> dict[str, Any]:
-    """Everything `rustyflow devices` prints: each backend, usable or why not."""
-    report: dict[str, Any] = {
-        "cpu": {"usable": True, "name": cpu_name(), "cores": os.cpu_count(),
-                "numpy": np.__version__, "threads": compute_threads(), "kernels": cpu_kernels(),
-                **{f"blas_{k}": v for k, v in blas_info().items()}},
-    }
-    reason = gpu_unavailable_reason()
-    report["gpu"] = {"usable": reason is None, "reason": reason}
-    if reason is None:
-        report["gpu"].update(gpu_properties())
-    return report
+def gpu_unavailable_reason() -> str | None:
+    """Why the GPU backend cannot be used here, or None when it can."""
+    if os.environ.get("RUSTYFLOW_DISABLE_GPU"):
+        return "RUSTYFLOW_DISABLE_GPU is set"
+    try:
+        import cupy
+    except ImportError:
+        return "CuPy is not installed (pip install 'rustyflow-py[gpu]' or '[cuda13]')"
+    except Exception as exc:  # a broken CUDA install raises all sorts at import
+        return f"CuPy failed to import: {exc}"
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            return "no CUDA device found"
+        cupy.zeros(1).sum().item()  # proves driver, runtime and kernels agree
+    except Exception as exc:
+        return f"CUDA is not usable: {type(exc).__name__}: {exc}"
+    return None

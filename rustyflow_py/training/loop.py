@@ -14,14 +14,16 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from . import checkpoint, data, logfile, outputs, report
-from .backend import TRANSFERS, get_backend, resolve_device
+from .. import data
+from ..engine.backend import TRANSFERS, get_backend, resolve_device
+from ..engine.profiler import Profiler
+from ..errors import CheckpointError, TrainingError
+from ..model.gpt import GPT, GPTConfig
+from ..model.optim import SGD, AdamW, Optimizer, Schedule
+from ..reporting import logfile, report
+from . import checkpoint, outputs
 from .config import Config
-from .errors import CheckpointError, TrainingError
 from .evaluate import perplexity, upload_split
-from .nn import GPT, GPTConfig
-from .optim import SGD, AdamW, Optimizer, Schedule
-from .profiler import Profiler
 from .record import build_record
 from .signals import Stopped, StopSignals
 from .step import StepRunner, quiet_float_errors

@@ -11,7 +11,7 @@ import time
 from collections import defaultdict
 from typing import Any
 
-from . import tensor
+from . import autograd
 from .backend import Backend
 
 
@@ -29,11 +29,11 @@ class Profiler:
 
     # ---- attaching -----------------------------------------------------------------------------
     def __enter__(self) -> Profiler:
-        self._previous = tensor.set_profiler(self)
+        self._previous = autograd.set_profiler(self)
         return self
 
     def __exit__(self, *exc: object) -> None:
-        tensor.set_profiler(self._previous)
+        autograd.set_profiler(self._previous)
 
     # ---- the hook --------------------------------------------------------------------------------
     def record(self, name: str, category: str, phase: str, fn: Any, args: tuple[Any, ...]) -> Any:

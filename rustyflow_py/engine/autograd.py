@@ -1,4 +1,4 @@
-"""Device-aware Tensor and reverse-mode autograd.
+"""Device-aware Tensor and reverse-mode autograd: the engine's core, below the op library.
 
 A Tensor wraps one raw array (numpy.ndarray or cupy.ndarray) on one device. An op is a
 `Function` subclass: `forward` maps raw arrays to a raw array and `backward` maps the output
@@ -19,7 +19,7 @@ import numpy as np
 from .backend import Backend, DeviceError, get_backend
 
 _grad_enabled = True
-_profiler: Any = None  # set by profiler.Profiler.attach(); see run_op
+_profiler: Any = None  # set by profiler.Profiler (a context manager); see run_op
 
 
 def set_profiler(profiler: Any) -> Any:
@@ -248,57 +248,6 @@ class Tensor:
             run_op("grad_accumulate", "other", "backward", g.add_to, self.grad)
         else:
             run_op("grad_accumulate", "other", "backward", _add_into, self.grad, g)
-
-    # ---- operator sugar (the ops live in ops.py) ------------------------------------------
-    def __add__(self, other: Tensor | float) -> Tensor:
-        from . import ops
-
-        return ops.add(self, other)
-
-    __radd__ = __add__
-
-    def __mul__(self, other: Tensor | float) -> Tensor:
-        from . import ops
-
-        return ops.mul(self, other)
-
-    __rmul__ = __mul__
-
-    def __sub__(self, other: Tensor | float) -> Tensor:
-        from . import ops
-
-        return ops.add(self, ops.mul(other, -1.0) if isinstance(other, Tensor) else -other)
-
-    def __neg__(self) -> Tensor:
-        from . import ops
-
-        return ops.mul(self, -1.0)
-
-    def __matmul__(self, other: Tensor) -> Tensor:
-        from . import ops
-
-        return ops.matmul(self, other)
-
-    def reshape(self, *shape: int) -> Tensor:
-        from . import ops
-
-        return ops.reshape(self, shape[0] if len(shape) == 1 and isinstance(shape[0], tuple)
-                           else shape)
-
-    def transpose(self, *axes: int) -> Tensor:
-        from . import ops
-
-        return ops.transpose(self, axes or None)
-
-    def sum(self, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Tensor:
-        from . import ops
-
-        return ops.sum(self, axis, keepdims)
-
-    def mean(self, axis: int | tuple[int, ...] | None = None, keepdims: bool = False) -> Tensor:
-        from . import ops
-
-        return ops.mean(self, axis, keepdims)
 
 
 def _as_host_array(data: Any) -> np.ndarray:

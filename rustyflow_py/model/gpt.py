@@ -13,9 +13,9 @@ from typing import Any
 
 import numpy as np
 
-from . import ops
-from .backend import get_backend
-from .tensor import Tensor
+from ..engine import ops
+from ..engine.backend import get_backend
+from ..engine.tensor import Tensor
 
 
 @dataclasses.dataclass(frozen=True)

@@ -19,7 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DeviceError, TrainingError
+from ..errors import DeviceError, TrainingError
+from . import devices
+from .devices import blas_info, cpu_name, gpu_description, gpu_properties, gpu_unavailable_reason
 
 DEVICES = ("cpu", "gpu")
 
@@ -106,8 +108,6 @@ class Backend:
         first step (so compilation never lands in a step or the profile)."""
         import time
 
-        from .devices import set_threads
-
         set_threads(threads)
         kernels = self.fused
         try:
@@ -134,8 +134,6 @@ class Backend:
 
     def hardware(self) -> str:
         """The processor's name, for the log's summary line."""
-        from .devices import cpu_name
-
         return cpu_name()
 
     def from_host(self, array: np.ndarray) -> Any:
@@ -148,8 +146,6 @@ class Backend:
         """Wait for queued work (a no-op on the CPU, where work is synchronous)."""
 
     def describe(self) -> str:
-        from .devices import cpu_description
-
         return cpu_description()
 
     # ---- memory: what the run record reports --------------------------------------------------
@@ -205,8 +201,6 @@ class CupyBackend(Backend):
         """THREADS and CPU_JIT are CPU settings."""
 
     def hardware(self) -> str:
-        from .devices import gpu_properties
-
         return str(gpu_properties()["name"])
 
     def from_host(self, array: np.ndarray) -> Any:
@@ -221,12 +215,10 @@ class CupyBackend(Backend):
         self.stream.synchronize()
 
     def describe(self) -> str:
-        from .devices import gpu_description
-
         return gpu_description()
 
     def reset_memory_stats(self) -> None:
-        from .gpu_memory import PeakMemory
+        from .memory import PeakMemory
 
         self._peak = PeakMemory()
         self._eager_pool = 0
@@ -249,25 +241,6 @@ class CupyBackend(Backend):
         return {"kind": "gpu_pool", "peak_bytes": used, "pool_total_bytes": reserved}
 
 
-def gpu_unavailable_reason() -> str | None:
-    """Why the GPU backend cannot be used here, or None when it can."""
-    if os.environ.get("RUSTYFLOW_DISABLE_GPU"):
-        return "RUSTYFLOW_DISABLE_GPU is set"
-    try:
-        import cupy
-    except ImportError:
-        return "CuPy is not installed (pip install 'rustyflow-py[gpu]' or '[cuda13]')"
-    except Exception as exc:  # a broken CUDA install raises all sorts at import
-        return f"CuPy failed to import: {exc}"
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "no CUDA device found"
-        cupy.zeros(1).sum().item()  # proves driver, runtime and kernels agree
-    except Exception as exc:
-        return f"CUDA is not usable: {type(exc).__name__}: {exc}"
-    return None
-
-
 def resolve_device(requested: str, strict: bool, say: Callable[[str], None],
                    warn: Callable[[str], None]) -> tuple[str, str | None]:
     """The device to use and, when a requested GPU is not usable, why we fell back."""
@@ -275,8 +248,6 @@ def resolve_device(requested: str, strict: bool, say: Callable[[str], None],
         return "cpu", None
     reason = gpu_unavailable_reason()
     if reason is None:
-        from .devices import gpu_description
-
         say(f"INFO: Using GPU: {gpu_description()}")
         return "gpu", None
     if requested == "auto":
@@ -298,3 +269,43 @@ def get_backend(device: str) -> Backend:
             raise DeviceError(f"GPU backend unavailable: {reason}")
         return CupyBackend()
     raise DeviceError(f"unknown device {device!r}: expected one of {', '.join(DEVICES)}")
+
+
+def set_threads(threads: int) -> int:
+    """Use `threads` cores for BLAS and RustyFlow's own CPU passes (0 = all cores)."""
+    n = threads or os.cpu_count() or 1
+    devices.set_blas_threads(n)
+    get_backend("cpu").fused.set_threads(n)
+    return n
+
+
+def compute_threads() -> int:
+    """Threads RustyFlow's CPU kernels use (its pool splits GEMMs into one-thread BLAS calls
+    when it can pin BLAS to one thread; otherwise BLAS threads itself)."""
+    return int(get_backend("cpu").fused.threads)
+
+
+def cpu_kernels() -> str:
+    """Which formulation the CPU's elementwise kernels run (CPU_JIT)."""
+    jit = get_backend("cpu").fused.jit
+    return "NumPy" if jit is None else f"numba {jit.VERSION}"
+
+
+def cpu_description() -> str:
+    blas = blas_info()
+    return (f"{cpu_name()} ({os.cpu_count()} cores; numpy {np.__version__}, "
+            f"{blas['library']}, {compute_threads()} threads, {cpu_kernels()} kernels)")
+
+
+def devices_report() -> dict[str, Any]:
+    """Everything `rustyflow devices` prints: each backend, usable or why not."""
+    report: dict[str, Any] = {
+        "cpu": {"usable": True, "name": cpu_name(), "cores": os.cpu_count(),
+                "numpy": np.__version__, "threads": compute_threads(), "kernels": cpu_kernels(),
+                **{f"blas_{k}": v for k, v in blas_info().items()}},
+    }
+    reason = gpu_unavailable_reason()
+    report["gpu"] = {"usable": reason is None, "reason": reason}
+    if reason is None:
+        report["gpu"].update(gpu_properties())
+    return report

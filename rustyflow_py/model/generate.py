@@ -19,16 +19,13 @@ from __future__ import annotations
 import dataclasses
 import io
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, TextIO
 
 import numpy as np
 
-from .config import Config
-from .data import EOS, UNK, Vocab, tokenize
-from .errors import CheckpointError
-from .nn import GPT
+from ..data import EOS, UNK, Vocab, tokenize
+from .gpt import GPT
 
 LN_EPS = 1e-5  # SPEC §6; nn.GPT uses ops.layer_norm's default, the same value
 QUIT_WORDS = ("exit", "quit")
@@ -271,45 +268,6 @@ class Session:
         rate = self.generated / self.seconds if self.seconds else 0.0
         return (f"{self.generated} tokens in {self.seconds:.2f}s ({rate:.1f} tokens/s, "
                 f"{self.model.device})")
-
-
-def find_checkpoint(given: str | None, cfg: Config, say: Callable[[str], None],
-                    prompt_missing: bool = False) -> str:
-    """The checkpoint to load: `given`, or the one `rustyflow train` writes for `cfg`
-    (MODEL_PATH with -gpu/-cpu, the requested device's first). Given `foo.npz` when only
-    `foo-gpu.npz`/`foo-cpu.npz` exist, the one that exists is used, and `say` tells so."""
-    order = ("cpu", "gpu") if cfg.device == "cpu" else ("gpu", "cpu")
-    if given is not None:
-        if Path(given).is_file():
-            return given
-        stem = given[: -len(".npz")] if given.endswith(".npz") else given
-        candidates = [f"{stem}-{d}.npz" for d in order]
-    else:
-        candidates = [cfg.model_path_for(d) for d in order]
-    for path in candidates:
-        if Path(path).is_file():
-            if given is not None:
-                say(f"note: {given} does not exist; using {path}")
-            return path
-    where = (f"--model {given} does not exist, nor does {' or '.join(candidates)}"
-             if given is not None else
-             f"no --model given, and no checkpoint at {' or '.join(candidates)} (MODEL_PATH "
-             f"of the config): train one with ./train_cpu.sh or ./train_gpu.sh, or pass --model")
-    raise CheckpointError(("generate needs --prompt TEXT; also, " if prompt_missing else "")
-                          + where)
-
-
-def open_session(model_path: str, device: str, strict: bool, sampling: Sampling, seed: int,
-                 say: Any, warn: Any = None) -> Session:
-    """Load a checkpoint (trained on either device) onto `device` (cpu, gpu or auto)."""
-    from .backend import resolve_device
-    from .evaluate import load_model
-
-    used, _ = resolve_device(device, strict, say, warn or say)
-    model, ckpt, _ = load_model(model_path, used)
-    session = Session(model, Vocab.from_array(ckpt.vocab), sampling, seed)
-    session.path = model_path
-    return session
 
 
 def generate_text(session: Session, prompt: str, max_tokens: int, out: TextIO,

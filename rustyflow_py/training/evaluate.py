@@ -6,16 +6,19 @@ import contextlib
 import math
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from . import data
+from .. import data
+from ..data import Vocab
+from ..engine.tensor import Tensor, no_grad
+from ..errors import DataError
+from ..model.generate import Sampling, Session
+from ..model.gpt import GPT, GPTConfig
 from .checkpoint import Checkpoint, CheckpointError
 from .config import Config, ConfigError
-from .errors import DataError
-from .nn import GPT, GPTConfig
-from .tensor import Tensor, no_grad
 
 
 def load_model(path: str, device: str) -> tuple[GPT, Checkpoint, Config]:
@@ -72,7 +75,7 @@ def evaluate_checkpoint(path: str, split: str, device: str, data_dir: str | None
                         status: Callable[[str, int], Any] | None = None) -> dict[str, Any]:
     """`rustyflow eval`: perplexity of a checkpoint on the valid or test split.
     `status(split, tokens)` is a context manager shown while the split is evaluated."""
-    from .backend import resolve_device
+    from ..engine.backend import resolve_device
 
     used, _ = resolve_device(device, False, print, lambda msg: print(msg, file=sys.stderr))
     model, ckpt, cfg = load_model(path, used)
@@ -84,3 +87,41 @@ def evaluate_checkpoint(path: str, split: str, device: str, data_dir: str | None
     with status(split, int(stream.size)) if status else contextlib.nullcontext():
         result = perplexity(model, stream, cfg.seq_len)
     return {**result, "device": used, "split": split}
+
+
+def find_checkpoint(given: str | None, cfg: Config, say: Callable[[str], None],
+                    prompt_missing: bool = False) -> str:
+    """The checkpoint to load: `given`, or the one `rustyflow train` writes for `cfg`
+    (MODEL_PATH with -gpu/-cpu, the requested device's first). Given `foo.npz` when only
+    `foo-gpu.npz`/`foo-cpu.npz` exist, the one that exists is used, and `say` tells so."""
+    order = ("cpu", "gpu") if cfg.device == "cpu" else ("gpu", "cpu")
+    if given is not None:
+        if Path(given).is_file():
+            return given
+        stem = given[: -len(".npz")] if given.endswith(".npz") else given
+        candidates = [f"{stem}-{d}.npz" for d in order]
+    else:
+        candidates = [cfg.model_path_for(d) for d in order]
+    for path in candidates:
+        if Path(path).is_file():
+            if given is not None:
+                say(f"note: {given} does not exist; using {path}")
+            return path
+    where = (f"--model {given} does not exist, nor does {' or '.join(candidates)}"
+             if given is not None else
+             f"no --model given, and no checkpoint at {' or '.join(candidates)} (MODEL_PATH "
+             f"of the config): train one with ./train_cpu.sh or ./train_gpu.sh, or pass --model")
+    raise CheckpointError(("generate needs --prompt TEXT; also, " if prompt_missing else "")
+                          + where)
+
+
+def open_session(model_path: str, device: str, strict: bool, sampling: Sampling, seed: int,
+                 say: Any, warn: Any = None) -> Session:
+    """Load a checkpoint (trained on either device) onto `device` (cpu, gpu or auto)."""
+    from ..engine.backend import resolve_device
+
+    used, _ = resolve_device(device, strict, say, warn or say)
+    model, ckpt, _ = load_model(model_path, used)
+    session = Session(model, Vocab.from_array(ckpt.vocab), sampling, seed)
+    session.path = model_path
+    return session

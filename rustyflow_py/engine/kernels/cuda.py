@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from .cublas import Cublas
-from .xp import GELU_C, GELU_K, XpKernels
+from .reference import GELU_C, GELU_K, XpKernels
 
 _WARP_REDUCE = r"""
 #define NEG_INF ((real)__longlong_as_double(0xfff0000000000000ULL))

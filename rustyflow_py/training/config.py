@@ -19,7 +19,7 @@ from pathlib import Path
 
 from dotenv import dotenv_values
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 BUILTIN_DATASETS = ("wikitext-2", "tinyshakespeare")
 MODEL_PATH_TEMPLATE = "models/${DATASET}-L${NUM_LAYERS}-H${NUM_HEADS}-E${EMBED_DIM}.npz"

@@ -13,8 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from .backend import TRANSFERS, Backend
-from .report import RunRecord
+from ..engine.backend import TRANSFERS, Backend
+from ..reporting.report import RunRecord
 
 
 def build_record(trainer: Any, status: str, message: str | None, train_time: float,

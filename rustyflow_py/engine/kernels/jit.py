@@ -25,7 +25,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from .xp import GELU_C, GELU_K
+from .reference import GELU_C, GELU_K
 
 VERSION = str(numba.__version__)
 _FLAGS = {"contract", "reassoc"}

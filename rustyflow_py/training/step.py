@@ -19,12 +19,12 @@ from typing import Any
 
 import numpy as np
 
-from .errors import TrainingError
-from .graph import CapturedStep, GraphCaptureError
-from .nn import GPT
-from .optim import Optimizer
-from .profiler import Profiler
-from .tensor import Tensor
+from ..engine.graph import CapturedStep, GraphCaptureError
+from ..engine.profiler import Profiler
+from ..engine.tensor import Tensor
+from ..errors import TrainingError
+from ..model.gpt import GPT
+from ..model.optim import Optimizer
 
 PHASES = ("forward", "backward", "optimizer", "data", "eval")
 

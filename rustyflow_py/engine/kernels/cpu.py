@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from ..devices import openblas
-from .xp import GELU_C, GELU_K, XpKernels
+from .reference import GELU_C, GELU_K, XpKernels
 
 Blocks = Iterator[tuple[int, int]]
 

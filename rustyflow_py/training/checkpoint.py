@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import CheckpointError
+from ..errors import CheckpointError
 
 FORMAT_VERSION = 1
 

@@ -1,0 +1,93 @@
+"""The package's layers: imports only go downwards, and nothing imports in a circle.
+
+Every import counts, including those inside functions: a lazy import still ties the two
+modules together.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "rustyflow_py"
+
+# Lower layers know nothing of higher ones. Layers of equal rank do not import each other.
+LAYERS = {"errors": 0, "engine": 1, "data": 1, "model": 2, "reporting": 2, "training": 3,
+          "cli": 4, "__main__": 5, "__init__": 5}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+        if parts[-1] == "__init__" and len(parts) > 1:
+            parts = parts[:-1]
+        out[".".join(parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Modules of the package that `name` imports (resolved, relative imports included)."""
+    package = name.split(".")[:-1] if path.name != "__init__.py" else name.split(".")
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+            elif node.module and node.module.startswith("rustyflow_py"):
+                base = ["rustyflow_py"]
+            else:
+                continue
+            if not node.level:
+                mod = node.module.split(".")[1:] if node.module else []
+            else:
+                mod = node.module.split(".") if node.module else []
+            target = [p for p in base if p != "rustyflow_py"] + mod
+            for alias in node.names:
+                candidate = ".".join([*target, alias.name])
+                found.add(candidate if candidate in known else ".".join(target))
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("rustyflow_py."):
+                    found.add(alias.name[len("rustyflow_py."):])
+    return {m for m in found if m in known and m != name}
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+    return {name: _imports(name, path, set(modules)) for name, path in modules.items()}
+
+
+def _layer(module: str) -> str:
+    return module.split(".")[0]
+
+
+def test_every_module_belongs_to_a_layer() -> None:
+    assert {_layer(m) for m in _graph()} <= set(LAYERS)
+
+
+def test_imports_only_go_down_the_layers() -> None:
+    wrong = [f"{a} imports {b}" for a, deps in _graph().items() for b in deps
+             if _layer(a) != _layer(b) and LAYERS[_layer(b)] >= LAYERS[_layer(a)]]
+    assert wrong == []
+
+
+def test_no_import_cycles() -> None:
+    graph = _graph()
+    state: dict[str, int] = {}  # 1 on the stack, 2 done
+    cycles: list[list[str]] = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(graph[node]):
+            if state.get(dep) == 1:
+                cycles.append(stack[stack.index(dep):] + [dep])
+            elif dep not in state:
+                visit(dep, [*stack, dep])
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            visit(module, [module])
+    assert cycles == []
+    assert len(graph) > 30  # the walk saw the package, not an empty folder
