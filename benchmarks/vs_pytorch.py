@@ -246,7 +246,7 @@ def measure_rustyflow(job: Job) -> dict[str, Any]:
     backend.set_precision(job.precision)
     if job.device == "cpu":
         backend.set_threads(job.threads)
-        backend.fused.set_jit("off" if job.mode == "numpy" else "auto")
+        backend.kernels.set_jit("off" if job.mode == "numpy" else "auto")
     base = rss_bytes()
     cfg, batch = gpt_config(job.shape)
     x, y = (backend.from_host(a) for a in synthetic_batch(cfg, batch))
@@ -535,7 +535,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def plan(args: argparse.Namespace) -> list[Job]:
     modes = [("rustyflow", "eager")] + ([("rustyflow", "graph")] if args.device == "gpu" else [])
-    if args.device == "cpu" and get_backend("cpu").fused.jit is not None:
+    if args.device == "cpu" and get_backend("cpu").kernels.jit is not None:
         modes.append(("rustyflow", "numpy"))  # the pure-NumPy path too, for comparison
     modes += [("pytorch", "eager")] + ([("pytorch", "compile")] if args.compile else [])
     jobs = []

@@ -29,7 +29,7 @@ needs_numba = pytest.mark.skipif(
 @pytest.fixture
 def kernels() -> Iterator[CpuKernels]:
     """The CPU backend's kernels; the JIT mode a test sets is undone afterwards."""
-    k = get_backend("cpu").fused
+    k = get_backend("cpu").kernels
     before = k.jit
     yield k
     k.jit = before

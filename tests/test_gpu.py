@@ -46,47 +46,47 @@ def _close(a: object, b: object, dtype: type) -> None:
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_fused_kernels_match_reference(gpu: tuple[object, object], dtype: type) -> None:
     backend, ref = gpu
-    fused = backend.fused
+    kernels = backend.kernels
     x, w, b = _dev(backend, 6, 5, 48, dtype=dtype), _dev(backend, 48, dtype=dtype), \
         _dev(backend, 48, dtype=dtype)
     g = _dev(backend, 6, 5, 48, dtype=dtype)
-    for mine, theirs in zip(fused.layernorm_forward(x, w, b, 1e-5),
+    for mine, theirs in zip(kernels.layernorm_forward(x, w, b, 1e-5),
                             ref.layernorm_forward(x, w, b, 1e-5), strict=True):
         _close(mine, theirs, dtype)
     _, mean, rstd = ref.layernorm_forward(x, w, b, 1e-5)
-    for mine, theirs in zip(fused.layernorm_backward(g, x, w, mean, rstd),
+    for mine, theirs in zip(kernels.layernorm_backward(g, x, w, mean, rstd),
                             ref.layernorm_backward(g, x, w, mean, rstd), strict=True):
         _close(mine, theirs, dtype)
     for bias in (None, b):
-        _close(fused.gelu_forward(x, bias), ref.gelu_forward(x, bias), dtype)
-        _close(fused.gelu_backward(g, x, bias), ref.gelu_backward(g, x, bias), dtype)
+        _close(kernels.gelu_forward(x, bias), ref.gelu_forward(x, bias), dtype)
+        _close(kernels.gelu_backward(g, x, bias), ref.gelu_backward(g, x, bias), dtype)
     scores = _dev(backend, 2, 3, 37, 37, dtype=dtype)
-    probs = fused.causal_softmax_forward(scores.copy(), 0.3)
+    probs = kernels.causal_softmax_forward(scores.copy(), 0.3)
     _close(probs, ref.causal_softmax_forward(scores.copy(), 0.3), dtype)
-    _, lse = fused.causal_softmax_forward(scores.copy(), 0.3, True)
+    _, lse = kernels.causal_softmax_forward(scores.copy(), 0.3, True)
     _close(lse, ref.causal_softmax_forward(scores.copy(), 0.3, True)[1], dtype)
-    _close(fused.causal_softmax_recompute(scores.copy(), lse, 0.3), probs, dtype)
+    _close(kernels.causal_softmax_recompute(scores.copy(), lse, 0.3), probs, dtype)
     _close(ref.causal_softmax_recompute(scores.copy(), lse, 0.3), probs, dtype)
     gp = _dev(backend, 2, 3, 37, 37, dtype=dtype)
-    _close(fused.causal_softmax_backward(gp, probs, 0.3),
+    _close(kernels.causal_softmax_backward(gp, probs, 0.3),
            ref.causal_softmax_backward(gp, probs, 0.3), dtype)
     logits = _dev(backend, 9, 1001, dtype=dtype) * 4
     targets = backend.from_host(RNG.integers(0, 1001, 9).astype(np.int32))
     seed = backend.xp.asarray(0.7, dtype=dtype)
-    loss, state = fused.cross_entropy(logits.copy(), targets, True, True)
+    loss, state = kernels.cross_entropy(logits.copy(), targets, True, True)
     loss_ref, state_ref = ref.cross_entropy(logits.copy(), targets, True, False)
     _close(loss, loss_ref, dtype)
-    _close(fused.cross_entropy_backward(state, seed),
+    _close(kernels.cross_entropy_backward(state, seed),
            ref.cross_entropy_backward(state_ref, seed), dtype)
     idx = backend.from_host(RNG.integers(0, 7, (4, 5)))
     ge = _dev(backend, 4, 5, 8, dtype=dtype)
     table = backend.xp.zeros((7, 8), dtype)
-    fused.scatter_add_rows(table, idx, ge)  # repeated indices must all add up
+    kernels.scatter_add_rows(table, idx, ge)  # repeated indices must all add up
     expected = np.zeros((7, 8), dtype)
     np.add.at(expected, backend.to_host(idx).ravel(), backend.to_host(ge).reshape(-1, 8))
     _close(table, backend.xp.asarray(expected), dtype)
     flat = _dev(backend, 1000, dtype=dtype)
-    _close(fused.l2_norm(flat), ref.l2_norm(flat), dtype)
+    _close(kernels.l2_norm(flat), ref.l2_norm(flat), dtype)
 
 
 def test_optimizer_kernels_match_reference(gpu: tuple[object, object]) -> None:
@@ -96,7 +96,7 @@ def test_optimizer_kernels_match_reference(gpu: tuple[object, object]) -> None:
         xp.asarray(0.5, np.float32)
     grads = _dev(backend, 500)
     states = []
-    for kernels in (backend.fused, ref):
+    for kernels in (backend.kernels, ref):
         p = xp.ones(500, np.float32)
         m, v = xp.full(500, 0.1, np.float32), xp.full(500, 0.2, np.float32)
         kernels.adamw(p, grads, m, v, lr, step, scale, (0.9, 0.95), 1e-8, 0.1, 300)
@@ -113,7 +113,7 @@ def test_gather_batch_matches_slicing(gpu: tuple[object, object]) -> None:
     xp = backend.xp
     stream = xp.arange(4 * 50, dtype=np.int32).reshape(4, 50)
     x, y = xp.zeros((4, 7), np.int32), xp.zeros((4, 7), np.int32)
-    backend.fused.gather_batch(stream, xp.asarray(9, np.int32), 7, x, y)  # 9 % 7 batches = 2
+    backend.kernels.gather_batch(stream, xp.asarray(9, np.int32), 7, x, y)  # 9 % 7 batches = 2
     np.testing.assert_array_equal(x.get(), stream.get()[:, 14:21])
     np.testing.assert_array_equal(y.get(), stream.get()[:, 15:22])
 

@@ -408,7 +408,7 @@ def test_cpu_kernels_that_fail_to_compile_fall_back_to_numpy(
 ) -> None:
     from rustyflow_py.engine.kernels import jit
 
-    kernels = get_backend("cpu").fused
+    kernels = get_backend("cpu").kernels
     monkeypatch.setattr(kernels, "jit", kernels.jit)  # restored afterwards
 
     def cannot_compile() -> None:

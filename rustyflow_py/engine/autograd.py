@@ -57,16 +57,16 @@ class RowGrad:
     (..., E) `rows` add up (indices may repeat). A leaf's .grad takes it by a scatter-add, so
     an embedding table never gets a dense (V, E) temporary (plus a full pass to add it)."""
 
-    __slots__ = ("idx", "rows", "shape", "fused")
+    __slots__ = ("idx", "rows", "shape", "kernels")
 
-    def __init__(self, idx: Any, rows: Any, shape: tuple[int, ...], fused: Any) -> None:
-        self.idx, self.rows, self.shape, self.fused = idx, rows, shape, fused
+    def __init__(self, idx: Any, rows: Any, shape: tuple[int, ...], kernels: Any) -> None:
+        self.idx, self.rows, self.shape, self.kernels = idx, rows, shape, kernels
 
     def add_to(self, dst: Any) -> None:
-        self.fused.scatter_add_rows(dst, self.idx, self.rows)
+        self.kernels.scatter_add_rows(dst, self.idx, self.rows)
 
     def dense(self) -> Any:
-        out = self.fused.xp.zeros(self.shape, dtype=self.rows.dtype)
+        out = self.kernels.xp.zeros(self.shape, dtype=self.rows.dtype)
         self.add_to(out)
         return out
 
@@ -88,7 +88,7 @@ class Function:
     def __init__(self, backend: Backend, **attrs: Any) -> None:
         self.backend = backend
         self.xp = backend.xp
-        self.fused = backend.fused
+        self.kernels = backend.kernels
         self.inputs: tuple[Tensor, ...] = ()
         self.needs_input_grad: tuple[bool, ...] = ()
         self.__dict__.update(attrs)
@@ -100,13 +100,13 @@ class Function:
         raise NotImplementedError
 
     def release(self) -> None:
-        keep = ("backend", "xp", "fused")
+        keep = ("backend", "xp", "kernels")
         for key in [k for k in self.__dict__ if k not in keep]:
             del self.__dict__[key]
 
     def matmul(self, a: Any, b: Any, phase: str) -> Any:
         """A matmul inside a fused op, timed as its own 'matmul' entry by the profiler."""
-        return run_op(f"{self.name}.matmul", "matmul", phase, self.fused.matmul, a, b)
+        return run_op(f"{self.name}.matmul", "matmul", phase, self.kernels.matmul, a, b)
 
     @classmethod
     def apply(cls, *inputs: Tensor, **attrs: Any) -> Tensor:

@@ -1,6 +1,6 @@
 """Backends: where a tensor's data lives (NumPy on the CPU, CuPy on an NVIDIA GPU).
 
-A backend is the array module (`xp`) plus the few fused kernels the ops need (`fused`).
+A backend is the array module (`xp`) plus the fused kernels the ops need (`kernels`).
 Ops are written once against `xp`; only the fused kernels differ between devices.
 Every host<->device copy goes through `to_host`/`from_host` so it can be counted, and
 `strict_transfers()` turns any copy inside a training step into an error.
@@ -84,7 +84,7 @@ class Backend:
         self.xp: ModuleType = np
         from .kernels.cpu import CpuKernels
 
-        self.fused = CpuKernels(self)
+        self.kernels = CpuKernels(self)
         self.rng = np.random.default_rng(0)
 
     def seed(self, seed: int) -> None:
@@ -109,7 +109,7 @@ class Backend:
         import time
 
         set_threads(threads)
-        kernels = self.fused
+        kernels = self.kernels
         try:
             kernels.set_jit(cpu_jit)
         except RuntimeError as exc:
@@ -178,7 +178,7 @@ class CupyBackend(Backend):
         self.stream.use()
         from .kernels.cuda import CudaKernels
 
-        self.fused = CudaKernels(self)
+        self.kernels = CudaKernels(self)
         self.rng = cupy.random.default_rng(0)
         self.reset_memory_stats()
 
@@ -194,7 +194,7 @@ class CupyBackend(Backend):
 
         kind = linalg.COMPUTE_TYPE_TF32 if precision == "tf32" else linalg.COMPUTE_TYPE_DEFAULT
         linalg.set_compute_type(np.float32, kind)
-        self.fused.cublas.tf32 = precision == "tf32"
+        self.kernels.cublas.tf32 = precision == "tf32"
 
     def configure(self, threads: int, cpu_jit: str, say: Callable[[str], None],
                   warn: Callable[[str], None]) -> None:
@@ -275,19 +275,19 @@ def set_threads(threads: int) -> int:
     """Use `threads` cores for BLAS and RustyFlow's own CPU passes (0 = all cores)."""
     n = threads or os.cpu_count() or 1
     devices.set_blas_threads(n)
-    get_backend("cpu").fused.set_threads(n)
+    get_backend("cpu").kernels.set_threads(n)
     return n
 
 
 def compute_threads() -> int:
     """Threads RustyFlow's CPU kernels use (its pool splits GEMMs into one-thread BLAS calls
     when it can pin BLAS to one thread; otherwise BLAS threads itself)."""
-    return int(get_backend("cpu").fused.threads)
+    return int(get_backend("cpu").kernels.threads)
 
 
 def cpu_kernels() -> str:
     """Which formulation the CPU's elementwise kernels run (CPU_JIT)."""
-    jit = get_backend("cpu").fused.jit
+    jit = get_backend("cpu").kernels.jit
     return "NumPy" if jit is None else f"numba {jit.VERSION}"
 
 

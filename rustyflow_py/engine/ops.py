@@ -15,10 +15,10 @@ from typing import Any
 from .autograd import Function, RowGrad, Tensor, grad_enabled, run_op
 
 
-def unbroadcast(grad: Any, shape: tuple[int, ...], fused: Any = None) -> Any:
+def unbroadcast(grad: Any, shape: tuple[int, ...], kernels: Any = None) -> Any:
     """Sum `grad` down to `shape`, undoing NumPy broadcasting (a bias: fused column sums)."""
-    if fused is not None and len(shape) == 1 and grad.ndim >= 2 and grad.shape[-1] == shape[0]:
-        return fused.sum_rows(grad.reshape(-1, shape[0]))
+    if kernels is not None and len(shape) == 1 and grad.ndim >= 2 and grad.shape[-1] == shape[0]:
+        return kernels.sum_rows(grad.reshape(-1, shape[0]))
     extra = grad.ndim - len(shape)
     if extra:
         grad = grad.sum(axis=tuple(range(extra)))
@@ -37,8 +37,8 @@ class Add(Function):
         return a + b
 
     def backward(self, grad: Any) -> Sequence[Any]:
-        return (unbroadcast(grad, self.shapes[0], self.fused),
-                unbroadcast(grad, self.shapes[1], self.fused))
+        return (unbroadcast(grad, self.shapes[0], self.kernels),
+                unbroadcast(grad, self.shapes[1], self.kernels))
 
 
 class Mul(Function):
@@ -100,13 +100,13 @@ class Gelu(Function):
 
     def forward(self, x: Any, bias: Any = None) -> Any:
         self.x, self.bias = x, bias
-        return self.fused.gelu_forward(x, bias)
+        return self.kernels.gelu_forward(x, bias)
 
     def backward(self, grad: Any) -> Sequence[Any]:
-        dx = self.fused.gelu_backward(grad, self.x, self.bias)
+        dx = self.kernels.gelu_backward(grad, self.x, self.bias)
         if self.bias is None:
             return (dx,)
-        return dx, self.fused.sum_rows(dx.reshape(-1, dx.shape[-1]))
+        return dx, self.kernels.sum_rows(dx.reshape(-1, dx.shape[-1]))
 
 
 # ---- matmul ----------------------------------------------------------------------------------
@@ -122,10 +122,10 @@ class MatMul(Function):
 
     def forward(self, a: Any, b: Any) -> Any:
         self.a, self.b = a, b
-        return self.fused.matmul(a, b.T if self.transpose_b else b)
+        return self.kernels.matmul(a, b.T if self.transpose_b else b)
 
     def backward(self, grad: Any) -> Sequence[Any]:
-        a, b, xp, mm = self.a, self.b, self.xp, self.fused.matmul
+        a, b, xp, mm = self.a, self.b, self.xp, self.kernels.matmul
         bt = b.T if self.transpose_b else b  # the (K, N) operand actually multiplied
         da = db = None
         if self.needs_input_grad[0]:
@@ -212,7 +212,7 @@ class Embedding(Function):
         return weight[idx]
 
     def backward(self, grad: Any) -> Sequence[Any]:
-        return RowGrad(self.idx, grad, self.shape, self.fused), None
+        return RowGrad(self.idx, grad, self.shape, self.kernels), None
 
 
 class LayerNorm(Function):
@@ -220,12 +220,12 @@ class LayerNorm(Function):
     eps: float
 
     def forward(self, x: Any, w: Any, b: Any) -> Any:
-        y, self.mean, self.rstd = self.fused.layernorm_forward(x, w, b, self.eps)
+        y, self.mean, self.rstd = self.kernels.layernorm_forward(x, w, b, self.eps)
         self.x, self.w = x, w
         return y
 
     def backward(self, grad: Any) -> Sequence[Any]:
-        return self.fused.layernorm_backward(grad, self.x, self.w, self.mean, self.rstd)
+        return self.kernels.layernorm_backward(grad, self.x, self.w, self.mean, self.rstd)
 
 
 class CausalSelfAttention(Function):
@@ -252,9 +252,9 @@ class CausalSelfAttention(Function):
     def _probs(self, q: Any, k: Any, phase: str) -> Any:
         att = self.matmul(q, self.xp.swapaxes(k, -1, -2), phase)  # (B, H, T, T)
         if phase == "forward":
-            probs, self.lse = self.fused.causal_softmax_forward(att, self.scale, True)
+            probs, self.lse = self.kernels.causal_softmax_forward(att, self.scale, True)
             return probs
-        return self.fused.causal_softmax_recompute(att, self.lse, self.scale)
+        return self.kernels.causal_softmax_recompute(att, self.lse, self.scale)
 
     def _recompute(self, qkv: Any) -> bool:
         _, t, e3 = qkv.shape
@@ -290,7 +290,7 @@ class CausalSelfAttention(Function):
         dused = self.matmul(gy, xp.swapaxes(v, -1, -2), phase)  # (B, H, T, T)
         if self.keep is not None:
             dused *= self.keep
-        datt = self.fused.causal_softmax_backward(dused, probs, self.scale)
+        datt = self.kernels.causal_softmax_backward(dused, probs, self.scale)
         dqkv[:, :, 0] = self.matmul(datt, k, phase).transpose(0, 2, 1, 3)
         dqkv[:, :, 1] = self.matmul(xp.swapaxes(datt, -1, -2), q, phase).transpose(0, 2, 1, 3)
         return (dqkv.reshape(b, t, 3 * h * d),)
@@ -306,13 +306,13 @@ class CrossEntropy(Function):
     def forward(self, logits: Any, targets: Any) -> Any:
         self.shape = logits.shape
         flat = logits.reshape(-1, logits.shape[-1])
-        loss, self.state = self.fused.cross_entropy(
+        loss, self.state = self.kernels.cross_entropy(
             flat, targets.reshape(-1), self.need_grad, self.inplace
         )
         return loss
 
     def backward(self, grad: Any) -> Sequence[Any]:
-        return self.fused.cross_entropy_backward(self.state, grad).reshape(self.shape), None
+        return self.kernels.cross_entropy_backward(self.state, grad).reshape(self.shape), None
 
 
 class LMHeadCrossEntropy(Function):
@@ -327,22 +327,22 @@ class LMHeadCrossEntropy(Function):
     need_grad: bool
 
     def forward(self, h: Any, w: Any, targets: Any) -> Any:
-        loss, self.state = self.fused.lm_head_xent(
+        loss, self.state = self.kernels.lm_head_xent(
             h, w, targets.reshape(-1), self.need_grad, self._gemm("forward")
         )
         return loss
 
     def backward(self, grad: Any) -> Sequence[Any]:
-        dh, dw = self.fused.lm_head_xent_backward(
+        dh, dw = self.kernels.lm_head_xent_backward(
             self.state, grad, self.needs_input_grad[0], self.needs_input_grad[1],
             self._gemm("backward"),
         )
         return dh, dw, None
 
     def _gemm(self, phase: str) -> Any:
-        """fused.matmul(a, b[, out]) through the choke point (Function.matmul has no out=)."""
+        """kernels.matmul(a, b[, out]) through the choke point (Function.matmul has no out=)."""
         return functools.partial(run_op, f"{self.name}.matmul", "matmul", phase,
-                                 self.fused.matmul)
+                                 self.kernels.matmul)
 
 
 # ---- functional API ----------------------------------------------------------------------------

@@ -91,7 +91,7 @@ class Decoder:
     def __init__(self, model: GPT) -> None:
         cfg = model.cfg
         self.backend = model.buffer.backend
-        self.xp, self.fused = self.backend.xp, self.backend.fused
+        self.xp, self.kernels = self.backend.xp, self.backend.kernels
         self.seq_len, self.n_head = cfg.seq_len, cfg.n_head
         self.head_dim = cfg.n_embd // cfg.n_head
         self.scale = 1.0 / self.head_dim**0.5
@@ -126,13 +126,13 @@ class Decoder:
         Several ids at once only happen from an empty cache (a prefill), where the causal
         mask of the training kernel applies as is.
         """
-        fused, w = self.fused, self.w
+        kernels, w = self.kernels, self.w
         t0, t = len(self.context), len(ids)
         h_, d = self.n_head, self.head_dim
         idx = self.backend.from_host(np.asarray(ids, dtype=np.int64))
         x = w["wte"][idx] + w["wpe"][t0 : t0 + t]  # (T, E)
         for layer, keys, values in zip(self.layers, self.keys, self.values, strict=True):
-            h, _, _ = fused.layernorm_forward(x, layer["ln_1.weight"], layer["ln_1.bias"], LN_EPS)
+            h, _, _ = kernels.layernorm_forward(x, layer["ln_1.weight"], layer["ln_1.bias"], LN_EPS)
             qkv = h @ layer["attn.c_attn.weight"] + layer["attn.c_attn.bias"]  # (T, 3E)
             q, k, v = qkv.reshape(t, 3, h_, d).transpose(1, 2, 0, 3)  # 3 x (H, T, D)
             keys[:, t0 : t0 + t] = k
@@ -140,8 +140,9 @@ class Decoder:
             a = self._attend(q, keys[:, : t0 + t], values[:, : t0 + t])  # (H, T, D)
             a = a.transpose(1, 0, 2).reshape(t, h_ * d)  # (T, E)
             x = x + (a @ layer["attn.c_proj.weight"] + layer["attn.c_proj.bias"])
-            h, _, _ = fused.layernorm_forward(x, layer["ln_2.weight"], layer["ln_2.bias"], LN_EPS)
-            f = fused.gelu_forward(h @ layer["mlp.c_fc.weight"], layer["mlp.c_fc.bias"])  # (T, 4E)
+            h, _, _ = kernels.layernorm_forward(x, layer["ln_2.weight"], layer["ln_2.bias"], LN_EPS)
+            f = kernels.gelu_forward(h @ layer["mlp.c_fc.weight"],
+                                     layer["mlp.c_fc.bias"])  # (T, 4E)
             x = x + (f @ layer["mlp.c_proj.weight"] + layer["mlp.c_proj.bias"])  # (T, E)
         self.context.extend(ids)
         return x[-1:]  # (1, E)
@@ -151,7 +152,7 @@ class Decoder:
         xp = self.xp
         att = q @ xp.swapaxes(keys, -1, -2)  # (H, T, S)
         if q.shape[1] > 1:  # a prefill: T == S, so the training kernel's causal mask fits
-            probs = self.fused.causal_softmax_forward(att, self.scale)
+            probs = self.kernels.causal_softmax_forward(att, self.scale)
         else:  # the newest position sees every cached one: a plain softmax
             att *= self.scale
             att -= att.max(axis=-1, keepdims=True)
@@ -162,7 +163,7 @@ class Decoder:
     def _logits(self, hidden: Any) -> np.ndarray:
         """Final LayerNorm and the tied LM head on one position, copied to the host."""
         w = self.w
-        h, _, _ = self.fused.layernorm_forward(hidden, w["ln_f.weight"], w["ln_f.bias"], LN_EPS)
+        h, _, _ = self.kernels.layernorm_forward(hidden, w["ln_f.weight"], w["ln_f.bias"], LN_EPS)
         return self.backend.to_host(h @ w["wte"].T)[0]  # (V,)
 
 

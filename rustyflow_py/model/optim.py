@@ -44,12 +44,12 @@ class Optimizer:
         self.step_count = xp.zeros((), dtype=np.int32)  # lives on the device
         self.grad_norm = xp.zeros((), dtype=np.float32)
         self.lr = xp.zeros((), dtype=np.float32)
-        self.fused = buffer.backend.fused
+        self.kernels = buffer.backend.kernels
 
     def clip_scale(self) -> Any:
         """Global grad-norm (kept for logging) and the factor that clips it to grad_clip."""
         g = self.buffer.grad
-        self.grad_norm[...] = run_op("grad_norm", "other", "optimizer", self.fused.l2_norm, g)
+        self.grad_norm[...] = run_op("grad_norm", "other", "optimizer", self.kernels.l2_norm, g)
         if self.grad_clip <= 0:
             return None
         return self.xp.minimum(1.0, self.grad_clip / (self.grad_norm + 1e-6))
@@ -97,7 +97,7 @@ class AdamW(Optimizer):
 
     def _update(self, scale: Any) -> None:
         b = self.buffer
-        run_op("adamw", "other", "optimizer", self.fused.adamw, b.flat, b.grad, self.m, self.v,
+        run_op("adamw", "other", "optimizer", self.kernels.adamw, b.flat, b.grad, self.m, self.v,
                self.lr, self.step_count, scale, self.betas, self.eps, self.weight_decay,
                b.decay_size)
 
@@ -119,5 +119,5 @@ class SGD(Optimizer):
 
     def _update(self, scale: Any) -> None:
         b = self.buffer
-        run_op("sgd", "other", "optimizer", self.fused.sgd, b.flat, b.grad, self.velocity,
+        run_op("sgd", "other", "optimizer", self.kernels.sgd, b.flat, b.grad, self.velocity,
                self.lr, scale, self.momentum, self.nesterov, self.weight_decay, b.decay_size)

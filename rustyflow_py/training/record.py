@@ -99,7 +99,7 @@ def matmul_floor(backend: Backend, model: Any, batch: int, seq_len: int,
                  step_time: float) -> dict[str, float]:
     """The step's matmul FLOPs at this machine's measured GEMM rate."""
     cfg = model.cfg
-    gflops = measure_gemm_gflops(backend.fused.matmul, batch * seq_len, cfg.n_embd,
+    gflops = measure_gemm_gflops(backend.kernels.matmul, batch * seq_len, cfg.n_embd,
                                  cfg.vocab_size, model.buffer.flat.dtype)
     flops = model.matmul_flops_per_step(batch, seq_len)
     return {"gflops": gflops, "flops_per_step": flops,

@@ -54,7 +54,7 @@ class StepRunner:
     def _body(self, timed: bool) -> None:
         """One optimizer step on the device: gather the batch, forward, backward, update, and
         put the loss in the ring. Reads nothing from the host, so it can be graph-captured."""
-        clock, opt, kernels = time.perf_counter, self.optimizer, self.backend.fused
+        clock, opt, kernels = time.perf_counter, self.optimizer, self.backend.kernels
         t0 = clock()
         kernels.gather_batch(self.stream, opt.step_count, self.seq_len, self.x, self.y)
         t1 = clock()
