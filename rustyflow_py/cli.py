@@ -78,7 +78,7 @@ def main() -> None:
 @main.command()
 @click.option("--config", "config", type=click.Path(dir_okay=False), default=None,
               help="config file (default: ./config.env when present)")
-@click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default=None)
+@click.option("--device", default=None, metavar="DEVICE", help="auto, cpu, gpu or gpu:N")
 @click.option("--resume", type=click.Path(dir_okay=False, exists=True), default=None,
               help="continue exactly from a checkpoint written by train")
 @click.option("--max-steps", "max_steps", type=int, default=None,
@@ -106,7 +106,8 @@ def _warn(message: str) -> None:
 @main.command("eval")
 @click.option("--model", "model_path", required=True, type=click.Path(dir_okay=False))
 @click.option("--split", type=click.Choice(["valid", "test"]), default="valid")
-@click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default="auto")
+@click.option("--device", default="auto", metavar="DEVICE", show_default=True,
+              help="auto, cpu, gpu or gpu:N")
 @click.option("--data-dir", default=None, help="where the dataset lives (DATA_DIR)")
 def eval_(model_path: str, split: str, device: str, data_dir: str | None) -> None:
     """Word-level perplexity of a checkpoint on a split."""
@@ -222,7 +223,8 @@ def banner(train_args: tuple[str, ...]) -> None:
     shown = config or ("config.env" if Path("config.env").is_file() else None)
     cpu_path, gpu_path = cfg.model_path_for("cpu"), cfg.model_path_for("gpu")
     model_path = {"cpu": cpu_path, "gpu": f"{gpu_path} ({cpu_path} if it falls back to the CPU)",
-                  "auto": f"{gpu_path} on a usable GPU, else {cpu_path}"}[cfg.device]
+                  "auto": f"{gpu_path} on a usable GPU, else {cpu_path}"}[
+                      cfg.device.partition(":")[0]]
     epochs = f"{cfg.num_epochs}" + (f" (stop after {cfg.max_steps} steps)" if cfg.max_steps
                                     else "")
     rows = [
@@ -261,7 +263,7 @@ def _sampling_options(fn: Any) -> Any:
         fn = click.option(key.flag, key.attr, default=None, metavar=key.type.upper(),
                           help=f"{key.help} [default: config, else {key.default}]")(fn)
     fn = click.option("--quiet", is_flag=True, help="no banner or tokens/s on stderr")(fn)
-    fn = click.option("--device", type=click.Choice(["cpu", "gpu", "auto"]), default=None,
+    fn = click.option("--device", default=None, metavar="DEVICE",
                       help="where to run (any checkpoint loads on either device)")(fn)
     fn = click.option("--config", "config", type=click.Path(dir_okay=False), default=None,
                       help="config file (default: ./config.env when present)")(fn)

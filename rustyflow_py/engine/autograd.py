@@ -156,7 +156,7 @@ class Tensor:
         else:
             backend = get_backend(device)
             if hasattr(data, "__cuda_array_interface__"):
-                if backend.name == "cpu":
+                if backend.kind == "cpu":
                     raise DeviceError("Tensor(cupy array, device='cpu'): use .to('cpu')")
             else:
                 data = backend.from_host(_as_host_array(data))

@@ -23,7 +23,7 @@ from ..errors import DeviceError, TrainingError
 from . import devices
 from .devices import blas_info, cpu_name, gpu_description, gpu_properties, gpu_unavailable_reason
 
-DEVICES = ("cpu", "gpu")
+DEVICES = ("cpu", "gpu", "gpu:N")  # "gpu" is GPU 0; "gpu:N" is GPU N (0-based)
 
 
 class TransferError(RuntimeError):
@@ -61,26 +61,49 @@ def strict_transfers() -> Iterator[None]:
         TRANSFERS.strict = previous
 
 
-def _count(direction: str, nbytes: int) -> None:
+def _count(direction: str, nbytes: int, device: TransferStats) -> None:
+    """Count a copy for its device and for the process (TRANSFERS)."""
     if TRANSFERS.strict:
         raise TransferError(
             f"{direction} copy of {nbytes} bytes inside a transfer-free region "
             "(strict mode): keep the data on the device, or move the copy out of the step"
         )
-    if direction == "host->device":
-        TRANSFERS.h2d_count += 1
-        TRANSFERS.h2d_bytes += nbytes
-    else:
-        TRANSFERS.d2h_count += 1
-        TRANSFERS.d2h_bytes += nbytes
+    for stats in (device, TRANSFERS):
+        if direction == "host->device":
+            stats.h2d_count += 1
+            stats.h2d_bytes += nbytes
+        else:
+            stats.d2h_count += 1
+            stats.d2h_bytes += nbytes
+
+
+def parse_device(device: str) -> tuple[str, int]:
+    """'cpu' -> ('cpu', 0); 'gpu' and 'gpu:0' -> ('gpu', 0); 'gpu:N' -> ('gpu', N)."""
+    kind, colon, index = device.partition(":")
+    if device == "cpu":
+        return "cpu", 0
+    if kind == "gpu" and (not colon or index.isdigit()):
+        return "gpu", int(index or 0)
+    raise DeviceError(f"unknown device {device!r}: expected cpu, gpu (GPU 0) or gpu:N")
+
+
+def device_name(kind: str, index: int = 0) -> str:
+    """The canonical name of a device: cpu, gpu (for GPU 0) or gpu:N."""
+    return kind if kind == "cpu" or index == 0 else f"{kind}:{index}"
 
 
 class Backend:
-    """NumPy backend; the CuPy backend overrides what differs."""
+    """NumPy backend; the CuPy backend overrides what differs.
 
-    name = "cpu"
+    A backend is one device instance: `kind` is "cpu" or "gpu", `name` the instance ("cpu",
+    "gpu", "gpu:1", ...), `transfers` its host<->device copies.
+    """
+
+    kind = "cpu"
 
     def __init__(self) -> None:
+        self.name, self.index = "cpu", 0
+        self.transfers = TransferStats()
         self.xp: ModuleType = np
         from .kernels.cpu import CpuKernels
 
@@ -166,13 +189,18 @@ class Backend:
 
 
 class CupyBackend(Backend):
-    """CuPy backend. All work runs on one non-blocking stream, so a step can be captured."""
+    """CuPy backend for GPU `index`. All its work runs on one non-blocking stream of its own,
+    so a step can be captured. Creating it makes its GPU the current one: a process drives one
+    GPU at a time (data parallelism runs one process per GPU)."""
 
-    name = "gpu"
+    kind = "gpu"
 
-    def __init__(self) -> None:
+    def __init__(self, index: int = 0) -> None:
         import cupy
 
+        self.name, self.index = device_name("gpu", index), index
+        self.transfers = TransferStats()
+        cupy.cuda.Device(index).use()
         self.xp = cupy
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.stream.use()
@@ -201,21 +229,32 @@ class CupyBackend(Backend):
         """THREADS and CPU_JIT are CPU settings."""
 
     def hardware(self) -> str:
-        return str(gpu_properties()["name"])
+        return str(gpu_properties(self.index)["name"])
 
     def from_host(self, array: np.ndarray) -> Any:
-        _count("host->device", array.nbytes)
+        _count("host->device", array.nbytes, self.transfers)
         return self.xp.asarray(array)
 
     def to_host(self, array: Any) -> np.ndarray:
-        _count("device->host", array.nbytes)
+        _count("device->host", array.nbytes, self.transfers)
         return self.xp.asnumpy(array, stream=self.stream)
 
     def synchronize(self) -> None:
         self.stream.synchronize()
 
     def describe(self) -> str:
-        return gpu_description()
+        return gpu_description(self.index)
+
+    # ---- timing: device events on this backend's stream (the profiler's clock) ---------------
+    def new_event(self) -> Any:
+        return self.xp.cuda.Event()
+
+    def record(self, event: Any) -> None:
+        event.record(self.stream)
+
+    def elapsed(self, start: Any, end: Any) -> float:
+        """Seconds between two recorded events (both must have completed)."""
+        return self.xp.cuda.get_elapsed_time(start, end) / 1e3
 
     def reset_memory_stats(self) -> None:
         from .memory import PeakMemory
@@ -243,32 +282,38 @@ class CupyBackend(Backend):
 
 def resolve_device(requested: str, strict: bool, say: Callable[[str], None],
                    warn: Callable[[str], None]) -> tuple[str, str | None]:
-    """The device to use and, when a requested GPU is not usable, why we fell back."""
+    """The device to use (auto, cpu, gpu or gpu:N requested) and, when a requested GPU is not
+    usable, why we fell back to the CPU."""
     if requested == "cpu":
         return "cpu", None
-    reason = gpu_unavailable_reason()
+    index = 0 if requested == "auto" else parse_device(requested)[1]
+    reason = gpu_unavailable_reason(index)
     if reason is None:
-        say(f"INFO: Using GPU: {gpu_description()}")
-        return "gpu", None
+        say(f"INFO: Using GPU: {gpu_description(index)}")
+        return device_name("gpu", index), None
     if requested == "auto":
         return "cpu", None
     if strict:
-        raise DeviceError(f"--device gpu: {reason} (STRICT_DEVICE=true, so no CPU fallback)")
+        raise DeviceError(f"--device {requested}: {reason} (STRICT_DEVICE=true, so no CPU "
+                          "fallback)")
     warn(f"WARN: GPU requested but not usable, falling back to CPU ({reason})")
     return "cpu", reason
 
 
-@functools.cache
 def get_backend(device: str) -> Backend:
-    """The (shared) backend for 'cpu' or 'gpu'; raises DeviceError when unusable."""
-    if device == "cpu":
+    """The (shared) backend of a device instance: cpu, gpu (= gpu:0) or gpu:N; raises
+    DeviceError when it is unusable."""
+    return _backend(*parse_device(device))
+
+
+@functools.cache
+def _backend(kind: str, index: int) -> Backend:
+    if kind == "cpu":
         return Backend()
-    if device == "gpu":
-        reason = gpu_unavailable_reason()
-        if reason is not None:
-            raise DeviceError(f"GPU backend unavailable: {reason}")
-        return CupyBackend()
-    raise DeviceError(f"unknown device {device!r}: expected one of {', '.join(DEVICES)}")
+    reason = gpu_unavailable_reason(index)
+    if reason is not None:
+        raise DeviceError(f"GPU backend unavailable: {reason}")
+    return CupyBackend(index)
 
 
 def set_threads(threads: int) -> int:

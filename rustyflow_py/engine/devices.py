@@ -67,12 +67,14 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
-def gpu_properties() -> dict[str, Any]:
+def gpu_properties(index: int | None = None) -> dict[str, Any]:
+    """GPU `index` (default: the current one): name, CUDA versions, memory, capability."""
     import cupy
 
-    dev = cupy.cuda.Device()
+    dev = cupy.cuda.Device(index)
     props = cupy.cuda.runtime.getDeviceProperties(dev.id)
-    free, total = cupy.cuda.runtime.memGetInfo()
+    with dev:
+        free, total = cupy.cuda.runtime.memGetInfo()
     runtime = cupy.cuda.runtime.runtimeGetVersion()
     driver = cupy.cuda.runtime.driverGetVersion()
     return {
@@ -86,8 +88,8 @@ def gpu_properties() -> dict[str, Any]:
     }
 
 
-def gpu_description() -> str:
-    p = gpu_properties()
+def gpu_description(index: int | None = None) -> str:
+    p = gpu_properties(index)
     return (f"{p['name']} (CUDA {p['cuda_runtime']}, CuPy {p['cupy']}, "
             f"{p['memory_total'] / 2**30:.1f} GiB)")
 
@@ -102,8 +104,8 @@ def gpu_memory_line() -> str:
             f"{p['memory_total'] / 2**30:.2f} GiB")
 
 
-def gpu_unavailable_reason() -> str | None:
-    """Why the GPU backend cannot be used here, or None when it can."""
+def gpu_unavailable_reason(index: int = 0) -> str | None:
+    """Why GPU `index` cannot be used here, or None when it can."""
     if os.environ.get("RUSTYFLOW_DISABLE_GPU"):
         return "RUSTYFLOW_DISABLE_GPU is set"
     try:
@@ -113,9 +115,12 @@ def gpu_unavailable_reason() -> str | None:
     except Exception as exc:  # a broken CUDA install raises all sorts at import
         return f"CuPy failed to import: {exc}"
     try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            return "no CUDA device found"
-        cupy.zeros(1).sum().item()  # proves driver, runtime and kernels agree
+        count = cupy.cuda.runtime.getDeviceCount()
+        if count <= index:
+            return (f"no CUDA device {index} (this machine has {count})" if count else
+                    "no CUDA device found")
+        with cupy.cuda.Device(index):
+            cupy.zeros(1).sum().item()  # proves driver, runtime and kernels agree
     except Exception as exc:
         return f"CUDA is not usable: {type(exc).__name__}: {exc}"
     return None

@@ -18,7 +18,7 @@ from .backend import Backend
 class Profiler:
     def __init__(self, backend: Backend) -> None:
         self.backend = backend
-        self.gpu = backend.name == "gpu"
+        self.gpu = backend.kind == "gpu"
         # (name, phase, category) -> [calls, seconds]
         self.stats: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0, 0.0])
         self._stack: list[list[Any]] = []  # open records: [key, start, child_time | children]
@@ -57,10 +57,10 @@ class Profiler:
 
     def _event(self) -> Any:
         if self._next_event == len(self._events):
-            self._events.append(self.backend.xp.cuda.Event())
+            self._events.append(self.backend.new_event())
         ev = self._events[self._next_event]
         self._next_event += 1
-        ev.record(self.backend.stream)
+        self.backend.record(ev)
         return ev
 
     def _record_gpu(self, key: tuple[str, str, str], fn: Any, args: tuple[Any, ...]) -> Any:
@@ -82,13 +82,12 @@ class Profiler:
         self.steps += 1
         if not self.gpu or not self._pending:
             return
-        elapsed = self.backend.xp.cuda.get_elapsed_time
+        elapsed = self.backend.elapsed
         self._pending[-1][2].synchronize()
         for key, start, end, children in self._pending:
-            ms = elapsed(start, end) - sum(elapsed(a, b) for a, b in children)
             entry = self.stats[key]
             entry[0] += 1
-            entry[1] += ms / 1e3
+            entry[1] += elapsed(start, end) - sum(elapsed(a, b) for a, b in children)
         self._pending.clear()
         self._next_event = 0
 

@@ -496,9 +496,10 @@ def _speedups(records: list[Record]) -> list[Record]:
     """CPU vs GPU for each dataset and model shape: the latest completed run of each device."""
     groups: dict[tuple[str, str], dict[str, Record]] = {}
     for r in records:
-        if r.get("status") == "completed" and r.get("device") in ("cpu", "gpu"):
+        kind = str(r.get("device") or "").partition(":")[0]  # gpu:N is a GPU run too
+        if r.get("status") == "completed" and kind in ("cpu", "gpu"):
             key = (_text(r.get("dataset")), _shape(r))
-            groups.setdefault(key, {})[r["device"]] = r
+            groups.setdefault(key, {})[kind] = r
     out = []
     for (dataset, shape), runs in groups.items():
         if "cpu" not in runs or "gpu" not in runs:

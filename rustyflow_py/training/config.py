@@ -53,7 +53,7 @@ class Key:
     """One configuration key: how to parse it, its default and its one-line help."""
 
     name: str
-    type: str  # "int" | "float" | "bool" | "str" | "choice"
+    type: str  # "int" | "float" | "bool" | "str" | "choice" | "device"
     default: object
     help: str
     choices: tuple[str, ...] = ()
@@ -80,6 +80,8 @@ class Key:
             return "true or false (also 1/0, yes/no, on/off)"
         if self.type == "choice":
             return "one of " + ", ".join(self.choices)
+        if self.type == "device":
+            return "one of auto, cpu, gpu, or gpu:N for GPU N"
         if self.type == "str":
             return "a string" if self.allow_empty else "a non-empty string"
         if self.type == "int" and self.lo == 1 and self.hi is None:
@@ -101,6 +103,11 @@ class Key:
             if text in _TRUE or text in _FALSE:
                 return text in _TRUE
             raise ValueError(self.expect)
+        if self.type == "device":
+            text = str(value).strip()
+            if not re.fullmatch(r"auto|cpu|gpu(:[0-9]+)?", text):
+                raise ValueError(self.expect)
+            return text
         if self.type in ("str", "choice"):
             text = os.fspath(value) if isinstance(value, os.PathLike) else str(value)
             if (self.choices and text not in self.choices) or (not text and not self.allow_empty):
@@ -162,8 +169,7 @@ KEYS: dict[str, Key] = dict([
        hi=2**32 - 1),
     _k("PRECISION", "choice", "fp32", "fp32, tf32 (GPU matmuls only) or fp64",
        choices=("fp32", "tf32", "fp64")),
-    _k("DEVICE", "choice", "auto", "auto (GPU when usable), cpu or gpu",
-       choices=("auto", "cpu", "gpu")),
+    _k("DEVICE", "device", "auto", "auto (GPU 0 when usable), cpu, gpu or gpu:N"),
     _k("STRICT_DEVICE", "bool", False, "true: DEVICE=gpu without a usable GPU is an error, "
        "not a CPU fallback"),
     _k("GRAPH", "choice", "auto", "CUDA-graph replay of the training step on the GPU: "
@@ -255,6 +261,7 @@ class Config:
                 raise _error(f"{_where(origin, key.name)}: {key.name}='{value}' is not "
                              f"valid: expected {key.expect}") from None
         self._check_heads()
+        self._check_cross_keys()
         self.model_path = self._expand_model_path(self.model_path or MODEL_PATH_TEMPLATE)
 
     def _check_heads(self) -> None:
@@ -269,6 +276,16 @@ class Config:
             f"EMBED_DIM to be a multiple of NUM_HEADS (each head gets EMBED_DIM/NUM_HEADS "
             f"dimensions); fix: EMBED_DIM={' or '.join(map(str, dims))}, or NUM_HEADS="
             f"{' or '.join(map(str, heads[:2]))}")
+
+    def _check_cross_keys(self) -> None:
+        """Rules between keys, checked here so no run starts with a combination that fails
+        later."""
+        if self.optimizer == "sgd" and self.nesterov and self.momentum <= 0:
+            raise ConfigError(
+                f"NESTEROV=true ({_where(self.source['NESTEROV'], 'NESTEROV')}) needs "
+                f"MOMENTUM > 0, but MOMENTUM={self.momentum:g} "
+                f"({_where(self.source['MOMENTUM'], 'MOMENTUM')}): set MOMENTUM (e.g. 0.9) or "
+                "NESTEROV=false")
 
     def _expand_model_path(self, path: str) -> str:
         """Fill ${KEY} placeholders from the final values, so flags change the default path."""
@@ -290,9 +307,11 @@ class Config:
         return expanded
 
     def model_path_for(self, device: str) -> str:
-        """The checkpoint path for the device actually used: '-cpu'/'-gpu' before '.npz'."""
+        """The checkpoint path for the device actually used: '-cpu'/'-gpu' before '.npz'
+        (any GPU: gpu:N writes -gpu too)."""
+        device = device.partition(":")[0]
         if device not in ("cpu", "gpu"):
-            raise ValueError(f"device must be 'cpu' or 'gpu', not {device!r}")
+            raise ValueError(f"device must be cpu, gpu or gpu:N, not {device!r}")
         stem = self.model_path[: -len(".npz")]
         return self.model_path if stem.endswith(f"-{device}") else f"{stem}-{device}.npz"
 

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .. import data
-from ..engine.backend import TRANSFERS, get_backend, resolve_device
+from ..engine.backend import get_backend, resolve_device
 from ..engine.profiler import Profiler
 from ..errors import CheckpointError, TrainingError
 from ..model.gpt import GPT, GPTConfig
@@ -95,7 +95,7 @@ class Trainer:
             profile_steps=cfg.profile_steps, graph=self._want_graph(),
             dropout_seed=cfg.seed if cfg.dropout > 0 else None, warn=self.warn)
         self.signals = StopSignals(say)
-        self.other_transfers = dict.fromkeys(TRANSFERS.snapshot(), 0)
+        self.other_transfers = dict.fromkeys(self.backend.transfers.snapshot(), 0)
         self._epoch_start = self._run_start = time.perf_counter()
         self._in_step = False  # a stop forced inside a step must not overwrite the checkpoint
 
@@ -145,7 +145,7 @@ class Trainer:
     def _want_graph(self) -> bool:
         """Whether to replay the step as a CUDA graph (GRAPH=auto|on|off)."""
         mode = self.cfg.graph
-        if mode == "off" or self.device != "gpu":
+        if mode == "off" or self.backend.kind != "gpu":
             if mode == "on":
                 self.warn("WARN: GRAPH=on needs the GPU; training eagerly on the CPU")
             return False
@@ -175,7 +175,7 @@ class Trainer:
             return None
         status, message, stop = "completed", None, None
         start = self._run_start = time.perf_counter()
-        TRANSFERS.reset()
+        self.backend.transfers.reset()
         with self.signals.installed(), quiet_float_errors():
             try:
                 self._train()
@@ -293,11 +293,11 @@ class Trainer:
     @contextlib.contextmanager
     def _not_step_traffic(self) -> Iterator[None]:
         """Keep evaluation and checkpoint copies out of the per-step transfer counts."""
-        before = TRANSFERS.snapshot()
+        before = self.backend.transfers.snapshot()
         try:
             yield
         finally:
-            for key, value in TRANSFERS.snapshot().items():
+            for key, value in self.backend.transfers.snapshot().items():
                 self.other_transfers[key] += value - before[key]
 
     # ---- output ------------------------------------------------------------------------------

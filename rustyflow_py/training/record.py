@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.backend import TRANSFERS, Backend
+from ..engine.backend import Backend
 from ..reporting.report import RunRecord
 
 
@@ -67,7 +67,7 @@ def build_record(trainer: Any, status: str, message: str | None, train_time: flo
 
 def _profile(trainer: Any, steps: int, step_time: float) -> dict[str, Any]:
     prof, runner = trainer.profiler, trainer.runner
-    gpu = trainer.device == "gpu"
+    gpu = trainer.backend.kind == "gpu"
     phases = dict(runner.phases)
     if gpu:  # device time per phase from the op events
         phases.update({k: v for k, v in prof.phase_times().items() if k in phases})
@@ -89,7 +89,8 @@ def _profile(trainer: Any, steps: int, step_time: float) -> dict[str, Any]:
         "host_launch_s": runner.window_host if gpu else None,
         "device_busy_s": prof.total() if gpu else None,
         "transfers": {**{k: v - trainer.other_transfers[k]
-                         for k, v in TRANSFERS.snapshot().items()}, "steps": steps},
+                         for k, v in trainer.backend.transfers.snapshot().items()},
+                      "steps": steps},
         "memory": runner.memory(),
         "matmul_floor": floor,
     }

@@ -78,7 +78,7 @@ class StepRunner:
             return
         if self.dropout_seed is not None:  # masks depend on (seed, step): resume stays exact
             self.backend.seed(self.dropout_seed + step)
-        gpu = self.backend.name == "gpu"
+        gpu = self.backend.kind == "gpu"
         window = 1 <= self.steps_here <= self.profile_steps
         if self.profiler is not None and (not gpu or window):
             start = time.perf_counter()
