@@ -1,4 +1,4 @@
-"""The SPEC §6 GPT written with stock PyTorch modules: the reference RustyFlow is held to.
+"""RustyFlow's GPT written with stock PyTorch modules: the reference RustyFlow is held to.
 
 It exists only for the parity tests and `vs_pytorch.py` (the package never imports torch).
 Parameter names match RustyFlow's, so one mapping covers loading weights and reading back
@@ -98,7 +98,7 @@ class TorchGPT(nn.Module):
 
 
 def cosine_lr(step: int, lr: float, warmup: int, total: int, min_ratio: float) -> float:
-    """SPEC §6 schedule in Python floats for the 1-based `step`: linear warm-up, cosine decay."""
+    """RustyFlow's schedule in floats for the 1-based `step`: linear warm-up, cosine decay."""
     if step <= warmup:
         return lr * step / max(warmup, 1)
     progress = min(1.0, (step - warmup) / max(total - warmup, 1))
@@ -108,7 +108,7 @@ def cosine_lr(step: int, lr: float, warmup: int, total: int, min_ratio: float) -
 
 def make_adamw(model: nn.Module, lr: float, weight_decay: float = 0.1,
                fused: bool | None = None) -> torch.optim.AdamW:
-    """AdamW as SPEC §6 sets it: decay on tensors with >= 2 dims only, betas (0.9, 0.95)."""
+    """AdamW as RustyFlow sets it: decay on tensors with >= 2 dims only, betas (0.9, 0.95)."""
     params = list(model.parameters())
     groups = [
         {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},

@@ -1,6 +1,6 @@
 """RustyFlow vs PyTorch on one device: step time, throughput, peak memory, loss-curve agreement.
 
-Both frameworks train the SPEC §6 GPT from the same initial weights (`init_weights(cfg, SEED)`)
+Both frameworks train the same GPT from the same initial weights (`init_weights(cfg, SEED)`)
 with the same step: zero grad, forward, backward, clip the global grad norm to 1.0, AdamW.
 For every shape and precision it times RustyFlow (eager, and CUDA-graph replay on the GPU; on the
 CPU also eager with CPU_JIT=off, the pure-NumPy kernels, when numba is installed) and
@@ -44,11 +44,12 @@ from rustyflow_py import data  # noqa: E402
 from rustyflow_py.engine import backend, devices  # noqa: E402
 from rustyflow_py.engine.backend import get_backend, gpu_unavailable_reason  # noqa: E402
 from rustyflow_py.engine.memory import PeakMemory  # noqa: E402
+from rustyflow_py.engine.precision import Precision  # noqa: E402
 from rustyflow_py.engine.tensor import Tensor  # noqa: E402
 from rustyflow_py.model.gpt import GPT, GPTConfig, init_weights  # noqa: E402
 from rustyflow_py.model.optim import AdamW, Schedule  # noqa: E402
 
-SHAPES = {  # SPEC §9: layers, heads, embed, seq_len, batch
+SHAPES = {  # the benchmark shapes: layers, heads, embed, seq_len, batch
     "seed": (2, 4, 128, 64, 16),
     "small": (6, 6, 384, 256, 32),
     "medium": (12, 12, 768, 512, 16),
@@ -243,7 +244,7 @@ def free_gpu_memory() -> None:
 
 def measure_rustyflow(job: Job) -> dict[str, Any]:
     backend = get_backend(job.device)
-    backend.set_precision(job.precision)
+    backend.set_precision(Precision.of(job.precision))
     if job.device == "cpu":
         backend.set_threads(job.threads)
         backend.kernels.set_jit("off" if job.mode == "numpy" else "auto")
@@ -352,7 +353,7 @@ def loss_curves(device: str, shape: str, steps: int, data_dir: str | None) -> di
                for i in range(steps)]
 
     backend = get_backend(device)
-    backend.set_precision("fp32")
+    backend.set_precision(Precision.of("fp32"))
     model = GPT(cfg, device, SEED)
     opt = AdamW(model.buffer, Schedule(LR, WARMUP, steps, MIN_RATIO), grad_clip=CLIP)
     step = rustyflow_step_fn(model, opt, "eager")

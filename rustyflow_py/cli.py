@@ -8,6 +8,7 @@ from typing import Any
 
 import click
 
+from . import __version__
 from .errors import RustyFlowError
 from .training.config import KEYS, ConfigError, load_config
 
@@ -70,7 +71,7 @@ class _Main(click.Group):
 
 
 @click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="rustyflow-py", prog_name="rustyflow")
+@click.version_option(__version__, prog_name="rustyflow")
 def main() -> None:
     """RustyFlow: train a GPT on WikiText-2 with a from-scratch engine on NumPy or CuPy."""
 

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from rustyflow_py.engine.backend import get_backend
-from rustyflow_py.engine.kernels.cpu import CpuKernels, load_jit
+from rustyflow_py.engine.kernels.cpu import CpuKernels
+from rustyflow_py.engine.kernels.cpu_pool import load_jit
 from rustyflow_py.engine.tensor import Tensor
 from rustyflow_py.model.gpt import GPT, GPTConfig
 from rustyflow_py.model.optim import AdamW, Schedule

@@ -156,6 +156,51 @@ def test_kv_cache_matches_uncached_model_past_seq_len(device: str) -> None:
     assert len(context) > 2 * SEQ_LEN
 
 
+def test_cached_forward_in_chunks_matches_uncached_batch(device: str) -> None:
+    """The model's forward with a cache: a prefill, one token, then a chunk (offset causal
+    mask), for two sequences at once, gives each chunk's last logits of the full forward."""
+    model = tiny_model(device)
+    tokens = np.random.default_rng(3).integers(0, len(WORDS), (2, SEQ_LEN)).astype(np.int32)
+    with no_grad():
+        full = model.buffer.backend.to_host(model(Tensor(tokens, device=device)).data)
+        cache = model.new_cache(batch=2)
+        for start, stop in [(0, 3), (3, 4), (4, SEQ_LEN)]:
+            chunk = Tensor(tokens[:, start:stop], device=device)
+            logits = model(chunk, cache=cache)  # (2, 1, V)
+            assert cache.length == stop
+            np.testing.assert_allclose(model.buffer.backend.to_host(logits.data)[:, 0],
+                                       full[:, stop - 1], rtol=1e-4, atol=1e-4)
+
+
+def test_generation_runs_the_model_blocks() -> None:
+    """One block implementation: the decoder goes through GPT._block, once per layer."""
+    model = tiny_model()
+    calls = []
+    block = model._block
+
+    def counted(*args: object) -> Tensor:
+        calls.append(args[1])
+        return block(*args)  # type: ignore[arg-type]
+
+    model._block = counted  # type: ignore[method-assign]
+    Decoder(model).feed([3, 4, 5])
+    assert calls == list(range(LAYERS))
+
+
+def test_cached_forward_rejects_targets_overflow_and_backward() -> None:
+    model = tiny_model()
+    cache = model.new_cache()
+    ids = Tensor(np.zeros((1, 3), np.int32))
+    with pytest.raises(ValueError, match="without targets"):
+        model(ids, ids, cache=cache)
+    cache.length = SEQ_LEN - 2
+    with pytest.raises(ValueError, match="longer than SEQ_LEN"):
+        model(ids, cache=cache)
+    cache.length = 0
+    with pytest.raises(NotImplementedError, match="inference-only"):
+        model(ids, cache=cache).sum().backward()
+
+
 # ---------------------------------------------------------------------------- sessions
 
 

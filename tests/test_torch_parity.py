@@ -19,6 +19,7 @@ import pytest
 
 from rustyflow_py.engine import ops
 from rustyflow_py.engine.backend import get_backend
+from rustyflow_py.engine.precision import Precision
 from rustyflow_py.engine.tensor import Tensor
 from rustyflow_py.model.gpt import GPT, GPTConfig, init_weights
 from rustyflow_py.model.optim import AdamW, Schedule
@@ -45,7 +46,7 @@ REF = _reference()
 @pytest.fixture
 def dev(device: str) -> str:
     """The device under test, with TF32 off: parity is float32 all the way."""
-    get_backend(device).set_precision("fp32")
+    get_backend(device).set_precision(Precision.of("fp32"))
     return device
 
 

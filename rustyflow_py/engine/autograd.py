@@ -104,9 +104,17 @@ class Function:
         for key in [k for k in self.__dict__ if k not in keep]:
             del self.__dict__[key]
 
-    def matmul(self, a: Any, b: Any, phase: str) -> Any:
-        """A matmul inside a fused op, timed as its own 'matmul' entry by the profiler."""
-        return run_op(f"{self.name}.matmul", "matmul", phase, self.kernels.matmul, a, b)
+    def matmul(self, a: Any, b: Any, phase: str, *, transpose_b: bool = False,
+               out: Any = None) -> Any:
+        """a @ b by the backend's kernel (b's last two axes swapped with transpose_b; into
+        `out` when given): every op's matrix product goes through here. Inside a fused op it
+        is timed as its own 'matmul' entry; a matmul op (category 'matmul') is timed as one
+        already, so its product is not recorded twice."""
+        mm = self.kernels.matmul
+        if self.category == "matmul":
+            return mm(a, b, transpose_b=transpose_b, out=out)
+        return run_op(f"{self.name}.matmul", "matmul", phase,
+                      lambda a, b: mm(a, b, transpose_b=transpose_b, out=out), a, b)
 
     @classmethod
     def apply(cls, *inputs: Tensor, **attrs: Any) -> Tensor:

@@ -22,6 +22,7 @@ import numpy as np
 from ..errors import DeviceError, TrainingError
 from . import devices
 from .devices import blas_info, cpu_name, gpu_description, gpu_properties, gpu_unavailable_reason
+from .precision import Precision
 
 DEVICES = ("cpu", "gpu", "gpu:N")  # "gpu" is GPU 0; "gpu:N" is GPU N (0-based)
 
@@ -117,13 +118,9 @@ class Backend:
         """Uniform [0, 1) samples on this device (dropout masks)."""
         return self.rng.random(shape, dtype=dtype)
 
-    def set_precision(self, precision: str) -> None:
-        """fp32/fp64 are dtypes; TF32 only changes GPU matmuls, so the CPU ignores it."""
-
-    @staticmethod
-    def dtype_for(precision: str) -> Any:
-        """The dtype parameters are stored in for PRECISION."""
-        return np.float64 if precision == "fp64" else np.float32
+    def set_precision(self, precision: Precision) -> None:
+        """Nothing to set: the CPU's GEMMs have one compute mode per dtype (TF32 is a GPU
+        mode), and the dtypes come with the arrays."""
 
     def configure(self, threads: int, cpu_jit: str, say: Callable[[str], None],
                   warn: Callable[[str], None]) -> None:
@@ -216,13 +213,15 @@ class CupyBackend(Backend):
     def uniform(self, shape: tuple[int, ...], dtype: Any) -> Any:
         return self.rng.random(shape, dtype=dtype)
 
-    def set_precision(self, precision: str) -> None:
-        """PRECISION=tf32 makes cuBLAS use TF32 tensor cores for float32 matmuls."""
+    def set_precision(self, precision: Precision) -> None:
+        """The GEMM compute mode, for RustyFlow's cuBLAS calls and CuPy's own (matmul_compute
+        "tf32" lets float32 GEMMs use TF32 tensor cores)."""
         from cupy._core import _routines_linalg as linalg
 
-        kind = linalg.COMPUTE_TYPE_TF32 if precision == "tf32" else linalg.COMPUTE_TYPE_DEFAULT
-        linalg.set_compute_type(np.float32, kind)
-        self.kernels.cublas.tf32 = precision == "tf32"
+        tf32 = precision.matmul_compute == "tf32"
+        linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32 if tf32
+                                else linalg.COMPUTE_TYPE_DEFAULT)
+        self.kernels.cublas.matmul_compute = precision.matmul_compute
 
     def configure(self, threads: int, cpu_jit: str, say: Callable[[str], None],
                   warn: Callable[[str], None]) -> None:

@@ -12,7 +12,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from .autograd import Function, RowGrad, Tensor, grad_enabled, run_op
+from .autograd import Function, RowGrad, Tensor, grad_enabled
 
 
 def unbroadcast(grad: Any, shape: tuple[int, ...], kernels: Any = None) -> Any:
@@ -122,14 +122,15 @@ class MatMul(Function):
 
     def forward(self, a: Any, b: Any) -> Any:
         self.a, self.b = a, b
-        return self.kernels.matmul(a, b.T if self.transpose_b else b)
+        return self.matmul(a, b, "forward", transpose_b=self.transpose_b)
 
     def backward(self, grad: Any) -> Sequence[Any]:
-        a, b, xp, mm = self.a, self.b, self.xp, self.kernels.matmul
-        bt = b.T if self.transpose_b else b  # the (K, N) operand actually multiplied
+        a, b, xp = self.a, self.b, self.xp
+        mm = functools.partial(self.matmul, phase="backward")
+        bt = xp.swapaxes(b, -1, -2) if self.transpose_b else b  # the (K, N) operand multiplied
         da = db = None
         if self.needs_input_grad[0]:
-            da = unbroadcast(mm(grad, xp.swapaxes(bt, -1, -2)), a.shape)
+            da = unbroadcast(mm(grad, bt, transpose_b=True), a.shape)
         if self.needs_input_grad[1]:
             if bt.ndim == 2 and a.ndim > 2:  # fold the batch into the rows: one GEMM
                 a2 = a.reshape(-1, a.shape[-1])
@@ -328,21 +329,62 @@ class LMHeadCrossEntropy(Function):
 
     def forward(self, h: Any, w: Any, targets: Any) -> Any:
         loss, self.state = self.kernels.lm_head_xent(
-            h, w, targets.reshape(-1), self.need_grad, self._gemm("forward")
+            h, w, targets.reshape(-1), self.need_grad,
+            functools.partial(self.matmul, phase="forward"),
         )
         return loss
 
     def backward(self, grad: Any) -> Sequence[Any]:
         dh, dw = self.kernels.lm_head_xent_backward(
             self.state, grad, self.needs_input_grad[0], self.needs_input_grad[1],
-            self._gemm("backward"),
+            functools.partial(self.matmul, phase="backward"),
         )
         return dh, dw, None
 
-    def _gemm(self, phase: str) -> Any:
-        """kernels.matmul(a, b[, out]) through the choke point (Function.matmul has no out=)."""
-        return functools.partial(run_op, f"{self.name}.matmul", "matmul", phase,
-                                 self.kernels.matmul)
+
+class CachedAttention(Function):
+    """Causal attention of T new positions over a KV cache: (B, T, 3E) -> (B, T, E).
+
+    The new keys and values are written into `keys`/`values` (B, H, S_max, D) at positions
+    start..start+T, and each query attends over every cached position up to its own. From an
+    empty cache (a prefill) that is the training kernel's causal softmax; after cached
+    positions the mask is offset by `start` (none is needed for a single query).
+
+    Inference only: the cache is state written in place, which autograd cannot replay, so
+    backward raises; run it under no_grad().
+    """
+
+    name = "cached_attention"
+    keys: Any
+    values: Any
+    start: int
+    n_head: int
+
+    def forward(self, qkv: Any) -> Any:
+        xp = self.xp
+        b, t, e3 = qkv.shape
+        start, end = self.start, self.start + t
+        split = qkv.reshape(b, t, 3, self.n_head, e3 // 3 // self.n_head)
+        q, k, v = split.transpose(2, 0, 3, 1, 4)  # 3 x (B, H, T, D)
+        self.keys[:, :, start:end] = k
+        self.values[:, :, start:end] = v
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        att = self.matmul(q, xp.swapaxes(self.keys[:, :, :end], -1, -2), "forward")  # (B,H,T,S)
+        if start == 0:
+            probs = self.kernels.causal_softmax_forward(att, scale)
+        else:
+            att *= scale
+            if t > 1:  # query i sits at position start + i
+                xp.copyto(att, -xp.inf, where=xp.arange(end) > xp.arange(start, end)[:, None])
+            att -= att.max(axis=-1, keepdims=True)
+            probs = xp.exp(att, out=att)
+            probs /= probs.sum(axis=-1, keepdims=True)
+        y = self.matmul(probs, self.values[:, :, :end], "forward")  # (B, H, T, D)
+        return y.transpose(0, 2, 1, 3).reshape(b, t, e3 // 3)  # (B, T, E)
+
+    def backward(self, grad: Any) -> Sequence[Any]:
+        raise NotImplementedError("attention over a KV cache is inference-only: no backward "
+                                  "(run the model under no_grad() when passing a cache)")
 
 
 # ---- functional API ----------------------------------------------------------------------------
@@ -421,6 +463,12 @@ def lm_head_cross_entropy(h: Tensor, weight: Tensor, targets: Tensor) -> Tensor:
     """Mean NLL of logits = h @ weight.T (N, V) against targets (N,), without returning them."""
     need = grad_enabled() and (h.requires_grad or weight.requires_grad)
     return LMHeadCrossEntropy.apply(h, weight, targets, need_grad=need)
+
+
+def cached_attention(qkv: Tensor, keys: Any, values: Any, start: int, n_head: int) -> Tensor:
+    """Causal attention of qkv's T positions, appended at `start` to the (B, H, S_max, D)
+    key/value arrays, over all start+T cached positions (inference only)."""
+    return CachedAttention.apply(qkv, keys=keys, values=values, start=start, n_head=n_head)
 
 
 # ---- operator sugar -------------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Text generation from a trained GPT: a KV-cached decoder, sampling, and the chat loop.
 
-Inference does not need autograd, so the decoder runs the model's raw parameter arrays
-through the backend's array module and fused kernels directly (the same code on NumPy and
-CuPy) and keeps each layer's keys and values, so a new token costs one position.
+The decoder runs the model's own forward (gpt.py) under no_grad() with a KV cache: layer
+norms, matmuls, GELU and residuals are the training code, and only attention differs (it
+attends the new positions over the cached keys and values), so a new token costs one position.
 
 Positional embeddings are absolute, so once the context is longer than SEQ_LEN every cached
 key and value would change with the window's start. On overflow the decoder therefore drops
@@ -20,14 +20,14 @@ import dataclasses
 import io
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, TextIO
+from typing import TextIO
 
 import numpy as np
 
 from ..data import EOS, UNK, Vocab, tokenize
+from ..engine.tensor import Tensor, no_grad
 from .gpt import GPT
 
-LN_EPS = 1e-5  # SPEC §6; nn.GPT uses ops.layer_norm's default, the same value
 QUIT_WORDS = ("exit", "quit")
 CHAT_PROMPT = "> "
 
@@ -82,25 +82,15 @@ def sample_next(logits: np.ndarray, temperature: float, top_k: int, top_p: float
 
 
 class Decoder:
-    """A GPT's forward pass for one sequence with a KV cache, under no autograd.
+    """Generation's bookkeeping around the model's forward with a KV cache, for one sequence.
 
     `context` is the token window the cache holds (at most SEQ_LEN tokens); `feed` appends
     tokens and returns the logits of the token after them, as `model(context)[-1]` would.
     """
 
     def __init__(self, model: GPT) -> None:
-        cfg = model.cfg
-        self.backend = model.buffer.backend
-        self.xp, self.kernels = self.backend.xp, self.backend.kernels
-        self.seq_len, self.n_head = cfg.seq_len, cfg.n_head
-        self.head_dim = cfg.n_embd // cfg.n_head
-        self.scale = 1.0 / self.head_dim**0.5
-        self.w = {name: t.data for name, t in model.p.items()}
-        self.layers = [{name[len(f"h.{i}."):]: a for name, a in self.w.items()
-                        if name.startswith(f"h.{i}.")} for i in range(cfg.n_layer)]
-        shape = (cfg.n_layer, cfg.n_head, cfg.seq_len, self.head_dim)
-        self.keys = self.xp.zeros(shape, dtype=self.w["wte"].dtype)  # (L, H, SEQ_LEN, D)
-        self.values = self.xp.zeros_like(self.keys)
+        self.model = model
+        self.cache = model.new_cache()
         self.context: list[int] = []
         self.logits: np.ndarray | None = None  # of the token after the context
 
@@ -108,63 +98,17 @@ class Decoder:
         """Append `ids` to the context; host logits (V,) for the token that follows."""
         if not ids:
             raise ValueError("feed() needs at least one token")
-        if len(self.context) + len(ids) > self.seq_len:  # slide: re-prefill the new window
-            window = [*self.context, *ids][-self.seq_len:]
-            self.context = []
-            hidden = self._forward(window)
-        elif self.context:  # one position at a time on top of the cache
-            for token in ids:
-                hidden = self._forward([token])
-        else:
-            hidden = self._forward(list(ids))
-        self.logits = self._logits(hidden)
+        context = [*self.context, *ids]
+        new = list(ids)
+        if len(context) > self.model.cfg.seq_len:  # slide: re-prefill the new window
+            context = new = context[-self.model.cfg.seq_len:]
+            self.cache.length = 0
+        idx = Tensor(np.asarray([new], dtype=np.int64), device=self.model.device)  # (1, T)
+        with no_grad():
+            logits = self.model(idx, cache=self.cache)  # (1, 1, V)
+        self.context = context
+        self.logits = self.model.buffer.backend.to_host(logits.data)[0, -1]  # (V,)
         return self.logits
-
-    def _forward(self, ids: list[int]) -> Any:
-        """Run `ids` at the next positions, filling the cache; the last one's hidden state.
-
-        Several ids at once only happen from an empty cache (a prefill), where the causal
-        mask of the training kernel applies as is.
-        """
-        kernels, w = self.kernels, self.w
-        t0, t = len(self.context), len(ids)
-        h_, d = self.n_head, self.head_dim
-        idx = self.backend.from_host(np.asarray(ids, dtype=np.int64))
-        x = w["wte"][idx] + w["wpe"][t0 : t0 + t]  # (T, E)
-        for layer, keys, values in zip(self.layers, self.keys, self.values, strict=True):
-            h, _, _ = kernels.layernorm_forward(x, layer["ln_1.weight"], layer["ln_1.bias"], LN_EPS)
-            qkv = h @ layer["attn.c_attn.weight"] + layer["attn.c_attn.bias"]  # (T, 3E)
-            q, k, v = qkv.reshape(t, 3, h_, d).transpose(1, 2, 0, 3)  # 3 x (H, T, D)
-            keys[:, t0 : t0 + t] = k
-            values[:, t0 : t0 + t] = v
-            a = self._attend(q, keys[:, : t0 + t], values[:, : t0 + t])  # (H, T, D)
-            a = a.transpose(1, 0, 2).reshape(t, h_ * d)  # (T, E)
-            x = x + (a @ layer["attn.c_proj.weight"] + layer["attn.c_proj.bias"])
-            h, _, _ = kernels.layernorm_forward(x, layer["ln_2.weight"], layer["ln_2.bias"], LN_EPS)
-            f = kernels.gelu_forward(h @ layer["mlp.c_fc.weight"],
-                                     layer["mlp.c_fc.bias"])  # (T, 4E)
-            x = x + (f @ layer["mlp.c_proj.weight"] + layer["mlp.c_proj.bias"])  # (T, E)
-        self.context.extend(ids)
-        return x[-1:]  # (1, E)
-
-    def _attend(self, q: Any, keys: Any, values: Any) -> Any:
-        """Attention of T new queries over the S cached positions: (H, T, D)."""
-        xp = self.xp
-        att = q @ xp.swapaxes(keys, -1, -2)  # (H, T, S)
-        if q.shape[1] > 1:  # a prefill: T == S, so the training kernel's causal mask fits
-            probs = self.kernels.causal_softmax_forward(att, self.scale)
-        else:  # the newest position sees every cached one: a plain softmax
-            att *= self.scale
-            att -= att.max(axis=-1, keepdims=True)
-            probs = xp.exp(att, out=att)
-            probs /= probs.sum(axis=-1, keepdims=True)
-        return probs @ values  # (H, T, D)
-
-    def _logits(self, hidden: Any) -> np.ndarray:
-        """Final LayerNorm and the tied LM head on one position, copied to the host."""
-        w = self.w
-        h, _, _ = self.kernels.layernorm_forward(hidden, w["ln_f.weight"], w["ln_f.bias"], LN_EPS)
-        return self.backend.to_host(h @ w["wte"].T)[0]  # (V,)
 
 
 # --------------------------------------------------------------------------- text

@@ -1,25 +1,32 @@
-"""The GPT of SPEC §6 (GPT-2 style, pre-LayerNorm, tied LM head) on the op library.
+"""The GPT (GPT-2 style: pre-LayerNorm, tied LM head) on the op library, written once.
 
-All parameters live in one flat buffer (and their gradients in another), so the optimizer,
-the grad-norm and zero_grad are each one pass over memory — and one kernel on the GPU.
-Decayed tensors (2-D and up) are packed first, so weight decay is a single boundary index.
+The same forward trains (autograd, dropout), evaluates, and generates: with a KV cache the
+block code is unchanged, and only its attention becomes `ops.cached_attention`, which appends
+the new keys and values to the cache and attends over every cached position.
+
+All parameters live in one flat buffer (params.py), so the optimizer, the grad-norm and
+zero_grad are each one pass over memory.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..engine import ops
-from ..engine.backend import get_backend
 from ..engine.tensor import Tensor
+from .params import ParameterBuffer
+
+LN_EPS = 1e-5  # GPT-2's LayerNorm epsilon
 
 
 @dataclasses.dataclass(frozen=True)
 class GPTConfig:
+    """The model's shape, in GPT-2's names."""
+
     vocab_size: int
     seq_len: int
     n_layer: int = 2
@@ -35,7 +42,8 @@ class GPTConfig:
 
 
 def init_weights(cfg: GPTConfig, seed: int) -> dict[str, np.ndarray]:
-    """SPEC §6 initialisation on the host in float32, so every device starts identically."""
+    """GPT-2's initialisation (N(0, 0.02); residual projections scaled by 1/sqrt(2L)), on the
+    host in float32, so every device starts identically."""
     rng = np.random.default_rng(seed)
     e, std = cfg.n_embd, 0.02
     proj_std = std / math.sqrt(2 * cfg.n_layer)
@@ -63,59 +71,30 @@ def init_weights(cfg: GPTConfig, seed: int) -> dict[str, np.ndarray]:
     return w
 
 
-class ParameterBuffer:
-    """Named parameters as views into one flat array; gradients likewise.
+class ModelShape(Protocol):
+    """The fields of a run configuration that shape the model (training's Config has them;
+    model/ sits below training/ and does not import it)."""
 
-    `decay_size` elements at the front belong to tensors with >= 2 dims (weight decay on).
+    seq_len: int
+    num_layers: int
+    num_heads: int
+    embed_dim: int
+    dropout: float
+    seed: int
+
+
+@dataclasses.dataclass
+class KVCache:
+    """The keys and values a GPT has computed so far, so each new token costs one position.
+
+    `keys` and `values` are (L, B, H, SEQ_LEN, D) on the model's device, of which the first
+    `length` positions are filled; a forward with the cache fills its T tokens' positions
+    next and advances `length`. Setting `length` to 0 empties it.
     """
 
-    def __init__(self, weights: dict[str, np.ndarray], device: str, dtype: Any) -> None:
-        backend = get_backend(device)
-        xp = backend.xp
-        names = sorted(weights, key=lambda n: weights[n].ndim < 2)  # stable: decayed first
-        total = sum(weights[n].size for n in names)
-        host = np.empty(total, dtype=dtype)
-        offset, spans = 0, {}
-        for n in names:
-            size = weights[n].size
-            host[offset : offset + size] = weights[n].ravel()
-            spans[n] = (offset, size)
-            offset += size
-        self.flat = backend.from_host(host)
-        self.grad = xp.zeros_like(self.flat)
-        self.decay_size = sum(weights[n].size for n in names if weights[n].ndim >= 2)
-        self.params: dict[str, Tensor] = {}
-        for n in names:
-            start, size = spans[n]
-            t = Tensor(self.flat[start : start + size].reshape(weights[n].shape),
-                       requires_grad=True, name=n)
-            t.grad = self.grad[start : start + size].reshape(weights[n].shape)
-            self.params[n] = t
-        self.backend = backend
-
-    def zero_grad(self) -> None:
-        self.grad.fill(0)
-
-    def state_dict(self) -> dict[str, np.ndarray]:
-        """Host copies of every parameter (one transfer for the flat buffer)."""
-        host = self.backend.to_host(self.flat)
-        out, offset = {}, 0
-        for n, t in self.params.items():
-            out[n] = host[offset : offset + t.data.size].reshape(t.shape).copy()
-            offset += t.data.size
-        return out
-
-    def load_state_dict(self, weights: dict[str, np.ndarray]) -> None:
-        missing = set(self.params) - set(weights)
-        if missing:
-            raise ValueError(f"checkpoint lacks parameters: {', '.join(sorted(missing))}")
-        wrong = [f"{n} {tuple(weights[n].shape)} (model {t.shape})"
-                 for n, t in self.params.items() if tuple(weights[n].shape) != t.shape]
-        if wrong:
-            raise ValueError(f"parameter shapes differ: {'; '.join(wrong)}")
-        host = np.concatenate([np.asarray(weights[n], self.flat.dtype).ravel()
-                               for n in self.params])
-        self.flat[...] = self.backend.from_host(host)
+    keys: Any
+    values: Any
+    length: int = 0
 
 
 class GPT:
@@ -127,6 +106,9 @@ class GPT:
         self.cfg = cfg
         self.buffer = ParameterBuffer(init_weights(cfg, seed), device, dtype)
         self.p = self.buffer.params
+        # each block's parameters by their name inside it, looked up once, not every step
+        self.layers = [{n[len(f"h.{i}."):]: t for n, t in self.p.items()
+                        if n.startswith(f"h.{i}.")} for i in range(cfg.n_layer)]
         self.training = True
 
     @property
@@ -136,32 +118,60 @@ class GPT:
     def num_params(self) -> int:
         return int(self.buffer.flat.size)
 
-    def __call__(self, idx: Tensor, targets: Tensor | None = None) -> Tensor:
-        """Loss (scalar) when targets are given, else logits (B, T, V)."""
+    def new_cache(self, batch: int = 1) -> KVCache:
+        """An empty KV cache for `batch` sequences of up to SEQ_LEN tokens."""
+        c = self.cfg
+        xp = self.buffer.backend.xp
+        shape = (c.n_layer, batch, c.n_head, c.seq_len, c.n_embd // c.n_head)
+        keys = xp.zeros(shape, dtype=self.buffer.flat.dtype)  # (L, B, H, SEQ_LEN, D)
+        return KVCache(keys, xp.zeros_like(keys))
+
+    def __call__(
+        self, idx: Tensor, targets: Tensor | None = None, cache: KVCache | None = None
+    ) -> Tensor:
+        """Loss (scalar) when targets are given, else logits (B, T, V).
+
+        With a KV cache (generation: no targets, no dropout, no backward) the T tokens
+        continue the cached positions, and only the last one's logits (B, 1, V) are computed:
+        sampling needs nothing else, and the tied LM head is the largest product of a forward.
+        """
         cfg, p = self.cfg, self.p
         b, t = idx.shape
-        if t > cfg.seq_len:
-            raise ValueError(f"sequence of {t} tokens is longer than SEQ_LEN={cfg.seq_len}")
-        drop = cfg.dropout if self.training else 0.0
-        x = ops.embedding(p["wte"], idx) + ops.index(p["wpe"], slice(0, t))  # (B, T, E)
+        start = 0
+        if cache is not None:
+            if targets is not None:
+                raise ValueError("a KV cache is for generation: call the model without targets")
+            start = cache.length
+        if start + t > cfg.seq_len:
+            raise ValueError(f"sequence of {start + t} tokens is longer than "
+                             f"SEQ_LEN={cfg.seq_len}")
+        drop = cfg.dropout if self.training and cache is None else 0.0
+        x = ops.embedding(p["wte"], idx) + ops.index(p["wpe"], slice(start, start + t))  # (B, T, E)
         x = ops.dropout(x, drop)
         for i in range(cfg.n_layer):
-            x = self._block(x, f"h.{i}.", drop)
-        x = ops.layer_norm(x, p["ln_f.weight"], p["ln_f.bias"])
+            x = self._block(x, i, drop, cache)
+        if cache is not None:
+            cache.length += t
+            x, t = ops.index(x, (slice(None), slice(t - 1, t))), 1  # (B, 1, E)
+        x = ops.layer_norm(x, p["ln_f.weight"], p["ln_f.bias"], LN_EPS)
         h = ops.reshape(x, (b * t, cfg.n_embd))  # (B*T, E)
         if targets is None:
             logits = ops.matmul(h, p["wte"], transpose_b=True)  # (B*T, V)
             return ops.reshape(logits, (b, t, cfg.vocab_size))
         return ops.lm_head_cross_entropy(h, p["wte"], targets)  # logits never returned
 
-    def _block(self, x: Tensor, prefix: str, drop: float) -> Tensor:
-        p = {k[len(prefix):]: v for k, v in self.p.items() if k.startswith(prefix)}
-        h = ops.layer_norm(x, p["ln_1.weight"], p["ln_1.bias"])
+    def _block(self, x: Tensor, i: int, drop: float, cache: KVCache | None) -> Tensor:
+        p, n_head = self.layers[i], self.cfg.n_head
+        h = ops.layer_norm(x, p["ln_1.weight"], p["ln_1.bias"], LN_EPS)
         qkv = ops.matmul(h, p["attn.c_attn.weight"]) + p["attn.c_attn.bias"]  # (B, T, 3E)
-        a = ops.causal_self_attention(qkv, self.cfg.n_head, drop)  # (B, T, E)
+        if cache is None:
+            a = ops.causal_self_attention(qkv, n_head, drop)  # (B, T, E)
+        else:  # the new positions join layer i's cache and attend over all of it
+            a = ops.cached_attention(qkv, cache.keys[i], cache.values[i], cache.length,
+                                     n_head)  # (B, T, E)
         a = ops.matmul(a, p["attn.c_proj.weight"]) + p["attn.c_proj.bias"]
         x = x + ops.dropout(a, drop)
-        h = ops.layer_norm(x, p["ln_2.weight"], p["ln_2.bias"])
+        h = ops.layer_norm(x, p["ln_2.weight"], p["ln_2.bias"], LN_EPS)
         f = ops.gelu(ops.matmul(h, p["mlp.c_fc.weight"]), p["mlp.c_fc.bias"])  # (B, T, 4E)
         f = ops.matmul(f, p["mlp.c_proj.weight"]) + p["mlp.c_proj.bias"]  # (B, T, E)
         return x + ops.dropout(f, drop)
@@ -174,3 +184,12 @@ class GPT:
             e // c.n_head
         )
         return 3.0 * (c.n_layer * per_layer + 2 * n * e * c.vocab_size)
+
+
+def build_model(shape: ModelShape, vocab_size: int, device: str = "cpu",
+                dtype: Any = np.float32) -> GPT:
+    """The GPT a run configuration describes, initialised from its seed: what training builds,
+    and what a checkpoint's weights are loaded into for evaluation and generation."""
+    cfg = GPTConfig(vocab_size, shape.seq_len, shape.num_layers, shape.num_heads,
+                    shape.embed_dim, shape.dropout)
+    return GPT(cfg, device, shape.seed, dtype)

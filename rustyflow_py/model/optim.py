@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..engine.tensor import run_op
-from .gpt import ParameterBuffer
+from .params import ParameterBuffer
 
 
 class Schedule:

@@ -13,10 +13,11 @@ import numpy as np
 
 from .. import data
 from ..data import Vocab
+from ..engine.precision import Precision
 from ..engine.tensor import Tensor, no_grad
 from ..errors import DataError
 from ..model.generate import Sampling, Session
-from ..model.gpt import GPT, GPTConfig
+from ..model.gpt import GPT, build_model
 from .checkpoint import Checkpoint, CheckpointError
 from .config import Config, ConfigError
 
@@ -29,9 +30,7 @@ def load_model(path: str, device: str) -> tuple[GPT, Checkpoint, Config]:
     except ConfigError as exc:
         raise CheckpointError(f"{path}: its stored configuration is invalid ({exc})") from None
     vocab = len(ckpt.vocab)
-    dtype = np.float64 if cfg.precision == "fp64" else np.float32
-    model = GPT(GPTConfig(vocab, cfg.seq_len, cfg.num_layers, cfg.num_heads, cfg.embed_dim,
-                          cfg.dropout), device, cfg.seed, dtype)
+    model = build_model(cfg, vocab, device, Precision.of(cfg.precision).storage)
     try:
         model.buffer.load_state_dict(ckpt.weights)
     except ValueError as exc:
@@ -125,3 +124,25 @@ def open_session(model_path: str, device: str, strict: bool, sampling: Sampling,
     session = Session(model, Vocab.from_array(ckpt.vocab), sampling, seed)
     session.path = model_path
     return session
+
+
+class SplitEvaluator:
+    """Perplexity of a run's model on its valid/test splits, each uploaded once (on first use).
+    `set_aside()` wraps the uploads and read-backs so they are not counted as step traffic."""
+
+    def __init__(self, model: GPT, corpus: data.Corpus, batch_size: int, seq_len: int,
+                 progress: Any, set_aside: Callable[[], Any]) -> None:
+        self.model, self.corpus, self.batch_size, self.seq_len = model, corpus, batch_size, seq_len
+        self.progress, self.set_aside = progress, set_aside
+        self.streams: dict[str, Any] = {}
+
+    def __call__(self, split: str) -> float:
+        with self.set_aside():
+            if split not in self.streams:
+                self.streams[split] = upload_split(self.model.buffer.backend,
+                                                   getattr(self.corpus, split), self.batch_size)
+            stream = self.streams[split]
+            status = (self.progress.evaluating(split, int(stream.size)) if self.progress
+                      else contextlib.nullcontext())
+            with status:
+                return perplexity(self.model, stream, self.seq_len)["perplexity"]

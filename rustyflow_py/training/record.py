@@ -6,8 +6,9 @@ process's: a resumed run counts its own steps over its own time, so tokens/s sta
 
 from __future__ import annotations
 
+import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from typing import Any
 
@@ -15,6 +16,32 @@ import numpy as np
 
 from ..engine.backend import Backend
 from ..reporting.report import RunRecord
+
+
+class TransferLedger:
+    """The host<->device copies of the training steps alone: evaluation and checkpoint copies
+    are set aside, so the report's per-step traffic is the step's own."""
+
+    def __init__(self, backend: Backend) -> None:
+        self.transfers = backend.transfers
+        self.aside = dict.fromkeys(self.transfers.snapshot(), 0)
+
+    def reset(self) -> None:
+        self.transfers.reset()
+        self.aside = dict.fromkeys(self.aside, 0)
+
+    @contextlib.contextmanager
+    def set_aside(self) -> Iterator[None]:
+        """Copies made inside do not count as step traffic."""
+        before = self.transfers.snapshot()
+        try:
+            yield
+        finally:
+            for key, value in self.transfers.snapshot().items():
+                self.aside[key] += value - before[key]
+
+    def steps(self) -> dict[str, int]:
+        return {k: v - self.aside[k] for k, v in self.transfers.snapshot().items()}
 
 
 def build_record(trainer: Any, status: str, message: str | None, train_time: float,
@@ -88,9 +115,7 @@ def _profile(trainer: Any, steps: int, step_time: float) -> dict[str, Any]:
         "phases": phases,
         "host_launch_s": runner.window_host if gpu else None,
         "device_busy_s": prof.total() if gpu else None,
-        "transfers": {**{k: v - trainer.other_transfers[k]
-                         for k, v in trainer.backend.transfers.snapshot().items()},
-                      "steps": steps},
+        "transfers": {**trainer.ledger.steps(), "steps": steps},
         "memory": runner.memory(),
         "matmul_floor": floor,
     }

@@ -133,6 +133,21 @@ class StepRunner:
         return self.backend.memory_stats(extra)
 
 
+def use_graph(mode: str, kind: str, dropout: float, warn: Callable[[str], None]) -> bool:
+    """Whether to replay the step as a CUDA graph (GRAPH=auto|on|off), saying why not when
+    GRAPH=on cannot be honoured."""
+    if mode == "off" or kind != "gpu":
+        if mode == "on":
+            warn("WARN: GRAPH=on needs the GPU; training eagerly on the CPU")
+        return False
+    if dropout > 0:
+        if mode == "on":
+            warn("WARN: GRAPH=on: dropout draws fresh random masks every step, which a replayed "
+                 "graph cannot; training eagerly (set DROPOUT=0 for graphs)")
+        return False
+    return True
+
+
 @contextlib.contextmanager
 def quiet_float_errors() -> Any:
     """A diverging run overflows somewhere before its loss turns inf; the loss check names the

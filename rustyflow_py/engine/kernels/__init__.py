@@ -1,2 +1,3 @@
-"""Fused kernels behind the ops: one array-API formulation (xp.py) shared by NumPy and CuPy,
-specialised for the CPU (cpu.py: multi-threaded passes) and the GPU (cuda.py: CuPy kernels)."""
+"""The kernels behind the ops: one contract (contract.py), one array-API formulation shared by
+NumPy and CuPy (reference.py), specialised for the CPU (cpu.py: multi-threaded passes) and the
+GPU (cuda.py: CuPy kernels)."""

@@ -5,7 +5,8 @@ when its workspace is preset (no allocation inside the graph), so RustyFlow keep
 handle bound to the backend's stream with a fixed workspace and calls
 cublasGemmStridedBatchedEx for every matmul. Row-major arrays are handled by computing
 C^T = B^T A^T in cuBLAS's column-major convention; transposed views are passed as op=T, so
-`h @ W.T` (the tied LM head) needs no copy.
+`h @ W.T` (the tied LM head) needs no copy. A, B and C share one type, float32, float64 or
+float16; float16 products accumulate in fp32.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from ..precision import MatmulCompute
+
 _OP_N, _OP_T = 0, 1
-_CUDA_R_32F, _CUDA_R_64F = 0, 1
+# The cudaDataType of each operand dtype (A, B and C share it): CUDA_R_32F, _64F, _16F.
+_CUDA_TYPES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.float16): 2}
 _COMPUTE_32F, _COMPUTE_64F, _COMPUTE_32F_FAST_TF32 = 68, 70, 77
 _GEMM_DEFAULT = -1
 _WORKSPACE_BYTES = 32 * 2**20
@@ -67,7 +71,7 @@ class Cublas:
         _check(self.lib.cublasSetWorkspace_v2(self.handle, ctypes.c_void_p(self.workspace.data.ptr),
                                               ctypes.c_size_t(_WORKSPACE_BYTES)),
                "cublasSetWorkspace")
-        self.tf32 = False
+        self.matmul_compute: MatmulCompute = "fp32"  # Precision.matmul_compute
         self._one32, self._zero32 = ctypes.c_float(1.0), ctypes.c_float(0.0)
         self._one64, self._zero64 = ctypes.c_double(1.0), ctypes.c_double(0.0)
 
@@ -95,18 +99,24 @@ class Cublas:
                 break
         return x, strides[lead - 1]
 
-    def matmul(self, a: Any, b: Any, strict: bool = False) -> Any:
-        """a @ b for 2-D/batched operands of equal batch shape, or batched @ 2-D.
+    def matmul(self, a: Any, b: Any, strict: bool = False, *, out: Any = None) -> Any:
+        """a @ b for 2-D/batched operands of equal batch shape, or batched @ 2-D, written
+        into `out` (C-contiguous, the result's shape and dtype) when given.
 
         strict=True keeps full fp32 even when TF32 is on (for reductions written as GEMMs)."""
-        if a.dtype != b.dtype or a.dtype not in (np.float32, np.float64):
-            return self.xp.matmul(a, b)
+        if a.dtype != b.dtype or a.dtype not in _CUDA_TYPES:
+            return self.xp.matmul(a, b, out=out)
         if a.ndim > 2 and b.ndim > 2 and a.shape[:-2] != b.shape[:-2]:
-            return self.xp.matmul(a, b)
+            return self.xp.matmul(a, b, out=out)
         m, k = a.shape[-2:]
         n = b.shape[-1]
         batch_shape = a.shape[:-2] if a.ndim > 2 else b.shape[:-2]
-        out = self.xp.empty((*batch_shape, m, n), dtype=a.dtype)
+        shape = (*batch_shape, m, n)
+        if out is None:
+            out = self.xp.empty(shape, dtype=a.dtype)
+        elif out.shape != shape or out.dtype != a.dtype or not out.flags.c_contiguous:
+            raise ValueError(f"matmul: out must be C-contiguous {shape} {a.dtype}, not "
+                             f"{out.shape} {out.dtype}")
         if out.size == 0:
             return out
         if b.ndim == 2 and a.ndim > 2 and a.flags.c_contiguous:
@@ -117,10 +127,11 @@ class Cublas:
         b, stride_b = self._batch_stride(b)
         a, op_a, lda = self._operand(a)
         b, op_b, ldb = self._operand(b)
+        dtype = _CUDA_TYPES[a.dtype]
         double = a.dtype == np.float64
-        dtype = _CUDA_R_64F if double else _CUDA_R_32F
-        compute = (_COMPUTE_64F if double else
-                   _COMPUTE_32F_FAST_TF32 if self.tf32 and not strict else _COMPUTE_32F)
+        tf32 = self.matmul_compute == "tf32" and a.dtype == np.float32 and not strict
+        # 16-bit operands accumulate in fp32 (COMPUTE_32F, fp32 alpha and beta)
+        compute = _COMPUTE_64F if double else _COMPUTE_32F_FAST_TF32 if tf32 else _COMPUTE_32F
         one, zero = (self._one64, self._zero64) if double else (self._one32, self._zero32)
         _check(self.lib.cublasGemmStridedBatchedEx(
             self.handle, op_b, op_a, n, m, k, ctypes.byref(one),

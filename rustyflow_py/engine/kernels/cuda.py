@@ -1,8 +1,13 @@
 """CUDA kernels (CuPy) for the ops where eager elementwise launches would dominate.
 
-Each RawKernel source is written once with `real` as its element type and compiled for
-float32 and float64 on first use (float64 is for gradient checks). Reductions along rows use
-one warp per row (LayerNorm, attention softmax) or one block per row (the vocabulary-wide
+Each RawKernel source is written once over two types and compiled per storage dtype on first
+use: `real`, the type of the arrays it loads and stores (float, double or __half), and `acc`,
+the type it computes and reduces in (float, and double for float64, the gradient checks'
+type). Loads convert real -> acc and stores acc -> real, so 16-bit data is summed in fp32;
+statistics kept for backward (LayerNorm mean/rstd, log-sum-exps, per-row losses) are acc
+arrays, and scalar arguments (eps, scale) are acc. For float32 acc is real and the casts are
+no-ops: the arithmetic is the one a plain float kernel does. Reductions along rows use one
+warp per row (LayerNorm, attention softmax) or one block per row (the vocabulary-wide
 softmax cross-entropy). Everything is launched on the backend's stream and reads scalars such
 as the learning rate from device memory, so a whole training step can be graph-captured.
 """
@@ -14,16 +19,17 @@ from typing import Any
 
 import numpy as np
 
+from ..precision import accumulate_dtype
 from .cublas import Cublas
 from .reference import GELU_C, GELU_K, XpKernels
 
 _WARP_REDUCE = r"""
-#define NEG_INF ((real)__longlong_as_double(0xfff0000000000000ULL))
-__device__ __forceinline__ real warp_sum(real v) {
+#define NEG_INF ((acc)__longlong_as_double(0xfff0000000000000ULL))
+__device__ __forceinline__ acc warp_sum(acc v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffff, v, o);
     return v;
 }
-__device__ __forceinline__ real warp_max(real v) {
+__device__ __forceinline__ acc warp_max(acc v) {
     for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(0xffffffff, v, o));
     return v;
 }
@@ -33,146 +39,150 @@ _SOURCES = {
     # LayerNorm forward, one warp per row of C features.
     "ln_fwd": r"""
 extern "C" __global__ void ln_fwd(const real* x, const real* w, const real* b, real* y,
-                                  real* mean, real* rstd, int n, int c, real eps) {
+                                  acc* mean, acc* rstd, int n, int c, acc eps) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= n) return;
     const real* xr = x + (long long)row * c;
-    real s = 0;
-    for (int i = lane; i < c; i += 32) s += xr[i];
-    real m = warp_sum(s) / c, v = 0;
-    for (int i = lane; i < c; i += 32) { real d = xr[i] - m; v += d * d; }
-    real r = rsqrt(warp_sum(v) / c + eps);
+    acc s = 0;
+    for (int i = lane; i < c; i += 32) s += (acc)xr[i];
+    acc m = warp_sum(s) / c, v = 0;
+    for (int i = lane; i < c; i += 32) { acc d = (acc)xr[i] - m; v += d * d; }
+    acc r = rsqrt(warp_sum(v) / c + eps);
     real* yr = y + (long long)row * c;
-    for (int i = lane; i < c; i += 32) yr[i] = (xr[i] - m) * r * w[i] + b[i];
+    for (int i = lane; i < c; i += 32)
+        yr[i] = (real)(((acc)xr[i] - m) * r * (acc)w[i] + (acc)b[i]);
     if (lane == 0) { mean[row] = m; rstd[row] = r; }
 }""",
     # LayerNorm backward for dx, one warp per row.
     "ln_bwd_dx": r"""
 extern "C" __global__ void ln_bwd_dx(const real* g, const real* x, const real* w,
-                                     const real* mean, const real* rstd, real* dx, int n, int c) {
+                                     const acc* mean, const acc* rstd, real* dx, int n, int c) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= n) return;
     long long off = (long long)row * c;
-    real m = mean[row], r = rstd[row], s1 = 0, s2 = 0;
+    acc m = mean[row], r = rstd[row], s1 = 0, s2 = 0;
     for (int i = lane; i < c; i += 32) {
-        real gw = g[off + i] * w[i];
+        acc gw = (acc)g[off + i] * (acc)w[i];
         s1 += gw;
-        s2 += gw * (x[off + i] - m) * r;
+        s2 += gw * ((acc)x[off + i] - m) * r;
     }
     s1 = warp_sum(s1) / c;
     s2 = warp_sum(s2) / c;
     for (int i = lane; i < c; i += 32) {
-        real xhat = (x[off + i] - m) * r;
-        dx[off + i] = r * (g[off + i] * w[i] - s1 - xhat * s2);
+        acc xhat = ((acc)x[off + i] - m) * r;
+        dx[off + i] = (real)(r * ((acc)g[off + i] * (acc)w[i] - s1 - xhat * s2));
     }
 }""",
-    # LayerNorm backward for dw, db: per-chunk column partial sums (summed afterwards).
+    # LayerNorm backward for dw, db: per-chunk column partial sums in acc (summed afterwards).
     "ln_bwd_dwdb": r"""
-extern "C" __global__ void ln_bwd_dwdb(const real* g, const real* x, const real* mean,
-                                       const real* rstd, real* pdw, real* pdb, int n, int c,
+extern "C" __global__ void ln_bwd_dwdb(const real* g, const real* x, const acc* mean,
+                                       const acc* rstd, acc* pdw, acc* pdb, int n, int c,
                                        int rows_per_chunk) {
     int col = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
     if (col >= c) return;
     int start = chunk * rows_per_chunk, stop = min(n, start + rows_per_chunk);
-    real dw = 0, db = 0;
+    acc dw = 0, db = 0;
     for (int row = start; row < stop; ++row) {
         long long off = (long long)row * c + col;
-        dw += g[off] * (x[off] - mean[row]) * rstd[row];
-        db += g[off];
+        dw += (acc)g[off] * ((acc)x[off] - mean[row]) * rstd[row];
+        db += (acc)g[off];
     }
     pdw[(long long)chunk * c + col] = dw;
     pdb[(long long)chunk * c + col] = db;
 }""",
     # Causal scale + mask + softmax over rows of (B*H*T, T) scores, in place; warp per row.
     "softmax_fwd": r"""
-extern "C" __global__ void softmax_fwd(real* s, real* lse, int rows, int t, real scale) {
+extern "C" __global__ void softmax_fwd(real* s, acc* lse, int rows, int t, acc scale) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
     int q = row % t;  // query position: keys 0..q are visible
     real* sr = s + (long long)row * t;
-    real m = NEG_INF;
-    for (int j = lane; j <= q; j += 32) m = max(m, sr[j] * scale);
+    acc m = NEG_INF;
+    for (int j = lane; j <= q; j += 32) m = max(m, (acc)sr[j] * scale);
     m = warp_max(m);
-    real z = 0;
-    for (int j = lane; j <= q; j += 32) z += exp(sr[j] * scale - m);
+    acc z = 0;
+    for (int j = lane; j <= q; j += 32) z += exp((acc)sr[j] * scale - m);
     z = warp_sum(z);
-    real inv = 1 / z;
-    for (int j = lane; j < t; j += 32) sr[j] = j <= q ? exp(sr[j] * scale - m) * inv : 0;
+    acc inv = 1 / z;
+    for (int j = lane; j < t; j += 32)
+        sr[j] = (real)(j <= q ? exp((acc)sr[j] * scale - m) * inv : 0);
     if (lse != 0 && lane == 0) lse[row] = m + log(z);
 }""",
     # Probabilities again from the saved log-sum-exp (attention backward), in place.
     "softmax_recompute": r"""
-extern "C" __global__ void softmax_recompute(real* s, const real* lse, int rows, int t,
-                                             real scale) {
+extern "C" __global__ void softmax_recompute(real* s, const acc* lse, int rows, int t,
+                                             acc scale) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
     int q = row % t;
     real* sr = s + (long long)row * t;
-    real l = lse[row];
-    for (int j = lane; j < t; j += 32) sr[j] = j <= q ? exp(sr[j] * scale - l) : 0;
+    acc l = lse[row];
+    for (int j = lane; j < t; j += 32) sr[j] = (real)(j <= q ? exp((acc)sr[j] * scale - l) : 0);
 }""",
     "softmax_bwd": r"""
 extern "C" __global__ void softmax_bwd(const real* g, const real* p, real* ds, int rows, int t,
-                                       real scale) {
+                                       acc scale) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= rows) return;
     long long off = (long long)row * t;
-    real dot = 0;
-    for (int j = lane; j < t; j += 32) dot += g[off + j] * p[off + j];
+    acc dot = 0;
+    for (int j = lane; j < t; j += 32) dot += (acc)g[off + j] * (acc)p[off + j];
     dot = warp_sum(dot);
-    for (int j = lane; j < t; j += 32) ds[off + j] = p[off + j] * (g[off + j] - dot) * scale;
+    for (int j = lane; j < t; j += 32)
+        ds[off + j] = (real)((acc)p[off + j] * ((acc)g[off + j] - dot) * scale);
 }""",
     # Softmax cross-entropy forward: per row (block), online max/sum -> log-sum-exp and NLL.
     "xent_fwd": r"""
-extern "C" __global__ void xent_fwd(const real* logits, const int* targets, real* lse,
-                                    real* nll, int v) {
-    __shared__ real sm[32], ss[32];
+extern "C" __global__ void xent_fwd(const real* logits, const int* targets, acc* lse,
+                                    acc* nll, int v) {
+    __shared__ acc sm[32], ss[32];
     int row = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     const real* xr = logits + (long long)row * v;
-    real m = NEG_INF, s = 0;
+    acc m = NEG_INF, s = 0;
     for (int i = threadIdx.x; i < v; i += blockDim.x) {
-        real xi = xr[i];
+        acc xi = (acc)xr[i];
         if (xi > m) { s = s * exp(m - xi) + 1; m = xi; } else { s += exp(xi - m); }
     }
     for (int o = 16; o > 0; o >>= 1) {  // merge (m, s) pairs across the warp
-        real m2 = __shfl_xor_sync(0xffffffff, m, o), s2 = __shfl_xor_sync(0xffffffff, s, o);
-        real mm = max(m, m2);
+        acc m2 = __shfl_xor_sync(0xffffffff, m, o), s2 = __shfl_xor_sync(0xffffffff, s, o);
+        acc mm = max(m, m2);
         s = (m == NEG_INF ? 0 : s * exp(m - mm)) + (m2 == NEG_INF ? 0 : s2 * exp(m2 - mm));
         m = mm;
     }
     if (lane == 0) { sm[warp] = m; ss[warp] = s; }
     __syncthreads();
     if (threadIdx.x == 0) {
-        real mt = sm[0], st = ss[0];
+        acc mt = sm[0], st = ss[0];
         for (int k = 1; k < blockDim.x / 32; ++k) {
-            real mm = max(mt, sm[k]);
+            acc mm = max(mt, sm[k]);
             st = st * exp(mt - mm) + ss[k] * exp(sm[k] - mm);
             mt = mm;
         }
-        real l = mt + log(st);
+        acc l = mt + log(st);
         lse[row] = l;
-        nll[row] = l - xr[targets[row]];
+        nll[row] = l - (acc)xr[targets[row]];
     }
 }""",
     # Its backward: d(logits) = (softmax - onehot) * g / N, written over the logits buffer.
     "xent_bwd": r"""
-extern "C" __global__ void xent_bwd(const real* logits, const int* targets, const real* lse,
-                                    const real* g, real* out, int n, int v) {
+extern "C" __global__ void xent_bwd(const real* logits, const int* targets, const acc* lse,
+                                    const acc* g, real* out, int n, int v) {
     int row = blockIdx.x;
     long long off = (long long)row * v;
-    real l = lse[row], scale = g[0] / n;
+    acc l = lse[row], scale = g[0] / n;
     int t = targets[row];
     for (int i = threadIdx.x; i < v; i += blockDim.x)
-        out[off + i] = (exp(logits[off + i] - l) - (i == t ? 1 : 0)) * scale;
+        out[off + i] = (real)((exp((acc)logits[off + i] - l) - (i == t ? 1 : 0)) * scale);
 }""",
-    # The batch of step `*step` (mod the epoch's batch count), gathered on the device.
+    # The batch of step `*step` (mod the epoch's batch count), gathered on the device from
+    # this rank's b rows of the stream, starting at row0.
     "gather_batch": r"""
 extern "C" __global__ void gather_batch(const int* stream, const int* step, int* x, int* y,
-                                        int b, int n, int t, int nb) {
+                                        int row0, int b, int n, int t, int nb) {
     int k = blockIdx.x * blockDim.x + threadIdx.x;
     if (k >= b * t) return;
     int row = k / t, col = k % t, i = step[0] % nb;
-    long long src = (long long)row * n + (long long)i * t + col;
+    long long src = (long long)(row0 + row) * n + (long long)i * t + col;
     x[k] = stream[src];
     y[k] = stream[src + 1];
 }""",
@@ -182,7 +192,18 @@ extern "C" __global__ void store_at_step(real* ring, const int* step, const real
 }""",
 }
 
-_CTYPE = {np.dtype(np.float32): "float", np.dtype(np.float64): "double"}
+# Storage dtype -> (real, acc, the header that defines real).
+_CTYPE = {
+    np.dtype(np.float32): ("float", "float", ""),
+    np.dtype(np.float64): ("double", "double", ""),
+    np.dtype(np.float16): ("__half", "float", "#include <cuda_fp16.h>"),
+}
+# The acc of an ElementwiseKernel's T: float, or double for double (CuPy names its 16-bit
+# types itself, so they take the default).
+_ACC_TRAIT = """
+template <typename T> struct rf_acc { typedef float type; };
+template <> struct rf_acc<double> { typedef double type; };
+"""
 _WARPS_PER_BLOCK = 8
 
 
@@ -190,7 +211,8 @@ _WARPS_PER_BLOCK = 8
 def _kernel(name: str, dtype: np.dtype) -> Any:
     import cupy
 
-    code = f"typedef {_CTYPE[dtype]} real;\n{_WARP_REDUCE}\n{_SOURCES[name]}"
+    real, acc, header = _CTYPE[dtype]
+    code = f"{header}\ntypedef {real} real;\ntypedef {acc} acc;\n{_WARP_REDUCE}\n{_SOURCES[name]}"
     return cupy.RawKernel(code, name)
 
 
@@ -198,15 +220,18 @@ def _kernel(name: str, dtype: np.dtype) -> Any:
 def _elementwise() -> dict[str, Any]:
     import cupy
 
-    gelu = f"T u = x + b; T t = tanh((T){GELU_C!r} * u * (1 + (T){GELU_K!r} * u * u));"
+    # GELU loads and stores T and computes in A = rf_acc<T>::type, as the RawKernels do.
+    gelu = (f"typedef rf_acc<T>::type A; A u = (A)x + (A)b;"
+            f" A t = tanh((A){GELU_C!r} * u * (1 + (A){GELU_K!r} * u * u));")
     return {
         "gelu_fwd": cupy.ElementwiseKernel(
-            "T x, T b", "T y", gelu + "y = (T)0.5 * u * (1 + t);", "rf_gelu_fwd"),
+            "T x, T b", "T y", gelu + "y = (T)((A)0.5 * u * (1 + t));", "rf_gelu_fwd",
+            preamble=_ACC_TRAIT),
         "gelu_bwd": cupy.ElementwiseKernel(
             "T g, T x, T b", "T dx",
-            gelu + f"T d = (T)0.5 * (1 + t) + (T)0.5 * u * (1 - t * t) * (T){GELU_C!r}"
-            f" * (1 + 3 * (T){GELU_K!r} * u * u); dx = g * d;",
-            "rf_gelu_bwd"),
+            gelu + f"A d = (A)0.5 * (1 + t) + (A)0.5 * u * (1 - t * t) * (A){GELU_C!r}"
+            f" * (1 + 3 * (A){GELU_K!r} * u * u); dx = (T)((A)g * d);",
+            "rf_gelu_bwd", preamble=_ACC_TRAIT),
         # Decoupled weight decay on the first `decay` elements, then the Adam moment update.
         "adamw": cupy.ElementwiseKernel(
             "T g, float32 lr, int32 step, float32 scale, float32 b1, float32 b2, float32 eps, "
@@ -250,8 +275,9 @@ class CudaKernels(XpKernels):
         self.cublas = Cublas(backend.xp, backend.stream)
         self._ones: dict[tuple[int, Any], Any] = {}
 
-    def matmul(self, a: Any, b: Any) -> Any:
-        return self.cublas.matmul(a, b)
+    def matmul(self, a: Any, b: Any, *, transpose_b: bool = False, out: Any = None) -> Any:
+        """cuBLAS takes the swapped view as op=T: no copy."""
+        return self.cublas.matmul(a, self.xp.swapaxes(b, -1, -2) if transpose_b else b, out=out)
 
     def sum_rows(self, x: Any) -> Any:
         """Column sums of (N, C) as ones(1, N) @ x: one bandwidth-bound GEMM, several times
@@ -262,11 +288,17 @@ class CudaKernels(XpKernels):
             self._ones[key] = self.xp.ones((1, n), dtype=x.dtype)
         return self.cublas.matmul(self._ones[key], x, strict=True)[0]
 
-    def _k(self, name: str, dtype: Any) -> Any:
+    def _k(self, name: str, dtype: Any, *same: Any) -> Any:
+        """Kernel `name` for storage `dtype`. It reads raw pointers, so the arrays in `same`
+        are checked to be of that dtype: another would be read as garbage."""
+        for a in same:
+            if a.dtype != dtype:
+                raise TypeError(f"{name}: {a.dtype} array where the kernel takes {dtype}")
         return _kernel(name, np.dtype(dtype))
 
-    def _real(self, value: float, dtype: Any) -> Any:
-        return np.dtype(dtype).type(value)
+    def _acc(self, value: float, dtype: Any) -> Any:
+        """A scalar argument in the acc type of storage `dtype`."""
+        return accumulate_dtype(dtype).type(value)
 
     # ---- LayerNorm -------------------------------------------------------------------------
     def layernorm_forward(self, x: Any, w: Any, b: Any, eps: float) -> tuple[Any, Any, Any]:
@@ -275,10 +307,10 @@ class CudaKernels(XpKernels):
         c = x.shape[-1]
         n = x.size // c
         y = xp.empty_like(x)
-        mean = xp.empty(x.shape[:-1] + (1,), dtype=x.dtype)
+        mean = xp.empty(x.shape[:-1] + (1,), dtype=accumulate_dtype(x.dtype))
         rstd = xp.empty_like(mean)
-        self._k("ln_fwd", x.dtype)(*_grid(n), (x, w, b, y, mean, rstd, np.int32(n), np.int32(c),
-                                               self._real(eps, x.dtype)))
+        self._k("ln_fwd", x.dtype, w, b)(*_grid(n), (x, w, b, y, mean, rstd, np.int32(n),
+                                                     np.int32(c), self._acc(eps, x.dtype)))
         return y, mean, rstd
 
     def layernorm_backward(
@@ -289,16 +321,18 @@ class CudaKernels(XpKernels):
         c = x.shape[-1]
         n = x.size // c
         dx = xp.empty_like(x)
-        self._k("ln_bwd_dx", x.dtype)(*_grid(n), (g, x, w, mean, rstd, dx, np.int32(n),
-                                                  np.int32(c)))
+        acc = accumulate_dtype(x.dtype)
+        self._k("ln_bwd_dx", x.dtype, g, w)(*_grid(n), (g, x, w, mean, rstd, dx, np.int32(n),
+                                                        np.int32(c)))
         rows_per_chunk = 64
         chunks = (n + rows_per_chunk - 1) // rows_per_chunk
-        pdw = xp.empty((chunks, c), dtype=x.dtype)
+        pdw = xp.empty((chunks, c), dtype=acc)  # partial sums stay in acc until summed
         pdb = xp.empty_like(pdw)
         self._k("ln_bwd_dwdb", x.dtype)(
             ((c + 127) // 128, chunks), (128,),
             (g, x, mean, rstd, pdw, pdb, np.int32(n), np.int32(c), np.int32(rows_per_chunk)))
-        return dx, self.sum_rows(pdw), self.sum_rows(pdb)
+        return (dx, self.sum_rows(pdw).astype(w.dtype, copy=False),
+                self.sum_rows(pdb).astype(w.dtype, copy=False))
 
     # ---- GELU ---------------------------------------------------------------------------------
     def gelu_forward(self, x: Any, bias: Any | None) -> Any:
@@ -316,10 +350,11 @@ class CudaKernels(XpKernels):
         s = self.xp.ascontiguousarray(scores)
         t = s.shape[-1]
         rows = s.size // t
-        lse = self.xp.empty(s.shape[:-1] + (1,), dtype=s.dtype) if with_lse else None
+        acc = accumulate_dtype(s.dtype)
+        lse = self.xp.empty(s.shape[:-1] + (1,), dtype=acc) if with_lse else None
         self._k("softmax_fwd", s.dtype)(*_grid(rows), (s, lse if with_lse else 0,
                                                        np.int32(rows), np.int32(t),
-                                                       self._real(scale, s.dtype)))
+                                                       acc.type(scale)))
         return (s, lse) if with_lse else s
 
     def causal_softmax_recompute(self, scores: Any, lse: Any, scale: float) -> Any:
@@ -328,7 +363,7 @@ class CudaKernels(XpKernels):
         rows = s.size // t
         self._k("softmax_recompute", s.dtype)(*_grid(rows), (s, lse, np.int32(rows),
                                                              np.int32(t),
-                                                             self._real(scale, s.dtype)))
+                                                             self._acc(scale, s.dtype)))
         return s
 
     def causal_softmax_backward(self, g: Any, probs: Any, scale: float) -> Any:
@@ -336,8 +371,9 @@ class CudaKernels(XpKernels):
         t = probs.shape[-1]
         rows = probs.size // t
         ds = self.xp.empty_like(probs)
-        self._k("softmax_bwd", g.dtype)(*_grid(rows), (g, probs, ds, np.int32(rows),
-                                                       np.int32(t), self._real(scale, g.dtype)))
+        self._k("softmax_bwd", g.dtype, probs)(*_grid(rows), (g, probs, ds, np.int32(rows),
+                                                              np.int32(t),
+                                                              self._acc(scale, g.dtype)))
         return ds
 
     # ---- softmax cross-entropy ------------------------------------------------------------
@@ -350,7 +386,7 @@ class CudaKernels(XpKernels):
         logits = xp.ascontiguousarray(logits)
         targets = xp.ascontiguousarray(targets, dtype=np.int32)
         n, v = logits.shape
-        lse = xp.empty(n, dtype=logits.dtype)
+        lse = xp.empty(n, dtype=accumulate_dtype(logits.dtype))  # and the loss, in acc
         nll = xp.empty_like(lse)
         self._k("xent_fwd", logits.dtype)((n,), (512,), (logits, targets, lse, nll, np.int32(v)))
         state = (logits, targets, lse, inplace) if need_grad else None
@@ -360,7 +396,7 @@ class CudaKernels(XpKernels):
         logits, targets, lse, inplace = state
         n, v = logits.shape
         out = logits if inplace else self.xp.empty_like(logits)
-        g = self.xp.ascontiguousarray(g, dtype=logits.dtype)
+        g = self.xp.ascontiguousarray(g, dtype=lse.dtype)
         self._k("xent_bwd", logits.dtype)((n,), (512,), (logits, targets, lse, g, out,
                                                          np.int32(n), np.int32(v)))
         return out
@@ -388,15 +424,17 @@ class CudaKernels(XpKernels):
                               velocity)
 
     # ---- data ---------------------------------------------------------------------------------
-    def gather_batch(self, stream: Any, step: Any, seq_len: int, x: Any, y: Any) -> None:
+    def gather_batch(self, stream: Any, step: Any, seq_len: int, x: Any, y: Any, *,
+                     rank: int = 0, world_size: int = 1) -> None:
         """x, y <- the window of batch (step mod batches-per-epoch), without the host."""
-        b, n = stream.shape
+        row0 = self._shard_start(stream, x, rank, world_size)
+        b, n = x.shape[0], stream.shape[1]
         nb = (n - 1) // seq_len
         total = b * seq_len
         self._k("gather_batch", np.dtype(np.float32))(
             ((total + 255) // 256,), (256,),
-            (stream, step, x, y, np.int32(b), np.int32(n), np.int32(seq_len), np.int32(nb)))
-
+            (stream, step, x, y, np.int32(row0), np.int32(b), np.int32(n), np.int32(seq_len),
+             np.int32(nb)))
 
     def store_at_step(self, ring: Any, step: Any, value: Any) -> None:
         value = self.xp.ascontiguousarray(value, dtype=ring.dtype)

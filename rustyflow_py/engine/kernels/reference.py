@@ -1,16 +1,28 @@
-"""Fused kernels written once against the array module `xp` (NumPy or CuPy).
+"""The kernels written once against the array module `xp` (NumPy or CuPy): the truth that
+every backend's faster version is tested against (contract.py documents each one).
 
 Each returns fresh arrays (or fills `out=` buffers) and keeps float32 inputs in float32:
-Python scalars are used as weak scalars so no float64 temporaries appear.
+Python scalars are used as weak scalars so no float64 temporaries appear. 16-bit inputs
+(float16) are computed in float32, their accumulation type, and only the results are rounded
+back: outputs keep the input's dtype, statistics (mean, rstd, lse, the loss) stay float32.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
+
+from ..precision import accumulate_dtype, is_16bit
 
 GELU_C = math.sqrt(2.0 / math.pi)
 GELU_K = 0.044715
+
+
+def _wide(*arrays: Any) -> tuple[Any, ...]:
+    """The arrays (None passes through), the 16-bit ones converted to float32."""
+    return tuple(a.astype(accumulate_dtype(a.dtype)) if a is not None and is_16bit(a.dtype)
+                 else a for a in arrays)
 
 
 class XpKernels:
@@ -21,15 +33,19 @@ class XpKernels:
         self.xp = backend.xp
         self._masks: dict[int, Any] = {}
 
-    def matmul(self, a: Any, b: Any) -> Any:
-        return self.xp.matmul(a, b)
+    def matmul(self, a: Any, b: Any, *, transpose_b: bool = False, out: Any = None) -> Any:
+        return self.xp.matmul(a, self.xp.swapaxes(b, -1, -2) if transpose_b else b, out=out)
 
     def sum_rows(self, x: Any) -> Any:
-        """Column sums of a 2-D array (bias gradients)."""
+        if is_16bit(x.dtype):
+            return x.sum(axis=0, dtype=accumulate_dtype(x.dtype)).astype(x.dtype)
         return x.sum(axis=0)
 
     # ---- LayerNorm over the last axis ------------------------------------------------------
     def layernorm_forward(self, x: Any, w: Any, b: Any, eps: float) -> tuple[Any, Any, Any]:
+        if is_16bit(x.dtype):
+            y, mean, rstd = XpKernels.layernorm_forward(self, *_wide(x, w, b), eps)
+            return y.astype(x.dtype), mean, rstd
         xp = self.xp
         mean = x.mean(axis=-1, keepdims=True)  # (..., 1)
         xc = x - mean
@@ -43,6 +59,9 @@ class XpKernels:
     def layernorm_backward(
         self, g: Any, x: Any, w: Any, mean: Any, rstd: Any
     ) -> tuple[Any, Any, Any]:
+        if is_16bit(x.dtype):
+            dx, dw, db = XpKernels.layernorm_backward(self, *_wide(g, x, w), mean, rstd)
+            return dx.astype(x.dtype), dw.astype(w.dtype), db.astype(w.dtype)
         lead = tuple(range(x.ndim - 1))
         xhat = (x - mean) * rstd
         db = g.sum(axis=lead)
@@ -55,6 +74,8 @@ class XpKernels:
 
     # ---- GELU (tanh approximation), optionally with the preceding bias add fused in ----------
     def gelu_forward(self, x: Any, bias: Any | None) -> Any:
+        if is_16bit(x.dtype):
+            return XpKernels.gelu_forward(self, *_wide(x, bias)).astype(x.dtype)
         xp = self.xp
         if bias is not None:
             x = x + bias
@@ -70,6 +91,8 @@ class XpKernels:
         return t
 
     def gelu_backward(self, g: Any, x: Any, bias: Any | None) -> Any:
+        if is_16bit(x.dtype):
+            return XpKernels.gelu_backward(self, *_wide(g, x, bias)).astype(x.dtype)
         xp = self.xp
         if bias is not None:
             x = x + bias
@@ -92,10 +115,9 @@ class XpKernels:
     def causal_softmax_forward(
         self, scores: Any, scale: float, with_lse: bool = False
     ) -> Any:
-        """Softmax of scale*scores with future positions masked; overwrites `scores`.
-
-        with_lse=True also returns each row's log-sum-exp (B, H, T, 1) of the scaled scores,
-        from which causal_softmax_recompute rebuilds the probabilities."""
+        if is_16bit(scores.dtype):
+            out = XpKernels.causal_softmax_forward(self, *_wide(scores), scale, with_lse)
+            return (out[0].astype(scores.dtype), out[1]) if with_lse else out.astype(scores.dtype)
         xp = self.xp
         s = scores
         s *= scale
@@ -110,7 +132,10 @@ class XpKernels:
         return s, xp.log(z) + m
 
     def causal_softmax_recompute(self, scores: Any, lse: Any, scale: float) -> Any:
-        """exp(scale*scores - lse) with future positions zeroed; overwrites `scores`."""
+        """exp(scale*scores - lse) with future positions zeroed."""
+        if is_16bit(scores.dtype):
+            return XpKernels.causal_softmax_recompute(self, *_wide(scores), lse,
+                                                      scale).astype(scores.dtype)
         xp = self.xp
         s = scores
         s *= scale
@@ -121,6 +146,9 @@ class XpKernels:
 
     def causal_softmax_backward(self, g: Any, probs: Any, scale: float) -> Any:
         """d(scores) from d(probs); masked entries have probs == 0 so get 0."""
+        if is_16bit(probs.dtype):
+            return XpKernels.causal_softmax_backward(self, *_wide(g, probs),
+                                                     scale).astype(probs.dtype)
         ds = g * probs
         ds -= probs * ds.sum(axis=-1, keepdims=True)
         ds *= scale
@@ -130,11 +158,13 @@ class XpKernels:
     def cross_entropy(
         self, logits: Any, targets: Any, need_grad: bool, inplace: bool
     ) -> tuple[Any, Any]:
-        """Mean NLL over rows of (N, V) logits, and the state its backward needs.
-
-        Here the state is d(loss)/d(logits) itself, made in the same pass as the loss; with
+        """Here the state is d(loss)/d(logits) itself, made in the same pass as the loss; with
         inplace=True it reuses the logits buffer, so the largest activation exists once.
+        For 16-bit logits that state is rounded to their dtype, as d(logits) will be.
         """
+        if is_16bit(logits.dtype):
+            loss, e = XpKernels.cross_entropy(self, *_wide(logits), targets, need_grad, True)
+            return loss, (e.astype(logits.dtype) if need_grad else None)
         xp = self.xp
         n = logits.shape[0]
         rows = xp.arange(n)
@@ -151,25 +181,22 @@ class XpKernels:
         return loss, e
 
     def cross_entropy_backward(self, state: Any, g: Any) -> Any:
-        """d(logits) for upstream gradient g (a scalar); may reuse the state's buffer."""
         state *= g
         return state
 
     # ---- tied LM head + cross-entropy: loss of logits = h @ w.T ---------------------------------
     def lm_head_xent(
-        self, h: Any, w: Any, targets: Any, need_grad: bool, mm: Any
+        self, h: Any, w: Any, targets: Any, need_grad: bool, mm: Callable[..., Any]
     ) -> tuple[Any, Any]:
-        """Mean NLL of h @ w.T, (N, E) x (V, E). `mm(a, b)` runs a GEMM through the profiler's
-        choke point. Here: the GEMM, then cross_entropy in place on the logits (a backend may
-        fuse the two more tightly)."""
-        logits = mm(h, w.T)
+        """Here: the GEMM, then cross_entropy in place on the logits (a backend may fuse the
+        two more tightly)."""
+        logits = mm(h, w, transpose_b=True)  # (N, V)
         loss, state = self.cross_entropy(logits, targets, need_grad, True)
         return loss, ((state, h, w) if need_grad else None)
 
     def lm_head_xent_backward(
-        self, state: Any, g: Any, need_h: bool, need_w: bool, mm: Any
+        self, state: Any, g: Any, need_h: bool, need_w: bool, mm: Callable[..., Any]
     ) -> tuple[Any, Any]:
-        """(d h, d w) for upstream gradient g (a scalar); None where not needed."""
         xent, h, w = state
         dlogits = self.cross_entropy_backward(xent, g)
         dh = mm(dlogits, w) if need_h else None
@@ -178,7 +205,6 @@ class XpKernels:
 
     # ---- embedding backward: rows of g added into the (V, E) gradient ---------------------------
     def scatter_add_rows(self, dst: Any, idx: Any, rows: Any) -> None:
-        """dst[idx[i]] += rows[i] for every i, repeated indices included."""
         self.xp.add.at(dst, idx.ravel(), rows.reshape(-1, dst.shape[-1]))
 
     # ---- optimizer kernels over the flat parameter buffer ------------------------------------
@@ -189,7 +215,6 @@ class XpKernels:
         self, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any, scale: Any,
         betas: tuple[float, float], eps: float, weight_decay: float, decay_size: int,
     ) -> None:
-        """One AdamW step in place; lr/step/scale are 0-d arrays (scale None: no clipping)."""
         xp = self.xp
         b1, b2 = betas
         if scale is not None:
@@ -222,12 +247,89 @@ class XpKernels:
         p -= lr.astype(p.dtype) * d
 
     # ---- data -------------------------------------------------------------------------------
-    def gather_batch(self, stream: Any, step: Any, seq_len: int, x: Any, y: Any) -> None:
-        """x, y <- the window of batch (step mod batches-per-epoch) of a (B, N) token stream."""
+    def gather_batch(self, stream: Any, step: Any, seq_len: int, x: Any, y: Any, *,
+                     rank: int = 0, world_size: int = 1) -> None:
+        first = self._shard_start(stream, x, rank, world_size)
+        rows = stream[first : first + x.shape[0]]  # (B, N): this rank's streams
         i = int(step) % ((stream.shape[1] - 1) // seq_len)
-        x[...] = stream[:, i * seq_len : (i + 1) * seq_len]
-        y[...] = stream[:, i * seq_len + 1 : (i + 1) * seq_len + 1]
+        x[...] = rows[:, i * seq_len : (i + 1) * seq_len]
+        y[...] = rows[:, i * seq_len + 1 : (i + 1) * seq_len + 1]
+
+    @staticmethod
+    def _shard_start(stream: Any, x: Any, rank: int, world_size: int) -> int:
+        """The first stream row of `rank`'s B = len(x) streams, in a stream of world_size * B
+        (host-side shapes only: nothing waits for the device)."""
+        b = x.shape[0]
+        if stream.shape[0] != world_size * b or not 0 <= rank < world_size:
+            raise ValueError(f"gather_batch: rank {rank} of {world_size} with {b} rows each, "
+                             f"but the stream has {stream.shape[0]} rows")
+        return rank * b
 
     def store_at_step(self, ring: Any, step: Any, value: Any) -> None:
-        """ring[(step - 1) % len(ring)] = value, with `step` a 0-d device counter."""
         ring[(int(step) - 1) % len(ring)] = value
+
+
+class ReferenceFor16Bit:
+    """For a backend whose own kernels are float32/float64 only (the CPU's): first among its
+    bases, this sends the kernels that reduce or keep statistics, called on 16-bit arrays, to
+    the reference formulation above (float32 inside), and everything else on to the backend.
+    The rest (GEMM, scatter-add, cross_entropy_backward, the optimizer on its float32 buffer)
+    take 16-bit arrays as they are."""
+
+    def layernorm_forward(self, x: Any, w: Any, b: Any, eps: float) -> tuple[Any, Any, Any]:
+        if is_16bit(x.dtype):
+            return XpKernels.layernorm_forward(self, x, w, b, eps)
+        return super().layernorm_forward(x, w, b, eps)
+
+    def layernorm_backward(
+        self, g: Any, x: Any, w: Any, mean: Any, rstd: Any
+    ) -> tuple[Any, Any, Any]:
+        if is_16bit(x.dtype):
+            return XpKernels.layernorm_backward(self, g, x, w, mean, rstd)
+        return super().layernorm_backward(g, x, w, mean, rstd)
+
+    def gelu_forward(self, x: Any, bias: Any | None) -> Any:
+        if is_16bit(x.dtype):
+            return XpKernels.gelu_forward(self, x, bias)
+        return super().gelu_forward(x, bias)
+
+    def gelu_backward(self, g: Any, x: Any, bias: Any | None) -> Any:
+        if is_16bit(x.dtype):
+            return XpKernels.gelu_backward(self, g, x, bias)
+        return super().gelu_backward(g, x, bias)
+
+    def causal_softmax_forward(self, scores: Any, scale: float, with_lse: bool = False) -> Any:
+        if is_16bit(scores.dtype):
+            return XpKernels.causal_softmax_forward(self, scores, scale, with_lse)
+        return super().causal_softmax_forward(scores, scale, with_lse)
+
+    def causal_softmax_recompute(self, scores: Any, lse: Any, scale: float) -> Any:
+        if is_16bit(scores.dtype):
+            return XpKernels.causal_softmax_recompute(self, scores, lse, scale)
+        return super().causal_softmax_recompute(scores, lse, scale)
+
+    def causal_softmax_backward(self, g: Any, probs: Any, scale: float) -> Any:
+        if is_16bit(probs.dtype):
+            return XpKernels.causal_softmax_backward(self, g, probs, scale)
+        return super().causal_softmax_backward(g, probs, scale)
+
+    def cross_entropy(
+        self, logits: Any, targets: Any, need_grad: bool, inplace: bool
+    ) -> tuple[Any, Any]:
+        if is_16bit(logits.dtype):
+            return XpKernels.cross_entropy(self, logits, targets, need_grad, inplace)
+        return super().cross_entropy(logits, targets, need_grad, inplace)
+
+    def lm_head_xent(
+        self, h: Any, w: Any, targets: Any, need_grad: bool, mm: Callable[..., Any]
+    ) -> tuple[Any, Any]:
+        if is_16bit(h.dtype):
+            return XpKernels.lm_head_xent(self, h, w, targets, need_grad, mm)
+        return super().lm_head_xent(h, w, targets, need_grad, mm)
+
+    def lm_head_xent_backward(
+        self, state: Any, g: Any, need_h: bool, need_w: bool, mm: Callable[..., Any]
+    ) -> tuple[Any, Any]:
+        if is_16bit(state[0].dtype):  # the reference's (16-bit d(logits), h, w)
+            return XpKernels.lm_head_xent_backward(self, state, g, need_h, need_w, mm)
+        return super().lm_head_xent_backward(state, g, need_h, need_w, mm)

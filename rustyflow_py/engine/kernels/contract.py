@@ -1,0 +1,155 @@
+"""The kernel contract: every method the ops, the optimizers and the trainer call on a
+backend's kernel set (`backend.kernels`), with one signature for every backend.
+
+The ops are written once against this Protocol, so a kernel whose signature differs between
+backends would only fail on the device that has it; tests/test_kernel_contract.py checks
+every backend class against it (names, parameter kinds, defaults) and their results against
+the reference formulation, kernels/reference.py.
+
+Common rules. Arrays live on the backend's device. Float arrays share one dtype, float32 for
+training or float64 for gradient checks, and results keep it. Integer arrays (targets,
+indices, tokens) are int32 or int64. Nothing here reads a value back to the host or
+synchronizes, so a training step can be captured as a CUDA graph: scalars that change from
+step to step (learning rate, step counter, clip scale) are 0-d device arrays. Arguments are
+not modified unless the docstring says so. A "state" that a forward returns is opaque to
+callers: hand it to the matching backward, once, and do not look inside (each backend keeps
+what its own backward needs, and it may alias the forward's buffers).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Protocol
+
+
+class Kernels(Protocol):
+    """The kernel set of one device (XpKernels, CpuKernels, CudaKernels)."""
+
+    xp: Any  # the array module (numpy or cupy)
+
+    # ---- GEMM and reductions ------------------------------------------------------------------
+    def matmul(self, a: Any, b: Any, *, transpose_b: bool = False, out: Any = None) -> Any:
+        """a @ b: (M, K) @ (K, N) -> (M, N); batched (..., M, K) @ (..., K, N) with equal
+        batch shapes; or (..., M, K) @ (K, N). transpose_b=True multiplies by b with its last
+        two axes swapped, b of (..., N, K), without copying it (the tied LM head). `out`, a
+        C-contiguous array of the result's shape and dtype, receives the product and is
+        returned; otherwise the result is a fresh array."""
+        ...
+
+    def sum_rows(self, x: Any) -> Any:
+        """Column sums (C,) of x (N, C): bias gradients."""
+        ...
+
+    # ---- LayerNorm over the last axis -----------------------------------------------------------
+    def layernorm_forward(self, x: Any, w: Any, b: Any, eps: float) -> tuple[Any, Any, Any]:
+        """(y, mean, rstd) for x (..., C), w and b (C,): y (..., C) is the normalised x
+        scaled by w and shifted by b; mean and rstd (..., 1) are its backward's inputs."""
+        ...
+
+    def layernorm_backward(
+        self, g: Any, x: Any, w: Any, mean: Any, rstd: Any
+    ) -> tuple[Any, Any, Any]:
+        """(dx (..., C), dw (C,), db (C,)) for upstream g (..., C), from the forward's x, w
+        and its mean, rstd (..., 1)."""
+        ...
+
+    # ---- GELU (tanh approximation), the preceding bias add fused in ---------------------------
+    def gelu_forward(self, x: Any, bias: Any | None) -> Any:
+        """GELU(x + bias) (..., C) for x (..., C) and bias (C,) or None."""
+        ...
+
+    def gelu_backward(self, g: Any, x: Any, bias: Any | None) -> Any:
+        """d(x + bias) (..., C) for upstream g (..., C), from the forward's inputs."""
+        ...
+
+    # ---- causal attention softmax over (B, H, T, T) scores ------------------------------------
+    def causal_softmax_forward(self, scores: Any, scale: float, with_lse: bool = False) -> Any:
+        """Softmax over the last axis of scale * scores (B, H, T, T) with the keys after each
+        query masked (probability exactly 0). Overwrites `scores` (the probabilities may be
+        that buffer). with_lse=True returns (probs, lse), lse (B, H, T, 1) being each row's
+        log-sum-exp of the scaled scores, which causal_softmax_recompute takes."""
+        ...
+
+    def causal_softmax_recompute(self, scores: Any, lse: Any, scale: float) -> Any:
+        """The probabilities (B, H, T, T) again from the same scores and the forward's lse
+        (B, H, T, 1), without a reduction. Overwrites `scores`."""
+        ...
+
+    def causal_softmax_backward(self, g: Any, probs: Any, scale: float) -> Any:
+        """d(scores) (B, H, T, T) for upstream g (B, H, T, T) on the probabilities; masked
+        entries come out 0."""
+        ...
+
+    # ---- softmax cross-entropy ----------------------------------------------------------------
+    def cross_entropy(
+        self, logits: Any, targets: Any, need_grad: bool, inplace: bool
+    ) -> tuple[Any, Any]:
+        """(loss, state): the mean NLL, a 0-d array, of logits (N, V) against targets (N,).
+        state is None unless need_grad; with inplace=True the logits buffer may be
+        overwritten (by this call or by the backward: do not read it afterwards)."""
+        ...
+
+    def cross_entropy_backward(self, state: Any, g: Any) -> Any:
+        """d(logits) (N, V) for upstream g, a 0-d array (the loss's gradient). May reuse the
+        state's buffers, so it runs once per state."""
+        ...
+
+    # ---- tied LM head + cross-entropy: the loss of logits = h @ w.T ----------------------------
+    def lm_head_xent(
+        self, h: Any, w: Any, targets: Any, need_grad: bool, mm: Callable[..., Any]
+    ) -> tuple[Any, Any]:
+        """(loss, state): the mean NLL, a 0-d array, of h (N, E) @ w.T, w (V, E), against
+        targets (N,), without handing the (N, V) logits back. Every GEMM goes through
+        `mm`, called like matmul (mm(a, b, transpose_b=..., out=...)), so the caller can
+        time it. state is None unless need_grad."""
+        ...
+
+    def lm_head_xent_backward(
+        self, state: Any, g: Any, need_h: bool, need_w: bool, mm: Callable[..., Any]
+    ) -> tuple[Any, Any]:
+        """(dh (N, E) or None, dw (V, E) or None) for upstream g, a 0-d array; GEMMs through
+        `mm` as in the forward. Consumes the state (once)."""
+        ...
+
+    # ---- embedding backward -------------------------------------------------------------------
+    def scatter_add_rows(self, dst: Any, idx: Any, rows: Any) -> None:
+        """dst (V, E)[idx[i]] += rows[i] in place for idx (...,) and rows (..., E), repeated
+        indices adding up."""
+        ...
+
+    # ---- optimizer kernels over the flat parameter buffer -------------------------------------
+    def l2_norm(self, g: Any) -> Any:
+        """sqrt(sum(g * g)) of a flat g (P,), as a 0-d array of g's dtype."""
+        ...
+
+    def adamw(
+        self, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any, scale: Any,
+        betas: tuple[float, float], eps: float, weight_decay: float, decay_size: int,
+    ) -> None:
+        """One AdamW step (PyTorch's order) that updates p, m and v (P,) in place from g
+        (P,). lr (0-d float32), step (0-d int32, already counting this step) and scale (the
+        0-d float32 clip factor applied to g, or None) are device arrays; weight decay
+        applies to p[:decay_size] only."""
+        ...
+
+    def sgd(
+        self, p: Any, g: Any, velocity: Any, lr: Any, scale: Any, momentum: float,
+        nesterov: bool, weight_decay: float, decay_size: int,
+    ) -> None:
+        """One SGD step (momentum, optionally Nesterov) that updates p and velocity (P,) in
+        place; lr, scale and decay_size as for adamw."""
+        ...
+
+    # ---- data and logging ------------------------------------------------------------------------
+    def gather_batch(self, stream: Any, step: Any, seq_len: int, x: Any, y: Any, *,
+                     rank: int = 0, world_size: int = 1) -> None:
+        """Fill x, y (B, T=seq_len) in place with batch (step mod batches-per-epoch) of the
+        (world_size * B, N) token stream: rows [rank * B, (rank + 1) * B) are this rank's
+        streams, x the window of T tokens and y the same shifted by one. step is a 0-d
+        int32 device counter."""
+        ...
+
+    def store_at_step(self, ring: Any, step: Any, value: Any) -> None:
+        """ring[(step - 1) mod len(ring)] = value in place, for a 0-d device counter `step`
+        and a 0-d value (the loss)."""
+        ...

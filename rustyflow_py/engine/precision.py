@@ -1,0 +1,69 @@
+"""The precision policy: which dtype each kind of array lives and is computed in, in one place.
+
+A run's PRECISION names a `Precision`. The master flat parameter buffer, its gradients and the
+optimizer state are stored in `storage` (so small updates are not lost to rounding);
+activations and GEMM inputs are in `compute`; GEMMs run in the cuBLAS compute mode
+`matmul_compute`; and every reduction (LayerNorm mean and variance, softmax max and sum,
+log-sum-exps, dot products) accumulates in `accumulate`, which is also the dtype of the
+statistics kernels keep for backward (LayerNorm mean/rstd, attention and cross-entropy
+log-sum-exps, per-row losses).
+
+Kernels see only arrays, so they derive the accumulation type from the storage type of their
+inputs with `accumulate_dtype`: float64 for float64, float32 for float32 and for the 16-bit
+floats. Today `storage == compute` in every policy (fp32 and tf32 differ only in the GEMM mode,
+fp64 is for gradient checks); mixed precision adds policies whose `compute` is 16-bit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+import numpy as np
+
+MatmulCompute = Literal["fp32", "tf32", "fp64"]
+
+_F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """Where parameters live, what activations are computed in, how GEMMs and reductions run.
+
+    `matmul_compute` applies to GEMMs of `compute`-typed operands: "tf32" lets float32 GEMMs
+    use TF32 tensor cores; float64 operands always run in fp64 and 16-bit ones accumulate in
+    fp32 whatever it says.
+    """
+
+    name: str
+    storage: np.dtype
+    compute: np.dtype
+    matmul_compute: MatmulCompute
+    accumulate: np.dtype
+
+    @classmethod
+    def of(cls, name: str) -> Precision:
+        """The policy PRECISION=`name` selects."""
+        try:
+            return _POLICIES[name]
+        except KeyError:
+            raise ValueError(f"unknown precision {name!r}: expected one of "
+                             f"{', '.join(_POLICIES)}") from None
+
+
+_POLICIES = {
+    "fp32": Precision("fp32", _F32, _F32, "fp32", _F32),
+    "tf32": Precision("tf32", _F32, _F32, "tf32", _F32),
+    "fp64": Precision("fp64", _F64, _F64, "fp64", _F64),
+}
+
+
+def is_16bit(dtype: Any) -> bool:
+    """Whether a float dtype is one of the 16-bit types (float16, bfloat16), which kernels
+    load and store as is but compute and accumulate in float32."""
+    return np.dtype(dtype).itemsize == 2
+
+
+def accumulate_dtype(dtype: Any) -> np.dtype:
+    """The dtype reductions over `dtype` data accumulate in, and statistics are kept in."""
+    return _F64 if np.dtype(dtype) == _F64 else _F32

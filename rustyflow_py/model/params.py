@@ -1,0 +1,108 @@
+"""A model's parameters as views into one flat device buffer, laid out by a table of spans.
+
+As in llm.c, the parameters are one allocation (their gradients another) and a table says
+where each tensor lives in it. The optimizer, the grad-norm and zero_grad are then each one
+pass over memory (one kernel on the GPU), a checkpoint is one transfer, and anything done per
+tensor or per group of tensors reads its offsets from the table instead of recomputing them.
+Decayed tensors (2-D and up) are packed first, so weight decay is a single boundary index.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import numpy as np
+
+from ..engine.backend import get_backend
+from ..engine.tensor import Tensor
+
+
+@dataclasses.dataclass(frozen=True)
+class Span:
+    """Where one parameter tensor lives: elements offset..offset+size of the flat buffer."""
+
+    name: str
+    offset: int
+    shape: tuple[int, ...]
+    decayed: bool  # weight decay applies (2-D and up: matrices and embeddings)
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
+class ParameterBuffer:
+    """Named parameters as views into one flat array; gradients likewise.
+
+    `spans` lists the tensors in buffer order; the `decay_size` elements at the front belong
+    to the decayed ones.
+    """
+
+    def __init__(self, weights: dict[str, np.ndarray], device: str, dtype: Any) -> None:
+        backend = get_backend(device)
+        names = sorted(weights, key=lambda n: weights[n].ndim < 2)  # stable: decayed first
+        spans, offset = [], 0
+        for n in names:
+            spans.append(Span(n, offset, tuple(weights[n].shape), weights[n].ndim >= 2))
+            offset += weights[n].size
+        self.spans: tuple[Span, ...] = tuple(spans)
+        self.decay_size = sum(s.size for s in self.spans if s.decayed)
+        host = np.empty(offset, dtype=dtype)
+        for s in self.spans:
+            host[s.offset : s.offset + s.size] = weights[s.name].ravel()
+        self.flat = backend.from_host(host)
+        self.grad = backend.xp.zeros_like(self.flat)
+        self.params: dict[str, Tensor] = {}
+        for s in self.spans:
+            t = Tensor(self.flat[s.offset : s.offset + s.size].reshape(s.shape),
+                       requires_grad=True, name=s.name)
+            t.grad = self.grad[s.offset : s.offset + s.size].reshape(s.shape)
+            self.params[s.name] = t
+        self.backend = backend
+
+    def zero_grad(self) -> None:
+        self.grad.fill(0)
+
+    def shapes(self) -> dict[str, tuple[int, ...]]:
+        """Every parameter's shape by name (what a checkpoint must hold)."""
+        return {s.name: s.shape for s in self.spans}
+
+    def buckets(self, max_bytes: int) -> list[tuple[int, int]]:
+        """Consecutive whole spans grouped into (start, stop) element ranges of the buffer.
+
+        Each range holds at most `max_bytes` unless it is a single span larger than that, so a
+        range's gradient is one contiguous slice that can be reduced (all-reduce) as soon as
+        backward has produced it, in a few large transfers rather than one per tensor.
+        """
+        limit = max_bytes // self.flat.itemsize  # elements
+        out: list[tuple[int, int]] = []
+        start = stop = 0
+        for s in self.spans:
+            if s.offset + s.size - start > limit and stop > start:
+                out.append((start, stop))
+                start = stop
+            stop = s.offset + s.size
+        if stop > start:
+            out.append((start, stop))
+        return out
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Host copies of every parameter (one transfer for the flat buffer)."""
+        host = self.backend.to_host(self.flat)
+        return {s.name: host[s.offset : s.offset + s.size].reshape(s.shape).copy()
+                for s in self.spans}
+
+    def load_state_dict(self, weights: dict[str, np.ndarray]) -> None:
+        missing = set(self.params) - set(weights)
+        if missing:
+            raise ValueError(f"checkpoint lacks parameters: {', '.join(sorted(missing))}")
+        wrong = [f"{s.name} {tuple(weights[s.name].shape)} (model {s.shape})"
+                 for s in self.spans if tuple(weights[s.name].shape) != s.shape]
+        if wrong:
+            raise ValueError(f"parameter shapes differ: {'; '.join(wrong)}")
+        host = np.empty(self.flat.size, dtype=self.flat.dtype)
+        for s in self.spans:
+            host[s.offset : s.offset + s.size] = np.asarray(weights[s.name]).ravel()
+        self.flat[...] = self.backend.from_host(host)

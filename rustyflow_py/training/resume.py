@@ -1,0 +1,76 @@
+"""Resuming a run: the checkpoint must fit this run before anything is loaded from it.
+
+Some keys must match for a resume to mean anything (the data, the model's shape, the
+optimizer's kind); others may change, but then the run no longer continues exactly, and a
+warning names them. The rest (logging, devices, paths) never changes what is computed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import CheckpointError, TrainingError
+from . import checkpoint
+from .config import Config
+
+SHAPE_KEYS = ("DATASET", "SEQ_LEN", "BATCH_SIZE", "EMBED_DIM", "NUM_HEADS", "NUM_LAYERS",
+              "OPTIMIZER", "PRECISION")
+MATH_KEYS = ("NUM_EPOCHS", "LEARNING_RATE", "DROPOUT", "WEIGHT_DECAY", "BETA1", "BETA2",
+             "ADAM_EPS", "MOMENTUM", "NESTEROV", "GRAD_CLIP", "WARMUP_STEPS", "MIN_LR_RATIO",
+             "SEED")
+
+
+@dataclasses.dataclass
+class Position:
+    """Where training stands: completed steps, epoch, and batch index within the epoch."""
+
+    step: int = 0
+    epoch: int = 0
+    batch: int = 0
+
+
+@dataclasses.dataclass
+class History:
+    """What a run has done so far, saved with its checkpoint."""
+
+    pos: Position = dataclasses.field(default_factory=Position)
+    losses: list[float] = dataclasses.field(default_factory=list)  # every step's loss
+    epoch_times: list[float] = dataclasses.field(default_factory=list)
+    val_ppl: float | None = None
+    epoch_elapsed: float = 0.0  # seconds of the current epoch spent before the checkpoint
+
+    def to_meta(self) -> dict[str, Any]:
+        return {**dataclasses.asdict(self.pos), "losses": self.losses,
+                "epoch_times": self.epoch_times, "val_ppl": self.val_ppl,
+                "epoch_elapsed": self.epoch_elapsed}
+
+
+def restore(path: str, cfg: Config, vocab: list[str], buffer: Any, optimizer: Any,
+           warn: Callable[[str], None]) -> History:
+    """Load `path` into `buffer` and `optimizer` after checking it fits; its history."""
+    ckpt = checkpoint.Checkpoint(path, flag="--resume")
+    saved, mine = ckpt.config, cfg.to_dict()
+    shape = [k for k in SHAPE_KEYS if saved.get(k) != mine[k]]
+    if shape:
+        diff = ", ".join(f"{k}={saved.get(k)} (checkpoint) vs {mine[k]}" for k in shape)
+        raise TrainingError(f"--resume {path}: the checkpoint does not match this run: {diff}")
+    if list(ckpt.vocab) != vocab:
+        raise TrainingError(f"--resume {path}: the checkpoint's vocabulary differs from the "
+                            f"dataset's ({cfg.dataset})")
+    checkpoint.validate_against(ckpt, buffer.shapes(), optimizer.state_sizes(),
+                                flag="--resume")
+    buffer.load_state_dict(ckpt.weights)
+    optimizer.load_state_dict(ckpt.optimizer)
+    t = ckpt.meta.get("train")
+    if not isinstance(t, dict) or not {"step", "epoch", "batch"} <= t.keys():
+        raise CheckpointError(f"--resume {path}: the checkpoint holds no training position "
+                              "(written by an older version, or damaged)")
+    changed = [k for k in MATH_KEYS if saved.get(k) != mine[k]]
+    if changed:
+        warn("WARN: --resume with changed settings, so the run no longer continues exactly: "
+             + ", ".join(f"{k} {saved.get(k)} -> {mine[k]}" for k in changed))
+    return History(Position(t["step"], t["epoch"], t["batch"]), list(t.get("losses", [])),
+                   list(t.get("epoch_times", [])), t.get("val_ppl"),
+                   t.get("epoch_elapsed", 0.0))

@@ -1,0 +1,332 @@
+"""The kernel contract (engine/kernels/contract.py): every backend's kernel class has every
+kernel with the Protocol's exact signature, and gives the reference formulation's results.
+
+The signature checks run everywhere (kernels/cuda.py imports without CuPy); the behavioural
+checks compare a device's kernels with XpKernels on the same device, float32 and float64, and
+skip cleanly on a machine without a GPU."""
+
+from __future__ import annotations
+
+import inspect
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rustyflow_py.engine.backend import get_backend
+from rustyflow_py.engine.kernels.contract import Kernels
+from rustyflow_py.engine.kernels.cpu import CpuKernels
+from rustyflow_py.engine.kernels.cuda import CudaKernels
+from rustyflow_py.engine.kernels.reference import XpKernels
+
+BACKENDS = [XpKernels, CpuKernels, CudaKernels]
+DTYPES = [np.float32, np.float64]
+PACKAGE = Path(__file__).resolve().parents[1] / "rustyflow_py"
+# `kernels.<name>` uses outside engine/kernels/ that are backend settings or modules, not kernels
+NOT_KERNELS = {"xp", "jit", "set_jit", "threads", "set_threads", "cublas", "cpu", "cuda"}
+
+
+# ---- signatures ------------------------------------------------------------------------------
+def contract() -> dict[str, inspect.Signature]:
+    return {name: inspect.signature(fn) for name, fn in vars(Kernels).items()
+            if inspect.isfunction(fn) and not name.startswith("_")}
+
+
+def parameters(sig: inspect.Signature) -> list[tuple[str, Any, Any]]:
+    return [(p.name, p.kind, p.default) for p in sig.parameters.values()]
+
+
+def mismatches(cls: type) -> list[str]:
+    """Every way `cls` breaks the contract: a missing kernel, or other parameter names, kinds
+    or defaults than the Protocol's."""
+    found = []
+    for name, sig in contract().items():
+        fn = getattr(cls, name, None)
+        if fn is None:
+            found.append(f"{cls.__name__}.{name} is missing")
+        elif parameters(inspect.signature(fn)) != parameters(sig):
+            found.append(f"{cls.__name__}.{name}{inspect.signature(fn)} is not {name}{sig}")
+    return found
+
+
+@pytest.mark.parametrize("cls", BACKENDS, ids=lambda c: c.__name__)
+def test_every_backend_has_every_kernel_with_the_contract_signature(cls: type) -> None:
+    assert mismatches(cls) == []
+
+
+def test_a_kernel_with_another_signature_is_caught() -> None:
+    class Drifted(CpuKernels):
+        def matmul(self, a: Any, b: Any, out: Any = None) -> Any:  # out= no longer keyword-only
+            return super().matmul(a, b, out=out)
+
+        def gather_batch(self, stream: Any, step: Any, seq_len: int, x: Any, y: Any, *,
+                         rank: int = 0, world_size: int = 2) -> None:  # another default
+            super().gather_batch(stream, step, seq_len, x, y, rank=rank, world_size=world_size)
+
+    found = mismatches(Drifted)
+    assert len(found) == 2
+    assert found[0].startswith("Drifted.matmul") and found[1].startswith("Drifted.gather_batch")
+
+
+def test_the_contract_names_every_kernel_the_engine_calls() -> None:
+    used = set()
+    for path in PACKAGE.rglob("*.py"):
+        if path.parent.name != "kernels":
+            used |= set(re.findall(r"\bkernels\.(\w+)", path.read_text()))
+    assert used - NOT_KERNELS <= set(contract()), used - NOT_KERNELS - set(contract())
+
+
+def test_cuda_kernels_import_without_cupy() -> None:
+    """CuPy is imported lazily, on first use, so the contract can be checked anywhere."""
+    code = ("import sys; sys.modules['cupy'] = None; "  # any `import cupy` now fails
+            "import rustyflow_py.engine.kernels.cuda")
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=PACKAGE.parent)
+
+
+# ---- behaviour against the reference, per device ------------------------------------------------
+class Pair:
+    """A device's kernels and the reference formulation on the same device."""
+
+    def __init__(self, device: str) -> None:
+        self.backend = get_backend(device)
+        self.mine, self.ref = self.backend.kernels, XpKernels(self.backend)
+        self.rng = np.random.default_rng(0)
+
+    def randn(self, *shape: int, dtype: Any, scale: float = 1.0) -> Any:
+        return self.dev((self.rng.standard_normal(shape) * scale).astype(dtype))
+
+    def ints(self, high: int, *shape: int) -> Any:
+        return self.dev(self.rng.integers(0, high, shape).astype(np.int32))
+
+    def dev(self, host: Any) -> Any:
+        return self.backend.from_host(np.asarray(host))
+
+    def close(self, mine: Any, ref: Any, dtype: Any, tol: float = 1e-4) -> None:
+        """float32 within `tol` (NumPy, numba and CUDA round differently); float64 tight."""
+        rtol, atol = (tol, tol / 10) if dtype == np.float32 else (1e-9, 1e-11)
+        got, want = self.backend.to_host(mine), self.backend.to_host(ref)
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=rtol, atol=atol)
+
+
+@pytest.fixture
+def pair(device: str) -> Pair:
+    return Pair(device)
+
+
+MATMUL_CASES = {  # a shape, b shape, transpose_b
+    "2d": ((13, 17), (17, 11), False),
+    "transpose_b": ((13, 17), (11, 17), True),
+    "batched": ((2, 3, 9, 8), (2, 3, 8, 7), False),
+    "batched_transpose_b": ((2, 3, 9, 8), (2, 3, 7, 8), True),
+    "rows_at_a_matrix": ((4, 9, 8), (8, 7), False),
+    "split_rows": ((2048, 64), (64, 128), False),  # large enough for the CPU to split them
+    "split_cols": ((64, 64), (64, 4096), False),
+    "split_reduction": ((64, 4096), (4096, 64), False),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", MATMUL_CASES)
+@pytest.mark.parametrize("into_out", [False, True])
+def test_matmul(pair: Pair, dtype: Any, case: str, into_out: bool) -> None:
+    sa, sb, transpose_b = MATMUL_CASES[case]
+    a, b = pair.randn(*sa, dtype=dtype), pair.randn(*sb, dtype=dtype)
+    results = []
+    for k in (pair.mine, pair.ref):
+        out = None
+        if into_out:
+            shape = (*np.broadcast_shapes(sa[:-2], sb[:-2]), sa[-2], sb[-2 if transpose_b else -1])
+            out = pair.backend.xp.empty(shape, dtype)
+        y = k.matmul(a, b, transpose_b=transpose_b, out=out)
+        assert out is None or y is out
+        results.append(y)
+    pair.close(*results, dtype, tol=1e-3)  # float32: up to 4096 products summed in any order
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sum_rows(pair: Pair, dtype: Any) -> None:
+    x = pair.randn(37, 24, dtype=dtype)
+    pair.close(pair.mine.sum_rows(x), pair.ref.sum_rows(x), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_layernorm(pair: Pair, dtype: Any) -> None:
+    x = pair.randn(3, 5, 48, dtype=dtype, scale=3.0)
+    w, b = pair.randn(48, dtype=dtype), pair.randn(48, dtype=dtype)
+    g = pair.randn(3, 5, 48, dtype=dtype)
+    fwd = [k.layernorm_forward(x, w, b, 1e-5) for k in (pair.mine, pair.ref)]
+    for mine, ref in zip(*fwd, strict=True):
+        pair.close(mine, ref, dtype)
+    bwd = [k.layernorm_backward(g, x, w, f[1], f[2])
+           for k, f in zip((pair.mine, pair.ref), fwd, strict=True)]
+    for mine, ref in zip(*bwd, strict=True):
+        pair.close(mine, ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gelu(pair: Pair, dtype: Any, with_bias: bool) -> None:
+    x, g = pair.randn(3, 7, 40, dtype=dtype, scale=3.0), pair.randn(3, 7, 40, dtype=dtype)
+    bias = pair.randn(40, dtype=dtype) if with_bias else None
+    pair.close(pair.mine.gelu_forward(x, bias), pair.ref.gelu_forward(x, bias), dtype)
+    pair.close(pair.mine.gelu_backward(g, x, bias), pair.ref.gelu_backward(g, x, bias), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_causal_softmax(pair: Pair, dtype: Any) -> None:
+    """T = 70 crosses the CPU's 64-row query blocks; masked entries must be exactly 0."""
+    scores = pair.randn(2, 3, 70, 70, dtype=dtype, scale=4.0)
+    g = pair.randn(2, 3, 70, 70, dtype=dtype)
+    above = ~np.tri(70, dtype=bool)
+    runs = []
+    for k in (pair.mine, pair.ref):
+        plain = k.causal_softmax_forward(scores.copy(), 0.3)
+        probs, lse = k.causal_softmax_forward(scores.copy(), 0.3, True)
+        again = k.causal_softmax_recompute(scores.copy(), lse, 0.3)
+        runs.append((plain, probs, lse, again, k.causal_softmax_backward(g, probs, 0.3)))
+    for i, (mine, ref) in enumerate(zip(*runs, strict=True)):
+        pair.close(mine, ref, dtype)
+        if i != 2:  # all but the lse are (B, H, T, T)
+            assert not pair.backend.to_host(mine)[..., above].any()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("inplace", [False, True])
+def test_cross_entropy(pair: Pair, dtype: Any, inplace: bool) -> None:
+    logits = pair.randn(37, 1001, dtype=dtype, scale=4.0)
+    logits[3] += 500.0  # a row only the max shift keeps finite
+    targets = pair.ints(1001, 37)
+    seed = pair.dev(np.asarray(0.7, dtype))
+    for k in (pair.mine, pair.ref):
+        loss, state = k.cross_entropy(logits.copy(), targets, False, inplace)
+        assert state is None
+    runs = []
+    for k in (pair.mine, pair.ref):
+        loss, state = k.cross_entropy(logits.copy(), targets, True, inplace)
+        runs.append((loss, k.cross_entropy_backward(state, seed)))
+    for mine, ref in zip(*runs, strict=True):
+        pair.close(mine, ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("need", [(True, True), (True, False), (False, True)])
+def test_lm_head_xent(pair: Pair, dtype: Any, need: tuple[bool, bool]) -> None:
+    """Rows 1 and 2 overflow / underflow an unshifted softmax (the CPU redoes them)."""
+    h, w = pair.randn(24, 16, dtype=dtype), pair.randn(300, 16, dtype=dtype)
+    h[1] *= 40.0
+    h[2] = -h[1]
+    targets = pair.ints(300, 24)
+    seed = pair.dev(np.asarray(0.7, dtype))
+    runs = []
+    for k in (pair.mine, pair.ref):
+        loss, state = k.lm_head_xent(h, w, targets, False, k.matmul)
+        assert state is None
+        loss, state = k.lm_head_xent(h, w, targets, True, k.matmul)
+        dh, dw = k.lm_head_xent_backward(state, seed, *need, k.matmul)
+        assert (dh is not None, dw is not None) == need
+        runs.append((loss, *(d for d in (dh, dw) if d is not None)))
+    for mine, ref in zip(*runs, strict=True):
+        pair.close(mine, ref, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_scatter_add_rows(pair: Pair, dtype: Any) -> None:
+    idx = pair.ints(9, 6, 5)  # 30 rows into 9: many repeats
+    rows, start = pair.randn(6, 5, 4, dtype=dtype), pair.randn(9, 4, dtype=dtype)
+    tables = [start.copy(), start.copy()]
+    for k, table in zip((pair.mine, pair.ref), tables, strict=True):
+        k.scatter_add_rows(table, idx, rows)
+    pair.close(*tables, dtype, tol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_l2_norm(pair: Pair, dtype: Any) -> None:
+    g = pair.randn(300_001, dtype=dtype)  # several blocks on the CPU
+    mine, ref = pair.mine.l2_norm(g), pair.ref.l2_norm(g)
+    assert mine.shape == () and mine.dtype == dtype
+    pair.close(mine, ref, dtype)
+
+
+def optimizer_scalars(pair: Pair, clip: float | None) -> tuple[Any, Any, Any]:
+    lr = pair.dev(np.asarray(1e-2, np.float32))
+    step = pair.dev(np.asarray(3, np.int32))
+    return lr, step, None if clip is None else pair.dev(np.asarray(clip, np.float32))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("clip", [None, 0.25])
+def test_adamw(pair: Pair, dtype: Any, clip: float | None) -> None:
+    n, decay_size = 300_001, 200_003  # the decay boundary falls inside a CPU block
+    p, g, m = (pair.randn(n, dtype=dtype) for _ in range(3))
+    v = abs(pair.randn(n, dtype=dtype)) * 0.1
+    lr, step, scale = optimizer_scalars(pair, clip)
+    states = []
+    for k in (pair.mine, pair.ref):
+        state = [p.copy(), m.copy(), v.copy()]
+        k.adamw(state[0], g, state[1], state[2], lr, step, scale, (0.9, 0.95), 1e-8, 0.1,
+                decay_size)
+        states.append(state)
+    for mine, ref in zip(*states, strict=True):
+        pair.close(mine, ref, np.float32, tol=1e-5)  # CUDA takes betas etc. as float32
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_sgd(pair: Pair, dtype: Any, nesterov: bool) -> None:
+    p, g, velocity = (pair.randn(5000, dtype=dtype) for _ in range(3))
+    lr, _, scale = optimizer_scalars(pair, 0.5)
+    states = []
+    for k in (pair.mine, pair.ref):
+        state = [p.copy(), velocity.copy()]
+        k.sgd(state[0], g, state[1], lr, scale, 0.9, nesterov, 0.1, 3000)
+        states.append(state)
+    for mine, ref in zip(*states, strict=True):
+        pair.close(mine, ref, np.float32, tol=1e-5)  # CUDA takes the momentum as float32
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_store_at_step(pair: Pair, dtype: Any) -> None:
+    xp = pair.backend.xp
+    rings = [xp.zeros(5, dtype), xp.zeros(5, dtype)]
+    step, value = pair.dev(np.asarray(7, np.int32)), pair.dev(np.asarray(2.5, dtype))
+    for k, ring in zip((pair.mine, pair.ref), rings, strict=True):
+        k.store_at_step(ring, step, value)
+    pair.close(*rings, dtype)
+    assert pair.backend.to_host(rings[0]).tolist() == [0, 2.5, 0, 0, 0]  # (7 - 1) mod 5
+
+
+def test_gather_batch_shards_partition_the_stream(pair: Pair) -> None:
+    """Ranks 0..3 of 4, over a whole epoch: every window of every row of the stream is
+    gathered exactly once, by the rank that owns the row, and y is x shifted by one."""
+    world, b, n, t = 4, 3, 41, 6  # 6 batches an epoch; the last 4 tokens are never a window
+    host = np.arange(world * b * n, dtype=np.int32).reshape(world * b, n)
+    stream, xp = pair.dev(host), pair.backend.xp
+    seen = np.zeros(host.shape, int)
+    batches = (n - 1) // t
+    for rank in range(world):
+        for step in range(batches + 1):  # one past the epoch: wraps to batch 0
+            x, y = xp.zeros((b, t), np.int32), xp.zeros((b, t), np.int32)
+            pair.mine.gather_batch(stream, pair.dev(np.asarray(step, np.int32)), t, x, y,
+                                   rank=rank, world_size=world)
+            x, y = pair.backend.to_host(x), pair.backend.to_host(y)
+            np.testing.assert_array_equal(y, x + 1)
+            rows, cols = np.divmod(x, n)  # token k sits at row k // n, column k % n
+            assert (rows // b == rank).all()  # only this rank's rows
+            if step < batches:
+                np.add.at(seen, (rows, cols), 1)
+            else:
+                np.testing.assert_array_equal(x, host[rank * b:(rank + 1) * b, :t])
+    assert (seen[:, : batches * t] == 1).all() and not seen[:, batches * t:].any()
+
+
+def test_gather_batch_rejects_a_stream_that_is_not_world_size_shards(pair: Pair) -> None:
+    stream = pair.dev(np.zeros((7, 20), np.int32))
+    x = pair.backend.xp.zeros((2, 4), np.int32)
+    with pytest.raises(ValueError, match="rank 1 of 4"):
+        pair.mine.gather_batch(stream, pair.dev(np.asarray(0, np.int32)), 4, x, x.copy(),
+                               rank=1, world_size=4)
