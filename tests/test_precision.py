@@ -240,6 +240,9 @@ def test_fp16_step_runs_in_a_cuda_graph() -> None:
     from rustyflow_py.engine.graph import CapturedStep
 
     backend = get_backend("gpu")
+    current = backend.xp.cuda.get_current_stream()
+    assert current.ptr == backend.stream.ptr, (  # e.g. after to_host of a non-contiguous array
+        "CuPy's current stream is not the backend's: kernels would run outside the capture")
     k, dev = backend.kernels, backend.from_host
     a, b = dev(fp16(RNG.standard_normal((4, 64, 32)))), dev(fp16(RNG.standard_normal((32, 48))))
     x, w, bias = (dev(fp16(RNG.standard_normal(s))) for s in ((64, 48), (48,), (48,)))

@@ -236,6 +236,11 @@ class CupyBackend(Backend):
 
     def to_host(self, array: Any) -> np.ndarray:
         _count("device->host", array.nbytes, self.transfers)
+        if array.ndim and not array.flags.c_contiguous:
+            # CuPy copies a strided array through a `with stream:` that leaves another stream
+            # current afterwards, and later kernels would then run outside this backend's
+            # stream (unordered with cuBLAS, and missing from graph capture).
+            array = self.xp.ascontiguousarray(array)
         return self.xp.asnumpy(array, stream=self.stream)
 
     def synchronize(self) -> None:

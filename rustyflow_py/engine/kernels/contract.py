@@ -6,14 +6,16 @@ backends would only fail on the device that has it; tests/test_kernel_contract.p
 every backend class against it (names, parameter kinds, defaults) and their results against
 the reference formulation, kernels/reference.py.
 
-Common rules. Arrays live on the backend's device. Float arrays share one dtype, float32 for
-training or float64 for gradient checks, and results keep it. Integer arrays (targets,
-indices, tokens) are int32 or int64. Nothing here reads a value back to the host or
-synchronizes, so a training step can be captured as a CUDA graph: scalars that change from
-step to step (learning rate, step counter, clip scale) are 0-d device arrays. Arguments are
-not modified unless the docstring says so. A "state" that a forward returns is opaque to
-callers: hand it to the matching backward, once, and do not look inside (each backend keeps
-what its own backward needs, and it may alias the forward's buffers).
+Common rules. Arrays live on the backend's device. Float arrays share one storage dtype
+(float32 for training, float64 for gradient checks, float16 for mixed precision) and results
+keep it; kernels accumulate in float32 (float64 for float64), and the statistics they hand back
+(LayerNorm mean/rstd, log-sum-exps, losses) are float32 for 16-bit inputs. Integer arrays
+(targets, indices, tokens) are int32 or int64. Nothing here reads a value back to the host or
+synchronizes, so a training step can be captured as a CUDA graph: scalars that change from step
+to step (learning rate, step counter, clip scale) are 0-d device arrays. Arguments are not
+modified unless the docstring says so. A "state" that a forward returns is opaque to callers:
+hand it to the matching backward, once, and do not look inside (each backend keeps what its own
+backward needs, and it may alias the forward's buffers).
 """
 
 from __future__ import annotations
