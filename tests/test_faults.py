@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import math
 import signal
-import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -26,15 +24,14 @@ from test_train import (  # noqa: F401  (tiny_dir: the autouse fixture these tes
     invoke,
     log_records,
     make_cfg,
+    poison_weights_after,
     quiet,
     run_interrupted,
-    subprocess_env,
+    signal_the_command,
     tiny_dir,
-    wait_for_line,
 )
 
 from rustyflow_py.errors import RustyFlowError, TrainingError
-from rustyflow_py.model.optim import AdamW
 from rustyflow_py.reporting import logfile
 from rustyflow_py.training import checkpoint
 from rustyflow_py.training.checkpoint import Checkpoint
@@ -135,17 +132,7 @@ def test_sigterm_and_sigusr1_stop_like_ctrl_c_and_resume_exactly(signum: int) ->
 def test_sigterm_to_the_command_exits_143_with_a_checkpoint_and_block(
     tiny_dir: Path,  # noqa: F811
 ) -> None:
-    (tiny_dir / "tiny.env").write_text(env_file({**TINY, "NUM_EPOCHS": 1000}))
-    cmd = [sys.executable, "-m", "rustyflow_py", "train", "--config", "tiny.env"]
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, env=subprocess_env())
-    try:
-        wait_for_line(proc.stderr, r"^epoch 2/1000", timeout=60)
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=60) == 143
-    finally:
-        proc.kill()
-        proc.wait()
+    assert signal_the_command(tiny_dir, signal.SIGTERM) == 143
     [record] = log_records()
     assert record["status"] == "interrupted" and record["steps"] >= STEPS_PER_EPOCH
     assert Checkpoint("models/tiny-cpu.npz").meta["train"]["step"] == record["steps"]
@@ -211,25 +198,11 @@ def test_resume_from_a_damaged_checkpoint_is_one_clean_line(damage: str) -> None
 # ------------------------------------------------------------------------------ divergence
 
 
-def poison_after(monkeypatch: pytest.MonkeyPatch, updates: int) -> None:
-    real_step = AdamW.step
-    calls = 0
-
-    def step(self: AdamW) -> None:
-        nonlocal calls
-        real_step(self)
-        calls += 1
-        if calls == updates:
-            self.buffer.flat[...] = 1e30  # the next forward overflows
-
-    monkeypatch.setattr(AdamW, "step", step)
-
-
 @pytest.mark.parametrize("grad_clip", [0.0, 1.0])
 def test_a_diverged_run_reports_no_made_up_numbers_and_fitting_advice(
     monkeypatch: pytest.MonkeyPatch, grad_clip: float,
 ) -> None:
-    poison_after(monkeypatch, 5)
+    poison_weights_after(monkeypatch, 5, 1e30)  # the next forward overflows
     with warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)  # NumPy's overflow warnings stay quiet
         with pytest.raises(TrainingError, match=r"at step 6: training diverged") as failed:

@@ -244,21 +244,27 @@ def wait_for_line(stream: Any, pattern: str, timeout: float) -> None:
             return
 
 
-def test_ctrl_c_then_resume_from_the_command_line(tiny_dir: Path) -> None:
-    """A real SIGINT to `rustyflow train`: exit 130, a checkpoint, an interrupted block; then
-    `train --resume` picks up from it. (Where in a step the signal lands is up to the OS, so
-    the exactness of what follows is left to the deterministic tests.)"""
+def signal_the_command(tiny_dir: Path, signum: int) -> int:
+    """Run `rustyflow train` in a subprocess, send `signum` once epoch 2 has started, and
+    return its exit status."""
     (tiny_dir / "tiny.env").write_text(env_file({**TINY, "NUM_EPOCHS": 1000}))
     cmd = [sys.executable, "-m", "rustyflow_py", "train", "--config", "tiny.env"]
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=subprocess_env())
     try:
         wait_for_line(proc.stderr, r"^epoch 2/1000", timeout=60)
-        proc.send_signal(signal.SIGINT)
-        assert proc.wait(timeout=60) == 130
+        proc.send_signal(signum)
+        return proc.wait(timeout=60)
     finally:
         proc.kill()
         proc.wait()
+
+
+def test_ctrl_c_then_resume_from_the_command_line(tiny_dir: Path) -> None:
+    """A real SIGINT to `rustyflow train`: exit 130, a checkpoint, an interrupted block; then
+    `train --resume` picks up from it. (Where in a step the signal lands is up to the OS, so
+    the exactness of what follows is left to the deterministic tests.)"""
+    assert signal_the_command(tiny_dir, signal.SIGINT) == 130
     [record] = log_records()
     assert record["status"] == "interrupted" and record["steps"] >= STEPS_PER_EPOCH
     stopped = Checkpoint("models/tiny-cpu.npz").meta["train"]["step"]
@@ -308,8 +314,10 @@ def test_ctrl_c_inside_the_optimizer_update_still_resumes_exactly(
 # ------------------------------------------------------------------------------ divergence
 
 
-def poison_weights_after(monkeypatch: pytest.MonkeyPatch, updates: int) -> None:
-    """After the optimizer's `updates`-th step, set every weight to NaN (the next loss is NaN)."""
+def poison_weights_after(monkeypatch: pytest.MonkeyPatch, updates: int,
+                         value: float = np.nan) -> None:
+    """After the optimizer's `updates`-th step, set every weight to `value` (NaN: the next loss
+    is NaN; a huge value: the next forward overflows)."""
     real_step = AdamW.step
     calls = 0
 
@@ -318,7 +326,7 @@ def poison_weights_after(monkeypatch: pytest.MonkeyPatch, updates: int) -> None:
         real_step(self)
         calls += 1
         if calls == updates:
-            self.buffer.flat[...] = np.nan
+            self.buffer.flat[...] = value
 
     monkeypatch.setattr(AdamW, "step", step)
 
