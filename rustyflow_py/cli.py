@@ -86,8 +86,11 @@ def main() -> None:
               help="stop after N optimizer steps (the LR schedule is unchanged)")
 @click.option("--profile/--no-profile", default=None, help="per-op timing report")
 @click.option("--seed", type=int, default=None)
+@click.option("--trace", "trace", type=click.Path(dir_okay=False), default=None,
+              metavar="FILE.json",
+              help="write the first profiled steps as a Chrome/Perfetto trace (needs PROFILE)")
 @_hyperparameter_options
-def train(config: str | None, resume: str | None, **overrides: Any) -> None:
+def train(config: str | None, resume: str | None, trace: str | None, **overrides: Any) -> None:
     """Train a GPT; append the profiling report to the log."""
     from .reporting.progress import TrainingProgress
     from .training.loop import train as run_training
@@ -95,7 +98,7 @@ def train(config: str | None, resume: str | None, **overrides: Any) -> None:
     cfg = _load(config, overrides)
     progress = TrainingProgress(cfg.num_epochs)
     try:
-        run_training(cfg, click.echo, resume, progress, _warn)
+        run_training(cfg, click.echo, resume, progress, _warn, trace)
     finally:
         progress.close()
 
@@ -138,6 +141,75 @@ def report(log_path: str, last: int | None, fmt: str) -> None:
     for w in warnings:
         click.echo(f"WARN: {w}", err=True)
     click.echo(rep.render_report(records, fmt, last))
+
+
+@main.command()
+@click.option("--log", "logs", multiple=True, type=click.Path(dir_okay=False),
+              help="a log to read; repeat to read several [default: training_log.txt]")
+@click.option("--out", "folder", default="plots", show_default=True,
+              type=click.Path(file_okay=False), help="folder for the PNG and SVG files")
+@click.option("--last", type=click.IntRange(min=1), default=None, help="only the last N runs")
+@click.option("--run", "runs", multiple=True, metavar="TIMESTAMP",
+              help="only the run with this timestamp (repeatable; see `rustyflow report`)")
+@click.option("--format", "formats", multiple=True, type=click.Choice(["png", "svg"]),
+              help="file format; repeatable [default: png and svg]")
+def plot(logs: tuple[str, ...], folder: str, last: int | None, runs: tuple[str, ...],
+         formats: tuple[str, ...]) -> None:
+    """Pictures of the runs: loss curves, per-op breakdown, CPU vs GPU (needs matplotlib)."""
+    from .reporting import plot as pictures
+    from .reporting import report as rep
+
+    pictures.pyplot()  # without matplotlib, say how to get it before reading anything
+    warnings: list[str] = []
+    records = []
+    for path in logs or ("training_log.txt",):
+        try:
+            records += rep.read_log(path, warnings)
+        except FileNotFoundError as exc:
+            raise click.ClickException(str(exc)) from None
+    for w in warnings:
+        click.echo(f"WARN: {w}", err=True)
+    written, skipped = pictures.plot_runs(pictures.select(records, last, runs), folder,
+                                          formats or pictures.FORMATS)
+    for path in written:
+        click.echo(f"wrote {path}")
+    for reason in skipped:
+        click.echo(f"not drawn: {reason}", err=True)
+    if not written:
+        raise click.ClickException("nothing to draw from the selected runs")
+
+
+@main.command()
+@click.option("--out", "folder", default="bench-results", show_default=True,
+              type=click.Path(file_okay=False),
+              help="folder for bench.md, bench.json and the speed-up plot")
+@click.option("--quick", is_flag=True, help="a tiny grid (seconds): checks, not results")
+@click.option("--model", "models", multiple=True, metavar="LxExH",
+              help="a model shape, e.g. 2x128x4 (layers x embed x heads); repeatable")
+@click.option("--batch", "batches", multiple=True, metavar="BxT",
+              help="a batch layout, e.g. 16x64 (batch x seq_len); repeatable")
+@click.option("--vocab", type=click.IntRange(min=2), default=33278, show_default=True)
+@click.option("--seconds", type=click.FloatRange(min=0), default=1.0, show_default=True,
+              help="timed seconds per point and device (at least 3 steps)")
+def bench(folder: str, quick: bool, models: tuple[str, ...], batches: tuple[str, ...],
+          vocab: int, seconds: float) -> None:
+    """When does the GPU help? Time the training step on CPU and GPU over a grid of sizes."""
+    from .training import bench as b
+
+    try:
+        shapes = b.parse_pairs(models, 3, "--model") or (b.QUICK_MODELS if quick
+                                                          else b.DEFAULT_MODELS)
+        layouts = b.parse_pairs(batches, 2, "--batch") or (b.QUICK_BATCHES if quick
+                                                            else b.DEFAULT_BATCHES)
+        points = b.grid(shapes, layouts)
+        for point in points:
+            point.config("cpu")  # EMBED_DIM divisible by NUM_HEADS, before any work
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
+    result = b.sweep(points, vocab, seconds, click.echo, _warn)
+    report = b.write_results(result, folder, click.echo)
+    click.echo(report.read_text(encoding="utf-8"))
+    click.echo(f"wrote {report} and {report.with_name('bench.json')}")
 
 
 @main.group()
@@ -213,10 +285,11 @@ def banner(train_args: tuple[str, ...]) -> None:
     from pathlib import Path
 
     from .data import where_found
+    from .training.optimizers import describe as describe_optimizer
 
     with train.make_context("rustyflow train", list(train_args)) as ctx:
         params = dict(ctx.params)
-    config, resume = params.pop("config"), params.pop("resume")
+    config, resume, trace = params.pop("config"), params.pop("resume"), params.pop("trace")
     try:
         cfg, _ = load_config(config, {k.upper(): v for k, v in params.items()})
     except ConfigError as exc:
@@ -241,6 +314,7 @@ def banner(train_args: tuple[str, ...]) -> None:
         ("seq len", str(cfg.seq_len)),
         ("LR", f"{cfg.learning_rate:g} ({cfg.optimizer}, {cfg.warmup_steps} warm-up steps, "
                f"cosine to {cfg.min_lr_ratio:g}x)"),
+        ("optimizer", describe_optimizer(cfg)),
         ("log", cfg.log_file),
     ]
     if cfg.device == "cpu":
@@ -250,6 +324,8 @@ def banner(train_args: tuple[str, ...]) -> None:
                                f"CPU_JIT={cfg.cpu_jit} ({kernels})"))
     if resume:
         rows.append(("resume", resume))
+    if trace:
+        rows.append(("trace", trace))
     click.echo("RustyFlow train")
     for name, value in rows:
         click.echo(f"  {name:<12}{value}")

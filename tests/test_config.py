@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rustyflow_py.training.config import KEYS, Config, ConfigError, load_config
+from rustyflow_py.training.config import KEYS, Config, ConfigError, load_config, markdown_table
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -37,7 +37,8 @@ def test_config_fields_follow_keys() -> None:
     names = [f.name for f in dataclasses.fields(Config) if f.name != "source"]
     assert names == [key.attr for key in KEYS.values()]
     assert KEYS["BATCH_SIZE"].flag == "--batch-size"
-    assert KEYS["OPTIMIZER"].choices == ("adamw", "sgd")
+    assert KEYS["OPTIMIZER"].choices == ("adamw", "adam", "sgd", "lamb", "rmsprop", "adagrad",
+                                         "adadelta", "muon")
 
 
 def test_precedence_cli_over_env_over_file_over_default(tmp_path: Path) -> None:
@@ -115,7 +116,11 @@ BAD_VALUES = [
     ("SEED", "-1", "an integer in [0, 4294967295]"),
     ("NESTEROV", "maybe", "true or false"),
     ("DEVICE", "GPU", "one of auto, cpu, gpu"),
-    ("OPTIMIZER", "adam", "one of adamw, sgd"),
+    ("OPTIMIZER", "adamax", "one of adamw, adam, sgd, lamb, rmsprop, adagrad, adadelta, muon"),
+    ("NS_STEPS", "0", "an integer in [1, 50]"),
+    ("RHO", "1", "a finite number in [0, 1)"),
+    ("ADAGRAD_EPS", "0", "a finite number > 0"),
+    ("MUON_LR", "-0.02", "a finite number > 0"),
     ("LOG_FILE", "", "a non-empty string"),
     ("MODEL_PATH", "model.pt", "a path ending in .npz"),
     ("DATASET", "wikitext2", "did you mean wikitext-2?"),
@@ -178,6 +183,16 @@ def test_shipped_config_env_is_in_sync_with_keys() -> None:
     text = shipped.read_text()
     undocumented = [k for k in KEYS if not re.search(rf"^(# )?{k}=", text, re.M)]
     assert undocumented == []
+
+
+def test_readme_key_table_is_in_sync_with_keys() -> None:
+    """README's configuration table is markdown_table()'s output, row for row."""
+    lines = (REPO / "README.md").read_text().splitlines()
+    table = markdown_table()
+    assert table[0] in lines, "README lacks the configuration table"
+    start = lines.index(table[0])
+    assert lines[start : start + len(table)] == table
+    assert not lines[start + len(table)].startswith("|"), "README's table has extra rows"
 
 
 def test_to_dict_from_dict_round_trip() -> None:

@@ -67,4 +67,5 @@ def test_device_key_accepts_instances_and_the_checkpoint_names_the_kind() -> Non
 def test_nesterov_without_momentum_is_a_config_error_before_any_work() -> None:
     with pytest.raises(ConfigError, match="NESTEROV=true .* needs MOMENTUM > 0"):
         Config(optimizer="sgd", nesterov=True, momentum=0.0)
-    assert Config(optimizer="adamw", nesterov=True, momentum=0.0).nesterov  # SGD-only rule
+    with pytest.raises(ConfigError, match="NESTEROV=true .* applies only to OPTIMIZER=sgd"):
+        Config(optimizer="adamw", nesterov=True, momentum=0.0)  # adamw would ignore it

@@ -510,6 +510,7 @@ def test_banner_shows_what_train_would_run() -> None:
         "  batch       4",
         "  seq len     16",
         "  LR          0.01 (adamw, 5 warm-up steps, cosine to 0.1x)",
+        "  optimizer   adamw (BETA1=0.9, BETA2=0.95, ADAM_EPS=1e-08, WEIGHT_DECAY=0.1)",
         "  log         log.txt",
         "  resume      tiny.txt",
     ]

@@ -3,29 +3,52 @@
 CPU: wall time around each op. GPU: a pair of CUDA events recorded on the stream around each
 op and resolved once per step (`step_end`), so timing never synchronizes per op. Ops nested
 inside a fused op (its matmuls) are charged to themselves; the parent keeps its self time.
+
+For a timeline (`rustyflow train --trace`), the first `trace_steps` profiled steps also keep
+each op's start and end (`spans`): host times around its launch, and on the GPU its device
+times, placed on the host clock at the step's first event (the device is idle then: the
+previous step was waited for). Only those steps, so the memory stays bounded on long runs.
 """
 
 from __future__ import annotations
 
 import time
 from collections import defaultdict
-from typing import Any
+from typing import Any, NamedTuple
 
 from . import autograd
 from .backend import Backend
 
 
+class OpSpan(NamedTuple):
+    """One op of a traced step, in perf_counter seconds. On the CPU the host runs the op
+    itself, so its device times are None (the host times are the op's time)."""
+
+    step: int  # which traced step: an index into Profiler.step_numbers
+    name: str
+    phase: str
+    category: str
+    host_start: float
+    host_end: float
+    device_start: float | None
+    device_end: float | None
+
+
 class Profiler:
-    def __init__(self, backend: Backend) -> None:
+    def __init__(self, backend: Backend, trace_steps: int = 0) -> None:
         self.backend = backend
         self.gpu = backend.kind == "gpu"
         # (name, phase, category) -> [calls, seconds]
         self.stats: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0, 0.0])
         self._stack: list[list[Any]] = []  # open records: [key, start, child_time | children]
-        self._pending: list[tuple[tuple[str, str, str], Any, Any, list[Any]]] = []
+        # GPU: (key, start event, end event, children's event pairs, host start, host end)
+        self._pending: list[tuple[tuple[str, str, str], Any, Any, list[Any], float, float]] = []
         self._events: list[Any] = []
         self._next_event = 0
         self.steps = 0
+        self.trace_steps = trace_steps
+        self.spans: list[OpSpan] = []  # the ops of the first `trace_steps` steps
+        self.step_numbers: list[int] = []  # the training step number of each traced step
 
     # ---- attaching -----------------------------------------------------------------------------
     def __enter__(self) -> Profiler:
@@ -46,13 +69,16 @@ class Profiler:
         try:
             out = fn(*args)
         finally:
-            elapsed = time.perf_counter() - start
+            end = time.perf_counter()
             self._stack.pop()
+        elapsed = end - start
         entry = self.stats[key]
         entry[0] += 1
         entry[1] += elapsed - frame[1]
         if self._stack:
             self._stack[-1][1] += elapsed
+        if self.steps < self.trace_steps:
+            self.spans.append(OpSpan(self.steps, name, phase, category, start, end, None, None))
         return out
 
     def _event(self) -> Any:
@@ -66,30 +92,50 @@ class Profiler:
     def _record_gpu(self, key: tuple[str, str, str], fn: Any, args: tuple[Any, ...]) -> Any:
         children: list[Any] = []
         self._stack.append(children)
+        host_start = time.perf_counter()
         start = self._event()
         try:
             out = fn(*args)
         finally:
             self._stack.pop()
         end = self._event()
+        host_end = time.perf_counter()
         if self._stack:
             self._stack[-1].append((start, end))
-        self._pending.append((key, start, end, children))
+        self._pending.append((key, start, end, children, host_start, host_end))
         return out
 
-    def step_end(self) -> None:
-        """GPU: wait for the step once and turn its event pairs into times."""
+    def step_end(self, step: int | None = None) -> None:
+        """The profiled step (training step number `step`, default its count) is done. GPU:
+        wait for it once and turn its event pairs into times."""
+        traced = self.steps < self.trace_steps
+        if traced:
+            self.step_numbers.append(self.steps + 1 if step is None else step)
+        if self.gpu and self._pending:
+            self._pending[-1][2].synchronize()
+            if traced:
+                self._trace_gpu()
+            self._resolve_gpu()
         self.steps += 1
-        if not self.gpu or not self._pending:
-            return
+
+    def _resolve_gpu(self) -> None:
+        """Charge each op of the (finished) step its device time less its children's."""
         elapsed = self.backend.elapsed
-        self._pending[-1][2].synchronize()
-        for key, start, end, children in self._pending:
+        for key, start, end, children, _, _ in self._pending:
             entry = self.stats[key]
             entry[0] += 1
             entry[1] += elapsed(start, end) - sum(elapsed(a, b) for a, b in children)
         self._pending.clear()
         self._next_event = 0
+
+    def _trace_gpu(self) -> None:
+        """The step's spans: device times are the events' offsets from the step's first event
+        (`_events[0]`), placed at the host time it was recorded."""
+        elapsed, ref = self.backend.elapsed, self._events[0]
+        anchor = min(p[4] for p in self._pending)  # the first op's host start, just before ref
+        for (name, phase, category), start, end, _, host_start, host_end in self._pending:
+            self.spans.append(OpSpan(self.steps, name, phase, category, host_start, host_end,
+                                     anchor + elapsed(ref, start), anchor + elapsed(ref, end)))
 
     # ---- results -----------------------------------------------------------------------------
     def ops(self) -> list[dict[str, Any]]:

@@ -71,6 +71,12 @@ def init_weights(cfg: GPTConfig, seed: int) -> dict[str, np.ndarray]:
     return w
 
 
+def hidden_matrices(buffer: ParameterBuffer) -> tuple[str, ...]:
+    """The 2-D weights inside the transformer blocks (attention c_attn/c_proj, MLP
+    c_fc/c_proj): what Muon optimises. Not the embeddings (wte, tied to the LM head, and
+    wpe), the biases or LayerNorm."""
+    return tuple(s.name for s in buffer.spans if s.name.startswith("h.") and len(s.shape) == 2)
+
 class ModelShape(Protocol):
     """The fields of a run configuration that shape the model (training's Config has them;
     model/ sits below training/ and does not import it)."""

@@ -1,11 +1,16 @@
-"""Optimizers over a flat parameter buffer: AdamW (default) and SGD with momentum/Nesterov.
+"""Optimizers over a flat parameter buffer: AdamW (default), Adam, SGD, RMSprop, AdaGrad,
+AdaDelta, LAMB and Muon (with AdamW on what Muon leaves), each one or a few fused kernels.
 
 The learning-rate schedule, the step count and the global grad-norm clip all stay in
 device memory (0-d arrays), so a step needs no host value and can be replayed as a graph.
+Weight decay applies to the decayed tensors only (the buffer's first decay_size elements):
+decoupled for AdamW, LAMB and Muon, an L2 term of the gradient for the others, as in
+torch.optim.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from typing import Any
 
@@ -85,6 +90,7 @@ class AdamW(Optimizer):
     """Decoupled weight decay Adam (Loshchilov & Hutter), PyTorch's update order."""
 
     state_names = ("m", "v")
+    kernel = "adamw"
 
     def __init__(
         self, buffer: ParameterBuffer, schedule: Schedule, betas: tuple[float, float] = (0.9, 0.95),
@@ -97,13 +103,20 @@ class AdamW(Optimizer):
 
     def _update(self, scale: Any) -> None:
         b = self.buffer
-        run_op("adamw", "other", "optimizer", self.kernels.adamw, b.flat, b.grad, self.m, self.v,
-               self.lr, self.step_count, scale, self.betas, self.eps, self.weight_decay,
-               b.decay_size)
+        run_op(self.kernel, "other", "optimizer", getattr(self.kernels, self.kernel), b.flat,
+               b.grad, self.m, self.v, self.lr, self.step_count, scale, self.betas, self.eps,
+               self.weight_decay, b.decay_size)
+
+
+class Adam(AdamW):
+    """Adam with weight decay as an L2 term of the gradient (torch.optim.Adam)."""
+
+    kernel = "adam"
 
 
 class SGD(Optimizer):
-    """SGD with optional (Nesterov) momentum and decoupled weight decay on matrices."""
+    """SGD with optional (Nesterov) momentum and L2 weight decay on matrices (torch.optim.SGD,
+    no dampening)."""
 
     state_names = ("velocity",)
 
@@ -121,3 +134,210 @@ class SGD(Optimizer):
         b = self.buffer
         run_op("sgd", "other", "optimizer", self.kernels.sgd, b.flat, b.grad, self.velocity,
                self.lr, scale, self.momentum, self.nesterov, self.weight_decay, b.decay_size)
+
+
+class RMSprop(Optimizer):
+    """RMSprop (torch.optim.RMSprop): standard or centered, with optional momentum; L2 weight
+    decay on matrices. The centered average and the momentum buffer exist only when used."""
+
+    def __init__(
+        self, buffer: ParameterBuffer, schedule: Schedule, alpha: float = 0.99,
+        eps: float = 1e-8, momentum: float = 0.0, centered: bool = False,
+        weight_decay: float = 0.0, grad_clip: float = 1.0,
+    ) -> None:
+        super().__init__(buffer, schedule, grad_clip)
+        self.alpha, self.eps, self.momentum = alpha, eps, momentum
+        self.centered, self.weight_decay = centered, weight_decay
+        zeros = self.xp.zeros_like
+        self.square_avg = zeros(buffer.flat)
+        self.grad_avg = zeros(buffer.flat) if centered else None
+        self.momentum_buffer = zeros(buffer.flat) if momentum > 0 else None
+        self.state_names = ("square_avg", *(["grad_avg"] if centered else []),
+                            *(["momentum_buffer"] if momentum > 0 else []))
+
+    def _update(self, scale: Any) -> None:
+        b = self.buffer
+        run_op("rmsprop", "other", "optimizer", self.kernels.rmsprop, b.flat, b.grad,
+               self.square_avg, self.grad_avg, self.momentum_buffer, self.lr, scale, self.alpha,
+               self.eps, self.momentum, self.weight_decay, b.decay_size)
+
+
+class Adagrad(Optimizer):
+    """AdaGrad (torch.optim.Adagrad without lr decay), L2 weight decay on matrices."""
+
+    state_names = ("state_sum",)
+
+    def __init__(
+        self, buffer: ParameterBuffer, schedule: Schedule, initial_accumulator: float = 0.0,
+        eps: float = 1e-10, weight_decay: float = 0.0, grad_clip: float = 1.0,
+    ) -> None:
+        super().__init__(buffer, schedule, grad_clip)
+        self.eps, self.weight_decay = eps, weight_decay
+        self.state_sum = self.xp.full_like(buffer.flat, initial_accumulator)
+
+    def _update(self, scale: Any) -> None:
+        b = self.buffer
+        run_op("adagrad", "other", "optimizer", self.kernels.adagrad, b.flat, b.grad,
+               self.state_sum, self.lr, scale, self.eps, self.weight_decay, b.decay_size)
+
+
+class Adadelta(Optimizer):
+    """AdaDelta (torch.optim.Adadelta), L2 weight decay on matrices. The learning rate scales
+    the update as in torch (whose default is 1.0)."""
+
+    state_names = ("square_avg", "acc_delta")
+
+    def __init__(
+        self, buffer: ParameterBuffer, schedule: Schedule, rho: float = 0.9, eps: float = 1e-6,
+        weight_decay: float = 0.0, grad_clip: float = 1.0,
+    ) -> None:
+        super().__init__(buffer, schedule, grad_clip)
+        self.rho, self.eps, self.weight_decay = rho, eps, weight_decay
+        self.square_avg = self.xp.zeros_like(buffer.flat)
+        self.acc_delta = self.xp.zeros_like(buffer.flat)
+
+    def _update(self, scale: Any) -> None:
+        b = self.buffer
+        run_op("adadelta", "other", "optimizer", self.kernels.adadelta, b.flat, b.grad,
+               self.square_avg, self.acc_delta, self.lr, scale, self.rho, self.eps,
+               self.weight_decay, b.decay_size)
+
+
+class Lamb(Optimizer):
+    """LAMB (You et al. 2019, Algorithm 2): Adam's direction plus decoupled weight decay,
+    scaled per tensor by the trust ratio ||w|| / ||update|| (1 where either is 0). The
+    tensors are the buffer's spans; on the GPU their norms are one segmented reduction."""
+
+    state_names = ("m", "v")
+
+    def __init__(
+        self, buffer: ParameterBuffer, schedule: Schedule,
+        betas: tuple[float, float] = (0.9, 0.999), eps: float = 1e-6, weight_decay: float = 0.01,
+        grad_clip: float = 1.0,
+    ) -> None:
+        super().__init__(buffer, schedule, grad_clip)
+        self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
+        self.m = self.xp.zeros_like(buffer.flat)
+        self.v = self.xp.zeros_like(buffer.flat)
+        bounds = (0, *(s.offset + s.size for s in buffer.spans))
+        self.segments = self.kernels.segments(bounds)  # made once: may copy to the device
+
+    def _update(self, scale: Any) -> None:
+        b = self.buffer
+        run_op("lamb", "other", "optimizer", self.kernels.lamb, b.flat, b.grad, self.m, self.v,
+               self.lr, self.step_count, scale, self.betas, self.eps, self.weight_decay,
+               b.decay_size, self.segments)
+
+
+@dataclasses.dataclass
+class _MuonGroup:
+    """Hidden matrices of one shape, orthogonalised together as a batch (G, R, C) in the wide
+    orientation R <= C (a tall matrix sits there transposed)."""
+
+    transposed: bool
+    factor: float  # Muon's shape scale sqrt(max(1, fan_out / fan_in))
+    batch: Any  # (G, R, C): the momentum writes each matrix's update into its slot
+    grads: list[Any] = dataclasses.field(default_factory=list)
+    bufs: list[Any] = dataclasses.field(default_factory=list)
+    params: list[Any] = dataclasses.field(default_factory=list)
+    decays: list[float] = dataclasses.field(default_factory=list)
+
+    def slot(self, x: Any, k: int) -> Any:
+        """Matrix k of a (G, R, C) batch in the parameter's own (in, out) shape."""
+        return x[k].T if self.transposed else x[k]
+
+
+class Muon(Optimizer):
+    """Muon (Jordan et al. 2024) on the 2-D hidden weights, AdamW on every other tensor.
+
+    For each hidden matrix: momentum (as torch.optim.Muon and the reference implementation:
+    buf <- lerp(buf, g, 1 - mu), Nesterov's lerp(g, buf, mu) by default), the quintic
+    Newton-Schulz orthogonalisation of that update (NS_STEPS iterations, normalised by its
+    Frobenius norm; tall matrices run transposed), scaled by sqrt(max(1, fan_out / fan_in))
+    and applied with Muon's own learning rate and decoupled weight decay. Matrices of one
+    shape are orthogonalised as one batch, their GEMMs through the backend's matmul. The rest
+    (embeddings and the tied head, biases, LayerNorm) take AdamW steps at the main schedule's
+    learning rate, in one kernel per contiguous range of the buffer.
+    """
+
+    state_names = ("muon_buffer", "m", "v")
+
+    def __init__(
+        self, buffer: ParameterBuffer, schedule: Schedule, muon_schedule: Schedule,
+        hidden: tuple[str, ...], momentum: float = 0.95, nesterov: bool = True,
+        ns_steps: int = 5, betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
+        weight_decay: float = 0.1, grad_clip: float = 1.0, ns_eps: float = 1e-7,
+    ) -> None:
+        super().__init__(buffer, schedule, grad_clip)
+        self.muon_schedule, self.momentum, self.nesterov = muon_schedule, momentum, nesterov
+        self.ns_steps, self.ns_eps = ns_steps, ns_eps
+        self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
+        xp = self.xp
+        self.muon_lr = xp.zeros((), dtype=np.float32)
+        names = set(hidden)
+        muon = [s for s in buffer.spans if s.name in names]
+        if len(muon) != len(names) or any(len(s.shape) != 2 for s in muon):
+            raise ValueError(f"Muon takes existing 2-D tensors, not {sorted(hidden)}")
+        self.muon_names = tuple(s.name for s in muon)
+        # AdamW's share: the buffer outside Muon's spans, as contiguous ranges (start, stop),
+        # each with its offset into the compact moment arrays
+        self.ranges: list[tuple[int, int, int]] = []
+        stored = 0
+        for s in buffer.spans:
+            if s.name in names:
+                continue
+            if self.ranges and self.ranges[-1][1] == s.offset:
+                start, _, off = self.ranges.pop()
+                self.ranges.append((start, s.offset + s.size, off))
+            else:
+                self.ranges.append((s.offset, s.offset + s.size, stored))
+            stored += s.size
+        self.m = xp.zeros(stored, buffer.flat.dtype)
+        self.v = xp.zeros(stored, buffer.flat.dtype)
+        self.muon_buffer = xp.zeros(sum(s.size for s in muon), buffer.flat.dtype)
+        self.groups: dict[tuple[int, int], _MuonGroup] = {}
+        at = 0
+        for s in muon:
+            fan_in, fan_out = s.shape  # stored (in, out): y = x @ W
+            group = self.groups.get(s.shape)
+            if group is None:
+                count = sum(1 for t in muon if t.shape == s.shape)
+                wide = (min(s.shape), max(s.shape))
+                group = _MuonGroup(fan_in > fan_out, math.sqrt(max(1.0, fan_out / fan_in)),
+                                   xp.zeros((count, *wide), buffer.flat.dtype))
+                self.groups[s.shape] = group
+            group.grads.append(buffer.grad[s.offset : s.offset + s.size].reshape(s.shape))
+            group.params.append(buffer.flat[s.offset : s.offset + s.size].reshape(s.shape))
+            group.bufs.append(self.muon_buffer[at : at + s.size].reshape(s.shape))
+            group.decays.append(weight_decay if s.decayed else 0.0)
+            at += s.size
+
+    def step(self) -> None:
+        self.step_count += 1
+        self.lr[...] = self.schedule(self.step_count, self.xp)
+        self.muon_lr[...] = self.muon_schedule(self.step_count, self.xp)
+        self._update(self.clip_scale())
+
+    def _update(self, scale: Any) -> None:
+        b, k = self.buffer, self.kernels
+        for start, stop, off in self.ranges:
+            n = stop - start
+            run_op("adamw", "other", "optimizer", k.adamw, b.flat[start:stop],
+                   b.grad[start:stop], self.m[off : off + n], self.v[off : off + n], self.lr,
+                   self.step_count, scale, self.betas, self.eps, self.weight_decay,
+                   max(0, min(b.decay_size - start, n)))
+        for group in self.groups.values():
+            for i, (g, buf) in enumerate(zip(group.grads, group.bufs, strict=True)):
+                run_op("muon_momentum", "other", "optimizer", k.muon_momentum, g, buf,
+                       group.slot(group.batch, i), scale, self.momentum, self.nesterov)
+            x = run_op("newton_schulz", "other", "optimizer", k.newton_schulz, group.batch,
+                       self.ns_steps, self.ns_eps, self._matmul)
+            for i, (p, decay) in enumerate(zip(group.params, group.decays, strict=True)):
+                run_op("muon_apply", "other", "optimizer", k.muon_apply, p, group.slot(x, i),
+                       self.muon_lr, decay, group.factor)
+
+    def _matmul(self, a: Any, b: Any, *, transpose_b: bool = False, out: Any = None) -> Any:
+        """Newton-Schulz's GEMMs, timed as matmuls of the optimizer phase."""
+        mm = self.kernels.matmul
+        return run_op("newton_schulz.matmul", "matmul", "optimizer",
+                      lambda a, b: mm(a, b, transpose_b=transpose_b, out=out), a, b)

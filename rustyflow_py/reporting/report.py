@@ -33,6 +33,12 @@ above it then says it is an estimate and the summary line adds "(extrapolated)".
 to estimate from, the line is left out.
 
 Non-finite numbers are written as ``null`` in ``[RUN_JSON]``, so the line is strict JSON.
+
+Curves. ``curves`` holds ``loss`` (training loss), ``lr`` (the learning rate at the same steps)
+and ``val_ppl`` (validation perplexity at every validation), each a list of ``[step, value]``
+with at most ``curves.limit`` evenly spaced points, the first and last kept; ``curves.losses``
+is how many per-step losses the loss curve was sampled from. Blocks written before curves
+existed have no ``curves``; readers treat that as empty curves (``curves.curve``).
 """
 
 from __future__ import annotations
@@ -43,6 +49,8 @@ import numbers
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal, TypedDict
+
+from .curves import curve, sparkline
 
 Record = dict[str, Any]  # a record as read back from a log: any version, any field missing
 
@@ -63,6 +71,7 @@ class RunRecord(TypedDict, total=False):
     model: dict[str, int]  # layers heads embed seq_len batch vocab params
     precision: str
     optimizer: str
+    optimizer_settings: dict[str, Any]  # its keys (lower case) and values, schedule included
     graph: bool
     epochs: int
     epochs_planned: int
@@ -79,6 +88,8 @@ class RunRecord(TypedDict, total=False):
     checkpoint: str | None
     message: str | None
     profile: dict[str, Any] | None
+    # {"limit", "losses" (how many the run had), "loss", "lr", "val_ppl": [[step, value], ...]}
+    curves: dict[str, Any]
 
 BLOCK_START = "=== RustyFlow run "
 BLOCK_END = "=== end of run ==="
@@ -124,6 +135,16 @@ def _bytes(n: Any) -> str:
     if i == 0:
         return f"{value:.0f} B" if value == int(value) else f"{value:.1f} B"
     return f"{value:.1f} {units[i]}"
+
+
+def _optimizer(r: Record) -> str:
+    """The optimizer and its settings: 'adamw (learning_rate=0.001, beta1=0.9, ...)'."""
+    settings = r.get("optimizer_settings")
+    if not isinstance(settings, dict) or not settings:
+        return _text(r.get("optimizer"))
+    return _text(f"{r.get('optimizer')} (" + ", ".join(
+        f"{k}={v:g}" if isinstance(v, float) else f"{k}={v}" for k, v in settings.items())
+        + ")")
 
 
 def _text(x: Any) -> str:
@@ -377,7 +398,7 @@ def format_block(record: Record) -> str:
     avg, estimate = _epoch_time(r)
     lines = [
         _summary_line(r),
-        f"Backend: {_text(r.get('backend'))} | optimizer {_text(r.get('optimizer'))} | "
+        f"Backend: {_text(r.get('backend'))} | optimizer {_optimizer(r)} | "
         f"CUDA graph replay: {'yes' if r.get('graph') else 'no'} | "
         f"final loss {_fmt(r.get('final_loss'), '.4f')}",
     ]
@@ -492,7 +513,7 @@ def read_log(path: str | Path, warnings: list[str] | None = None) -> list[Record
 # ---------------------------------------------------------------- rustyflow report
 
 
-def _speedups(records: list[Record]) -> list[Record]:
+def speedups(records: list[Record]) -> list[Record]:
     """CPU vs GPU for each dataset and model shape: the latest completed run of each device."""
     groups: dict[tuple[str, str], dict[str, Record]] = {}
     for r in records:
@@ -578,6 +599,18 @@ def _speedup_row(s: Record) -> list[str]:
     ]
 
 
+def _curve_lines(r: Record) -> list[str]:
+    """A run's training loss (and validation perplexity) as terminal sparklines."""
+    lines = []
+    for name, label in (("loss", "training loss"), ("val_ppl", "validation ppl")):
+        points = curve(r, name)
+        if points:
+            (s0, v0), (s1, v1) = points[0], points[-1]
+            lines.append(f"{label:<15} {sparkline([v for _, v in points])}  {v0:.3f} at step "
+                         f"{s0:,} -> {v1:.3f} at step {s1:,}")
+    return lines
+
+
 def _markdown(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
     def line(cells: list[str]) -> str:
         return "| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |"
@@ -601,11 +634,11 @@ def render_report(
         if last < 1:
             raise ValueError(f"last must be at least 1, got {last}")
         records = records[-last:]
-    speedups = _speedups(records)
+    pairs_found = speedups(records)
     profiled = [r for r in records if isinstance(r.get("profile"), dict)]
     latest = (profiled or records or [None])[-1]
     if fmt == "json":
-        doc = {"runs": records, "speedups": speedups, "latest": latest}
+        doc = {"runs": records, "speedups": pairs_found, "latest": latest}
         return json.dumps(_plain(doc), indent=2, allow_nan=False) + "\n"
     if fmt not in ("table", "markdown"):
         raise ValueError(f"unknown report format {fmt!r}: expected table, markdown or json")
@@ -621,11 +654,17 @@ def render_report(
     if any(row[8].startswith("~") for row in runs):
         run_lines.append("~ estimated: no epoch completed (see that run's block)")
     section(f"Runs ({len(runs)})", run_lines)
-    pairs = [_speedup_row(s) for s in speedups]
+    pairs = [_speedup_row(s) for s in pairs_found]
     section(
         "CPU vs GPU speed-up (latest completed run of each, same dataset and shape)",
         table(_SPEEDUP_HEADERS, pairs, {4, 5, 6, 7, 8, 9}) if pairs else [_NO_SPEEDUP],
     )
+    curved = [r for r in records if curve(r, "loss")]
+    if curved:
+        r = curved[-1]
+        lines = _curve_lines(r)
+        section(f"Loss curve: run {_text(r.get('timestamp'))} ({_text(r.get('device'))}, "
+                f"{_shape(r)})", ["```text", *lines, "```"] if md else lines)
     if latest is not None:
         body = _human_block(latest).rstrip("\n")
         title = f"Latest profiling report: run {_text(latest.get('timestamp'))}"

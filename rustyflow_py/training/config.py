@@ -22,6 +22,7 @@ from dotenv import dotenv_values
 from ..errors import ConfigError
 
 BUILTIN_DATASETS = ("wikitext-2", "tinyshakespeare")
+OPTIMIZERS = ("adamw", "adam", "sgd", "lamb", "rmsprop", "adagrad", "adadelta", "muon")
 MODEL_PATH_TEMPLATE = "models/${DATASET}-L${NUM_LAYERS}-H${NUM_HEADS}-E${EMBED_DIM}.npz"
 _REF = re.compile(r"\$\{([^}:]*)(:-[^}]*)?\}")  # the ${NAME} / ${NAME:-default} syntax of dotenv
 _TRUE = ("true", "1", "yes", "on")
@@ -153,14 +154,36 @@ KEYS: dict[str, Key] = dict([
     _k("TOP_P", "float", 0.9, "nucleus sampling: smallest token set with this much probability "
        "(1 = off)", lo=0, hi=1, lo_open=True),
     _k("TOP_K", "int", 0, "sample only from the K most likely tokens (0 = off)", lo=0),
-    _k("OPTIMIZER", "choice", "adamw", "adamw or sgd", choices=("adamw", "sgd")),
-    _k("WEIGHT_DECAY", "float", 0.1, "AdamW decoupled weight decay on tensors with >= 2 "
-       "dimensions (biases and LayerNorm exempt)", lo=0),
-    _k("BETA1", "float", 0.9, "AdamW first-moment decay", lo=0, hi=1, hi_open=True),
-    _k("BETA2", "float", 0.95, "AdamW second-moment decay", lo=0, hi=1, hi_open=True),
-    _k("ADAM_EPS", "float", 1e-8, "AdamW epsilon", lo=0, lo_open=True),
-    _k("MOMENTUM", "float", 0.9, "SGD momentum (0 = plain SGD)", lo=0, hi=1, hi_open=True),
-    _k("NESTEROV", "bool", False, "SGD: use Nesterov momentum"),
+    _k("OPTIMIZER", "choice", "adamw", "adamw, adam, sgd, lamb, rmsprop, adagrad, adadelta or "
+       "muon (2-D hidden weights; adamw for the rest)", choices=OPTIMIZERS),
+    _k("WEIGHT_DECAY", "float", 0.1, "weight decay on tensors with >= 2 dimensions (biases and "
+       "LayerNorm exempt): decoupled for adamw, lamb and muon; an L2 term of the gradient for "
+       "adam, sgd, rmsprop, adagrad and adadelta, as in torch.optim", lo=0),
+    _k("BETA1", "float", 0.9, "adamw, adam, lamb (and muon's adamw part): first-moment decay",
+       lo=0, hi=1, hi_open=True),
+    _k("BETA2", "float", 0.95, "adamw, adam, lamb (and muon's adamw part): second-moment decay",
+       lo=0, hi=1, hi_open=True),
+    _k("ADAM_EPS", "float", 1e-8, "epsilon of adamw, adam, lamb, rmsprop (and muon's adamw "
+       "part)", lo=0, lo_open=True),
+    _k("MOMENTUM", "float", 0.9, "sgd and rmsprop momentum (0 = none)", lo=0, hi=1,
+       hi_open=True),
+    _k("NESTEROV", "bool", False, "sgd: use Nesterov momentum"),
+    _k("CENTERED", "bool", False, "rmsprop: centered (divide by the gradient's estimated "
+       "variance, not its second moment)"),
+    _k("RMSPROP_ALPHA", "float", 0.99, "rmsprop: decay of the squared-gradient average", lo=0,
+       hi=1, hi_open=True),
+    _k("INITIAL_ACCUMULATOR", "float", 0.0, "adagrad: starting value of the sum of squared "
+       "gradients", lo=0),
+    _k("ADAGRAD_EPS", "float", 1e-10, "adagrad: epsilon", lo=0, lo_open=True),
+    _k("RHO", "float", 0.9, "adadelta: decay of the squared-gradient and squared-update "
+       "averages", lo=0, hi=1, hi_open=True),
+    _k("ADADELTA_EPS", "float", 1e-6, "adadelta: epsilon", lo=0, lo_open=True),
+    _k("MUON_LR", "float", 0.02, "muon: peak learning rate of the 2-D hidden weights (same "
+       "warm-up and cosine; LEARNING_RATE drives the adamw part)", lo=0, lo_open=True),
+    _k("MUON_MOMENTUM", "float", 0.95, "muon: momentum of the hidden weights' updates", lo=0,
+       hi=1, hi_open=True),
+    _k("MUON_NESTEROV", "bool", True, "muon: Nesterov momentum"),
+    _k("NS_STEPS", "int", 5, "muon: quintic Newton-Schulz iterations per update", lo=1, hi=50),
     _k("GRAD_CLIP", "float", 1.0, "global gradient-norm clipping threshold (0 = off)", lo=0),
     _k("WARMUP_STEPS", "int", 100, "linear warm-up steps, then cosine decay", lo=0),
     _k("MIN_LR_RATIO", "float", 0.1, "final learning rate as a fraction of LEARNING_RATE",
@@ -186,6 +209,19 @@ KEYS: dict[str, Key] = dict([
     _k("MAX_STEPS", "int", 0, "stop after this many optimizer steps (0 = no limit)", lo=0),
 ])
 _D = {key.name: key.default for key in KEYS.values()}
+
+
+def markdown_table() -> list[str]:
+    """README's configuration table (header and one row per key), generated from KEYS;
+    tests/test_config.py holds the README to it."""
+    rows = ["| Key | Flag | Default | Valid values | Meaning |", "|---|---|---|---|---|"]
+    for key in KEYS.values():
+        flag = (f"`{key.flag}` / `--no-{key.flag[2:]}`" if key.type == "bool"
+                else f"`{key.flag}`")
+        value = str(key.default).lower() if isinstance(key.default, bool) else key.default
+        default = "*(empty)*" if value == "" else f"`{value}`"
+        rows.append(f"| `{key.name}` | {flag} | {default} | {key.expect} | {key.help} |")
+    return rows
 
 
 def _where(origin: str, key: str) -> str:
@@ -233,6 +269,16 @@ class Config:
     adam_eps: float = _D["ADAM_EPS"]
     momentum: float = _D["MOMENTUM"]
     nesterov: bool = _D["NESTEROV"]
+    centered: bool = _D["CENTERED"]
+    rmsprop_alpha: float = _D["RMSPROP_ALPHA"]
+    initial_accumulator: float = _D["INITIAL_ACCUMULATOR"]
+    adagrad_eps: float = _D["ADAGRAD_EPS"]
+    rho: float = _D["RHO"]
+    adadelta_eps: float = _D["ADADELTA_EPS"]
+    muon_lr: float = _D["MUON_LR"]
+    muon_momentum: float = _D["MUON_MOMENTUM"]
+    muon_nesterov: bool = _D["MUON_NESTEROV"]
+    ns_steps: int = _D["NS_STEPS"]
     grad_clip: float = _D["GRAD_CLIP"]
     warmup_steps: int = _D["WARMUP_STEPS"]
     min_lr_ratio: float = _D["MIN_LR_RATIO"]
@@ -279,13 +325,24 @@ class Config:
 
     def _check_cross_keys(self) -> None:
         """Rules between keys, checked here so no run starts with a combination that fails
-        later."""
-        if self.optimizer == "sgd" and self.nesterov and self.momentum <= 0:
-            raise ConfigError(
-                f"NESTEROV=true ({_where(self.source['NESTEROV'], 'NESTEROV')}) needs "
-                f"MOMENTUM > 0, but MOMENTUM={self.momentum:g} "
-                f"({_where(self.source['MOMENTUM'], 'MOMENTUM')}): set MOMENTUM (e.g. 0.9) or "
-                "NESTEROV=false")
+        later, or that sets an option the chosen optimizer would silently ignore."""
+        opt = self.optimizer
+        where = {name: _where(self.source[name], name) for name in KEYS}
+        for flag, owner in (("NESTEROV", "sgd"), ("CENTERED", "rmsprop")):
+            if getattr(self, flag.lower()) and opt != owner:
+                other = " (muon has MUON_NESTEROV)" if flag == "NESTEROV" else ""
+                raise ConfigError(
+                    f"{flag}=true ({where[flag]}) applies only to OPTIMIZER={owner}, but "
+                    f"OPTIMIZER={opt} ({where['OPTIMIZER']}) would ignore it: set {flag}=false "
+                    f"or OPTIMIZER={owner}{other}")
+        for flag, momentum, owner in (("NESTEROV", "MOMENTUM", "sgd"),
+                                      ("MUON_NESTEROV", "MUON_MOMENTUM", "muon")):
+            value = getattr(self, momentum.lower())
+            if opt == owner and getattr(self, flag.lower()) and value <= 0:
+                raise ConfigError(
+                    f"{flag}=true ({where[flag]}) needs {momentum} > 0, but {momentum}="
+                    f"{value:g} ({where[momentum]}): set {momentum} (e.g. "
+                    f"{_D[momentum] if _D[momentum] else 0.9}) or {flag}=false")
 
     def _expand_model_path(self, path: str) -> str:
         """Fill ${KEY} placeholders from the final values, so flags change the default path."""

@@ -8,6 +8,7 @@ be written, every split fits the batch layout, a resume checkpoint matches. A st
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -18,12 +19,13 @@ from ..engine.precision import Precision
 from ..engine.profiler import Profiler
 from ..errors import TrainingError
 from ..model.gpt import build_model
-from ..model.optim import SGD, AdamW, Optimizer, Schedule
-from ..model.params import ParameterBuffer
 from ..reporting import logfile, report
+from ..reporting.trace import MAX_STEPS as TRACE_STEPS
+from ..reporting.trace import chrome_trace
 from . import checkpoint, outputs
 from .config import Config
 from .evaluate import SplitEvaluator, upload_split
+from .optimizers import make_optimizer
 from .record import TransferLedger, build_record
 from .resume import History, restore
 from .signals import Stopped, StopSignals
@@ -32,28 +34,26 @@ from .step import StepRunner, quiet_float_errors, use_graph
 Say = Callable[[str], None]
 
 
-def make_optimizer(cfg: Config, buffer: ParameterBuffer, total_steps: int) -> Optimizer:
-    """The optimizer and learning-rate schedule `cfg` asks for."""
-    schedule = Schedule(cfg.learning_rate, cfg.warmup_steps, total_steps, cfg.min_lr_ratio)
-    if cfg.optimizer == "sgd":
-        return SGD(buffer, schedule, cfg.momentum, cfg.nesterov, cfg.weight_decay,
-                   cfg.grad_clip)
-    return AdamW(buffer, schedule, (cfg.beta1, cfg.beta2), cfg.adam_eps, cfg.weight_decay,
-                 cfg.grad_clip)
-
-
 class Trainer:
     """One training run of `cfg` on one device; `run()` returns the run record.
 
     `say` gets progress and results, `warn` gets warnings (default: `say`; the command line
-    sends them to stderr).
+    sends them to stderr). `trace` is a file to write the first profiled steps to as a
+    Chrome/Perfetto trace at the end of the run (an output of this run, like the log block,
+    not a setting: it is no config key and no part of the checkpoint).
     """
 
     def __init__(self, cfg: Config, say: Say = print, resume: str | None = None,
-                 progress: Any = None, warn: Say | None = None) -> None:
+                 progress: Any = None, warn: Say | None = None,
+                 trace: str | None = None) -> None:
         self.cfg, self.say, self.progress = cfg, say, progress
-        self.warn = warn or say
+        self.warn, self.trace = warn or say, trace
         outputs.check_log_file(cfg.log_file)
+        if trace:
+            if not cfg.profile:
+                raise TrainingError("--trace needs the profiler, which PROFILE=false turns off: "
+                                    "drop --no-profile (or PROFILE=false) to trace")
+            outputs.check_file_target(trace, "trace file", "pass --trace a writable file path")
         self.device, self.fallback = resolve_device(cfg.device, cfg.strict_device, say,
                                                     self.warn)
         self.checkpoint_path = cfg.model_path_for(self.device)
@@ -78,7 +78,8 @@ class Trainer:
         self.test_ppl: float | None = None
         self._val_step = -1  # the step at which val_ppl was measured
         self.start_step = self.pos.step  # this process's steps are counted from here
-        self.profiler = Profiler(self.backend) if cfg.profile else None
+        self.profiler = (Profiler(self.backend, TRACE_STEPS if trace else 0)
+                         if cfg.profile else None)
         self.runner = StepRunner(
             self.model, self.optimizer, self.train_stream, cfg.seq_len,
             log_interval=cfg.log_interval, profiler=self.profiler,
@@ -157,7 +158,22 @@ class Trainer:
             self.cfg.log_file, lambda path: logfile.append_block(path, block), "log block",
             self.warn, name="training_log.txt")
         self.say(report.format_summary(record, log))
+        if self.trace and self.profiler is not None:
+            self._write_trace(self.profiler)
         return record
+
+    def _write_trace(self, prof: Profiler) -> None:
+        """The profiled steps' timeline as a Chrome trace (also after an interrupted run)."""
+        doc = chrome_trace(prof.spans, prof.step_numbers, gpu=self.backend.kind == "gpu",
+                           device=self.device, hardware=self.backend.hardware(),
+                           profiled_steps=prof.steps)
+        text = json.dumps(doc, separators=(",", ":"))
+        where = outputs.write_with_fallback(
+            str(self.trace), lambda path: outputs.write_atomically(path, text), "trace",
+            self.warn)
+        if where:
+            self.say(f"Trace of {len(prof.step_numbers)} profiled steps: {where} (open it in "
+                     "ui.perfetto.dev or chrome://tracing)")
 
     def _train(self) -> None:
         cfg, nb, pos = self.cfg, self.steps_per_epoch, self.pos
@@ -208,6 +224,7 @@ class Trainer:
 
     def _validate(self) -> None:
         self.history.val_ppl = self.evaluate("valid")
+        self.history.val_curve.append([self.pos.step, self.history.val_ppl])
         self._val_step = self.pos.step
         self.say(f"step {self.pos.step}: validation perplexity {self.val_ppl:.2f}")
 
@@ -247,7 +264,7 @@ class Trainer:
 
 
 def train(cfg: Config, say: Say = print, resume: str | None = None, progress: Any = None,
-          warn: Say | None = None) -> report.RunRecord | None:
+          warn: Say | None = None, trace: str | None = None) -> report.RunRecord | None:
     """Train per `cfg`; returns the run record also appended to the log (None when a resumed
-    run had nothing left to do)."""
-    return Trainer(cfg, say, resume, progress, warn).run()
+    run had nothing left to do). `trace`: see Trainer."""
+    return Trainer(cfg, say, resume, progress, warn, trace).run()

@@ -57,6 +57,35 @@ def check_checkpoint_target(path: str) -> None:
                             f"place") from None
 
 
+def check_file_target(path: str, what: str, fix: str) -> None:
+    """`path` can be written as a whole file (not a folder; its folder takes a new file).
+    Raises TrainingError naming the `what`, the path, the reason and the `fix`."""
+    target = Path(path)
+    if target.is_dir():
+        raise TrainingError(f"{what} {path} is a folder: {fix}")
+    try:
+        _probe_folder(target.parent)
+    except OSError as exc:
+        raise TrainingError(f"cannot write the {what} {path}: {target.parent} is not "
+                            f"writable ({_reason(exc)}); {fix}") from None
+
+
+def write_atomically(path: str, text: str) -> None:
+    """`text` into `path` by way of a temporary file in the same folder renamed over it, so
+    a reader never sees half a file."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def check_log_file(path: str) -> None:
     """The log `path` can be appended to (a regular file, or a new one in a writable folder).
     Raises TrainingError naming the path and the reason."""

@@ -15,7 +15,9 @@ from typing import Any
 import numpy as np
 
 from ..engine.backend import Backend
+from ..reporting.curves import MAX_POINTS, evenly_spaced, sample
 from ..reporting.report import RunRecord
+from .optimizers import settings as optimizer_settings
 
 
 class TransferLedger:
@@ -72,6 +74,7 @@ def build_record(trainer: Any, status: str, message: str | None, train_time: flo
                   "params": trainer.model.num_params()},
         "precision": cfg.precision,
         "optimizer": cfg.optimizer,
+        "optimizer_settings": optimizer_settings(cfg),
         "graph": runner.captured is not None,
         "epochs": len(trainer.epoch_times),
         "epochs_planned": cfg.num_epochs,
@@ -89,7 +92,28 @@ def build_record(trainer: Any, status: str, message: str | None, train_time: flo
         "message": message,
         "profile": (_profile(trainer, steps_done, step_time)
                     if trainer.profiler is not None else None),
+        "curves": _curves(trainer),
     }
+
+
+def _curves(trainer: Any) -> dict[str, Any]:
+    """The loss at evenly spaced steps, the learning rate at the same steps (the schedule is a
+    function of the step, so it is computed here on the host, never read from the device), and
+    the validation perplexity at every validation, each thinned to MAX_POINTS. Six significant
+    digits are plenty for a plot and keep the log line short."""
+    losses, schedule = trainer.losses, trainer.optimizer.schedule
+    steps = [i + 1 for i in evenly_spaced(len(losses))]  # losses[i] is step i + 1's
+    return {
+        "limit": MAX_POINTS,
+        "losses": len(losses),
+        "loss": [[s, _digits(losses[s - 1])] for s in steps],
+        "lr": [[s, _digits(float(schedule(s)))] for s in steps],
+        "val_ppl": [[int(s), _digits(v)] for s, v in sample(trainer.history.val_curve)],
+    }
+
+
+def _digits(x: float) -> float:
+    return float(f"{x:.6g}")
 
 
 def _profile(trainer: Any, steps: int, step_time: float) -> dict[str, Any]:

@@ -13,13 +13,18 @@ from typing import Any
 
 from ..errors import CheckpointError, TrainingError
 from . import checkpoint
-from .config import Config
+from .config import KEYS, Config
+from .optimizers import OPTIMIZER_KEYS, relevant_keys
 
+# CENTERED changes which state RMSprop keeps (as MOMENTUM 0 <-> > 0 does: restore names it).
 SHAPE_KEYS = ("DATASET", "SEQ_LEN", "BATCH_SIZE", "EMBED_DIM", "NUM_HEADS", "NUM_LAYERS",
-              "OPTIMIZER", "PRECISION")
+              "OPTIMIZER", "PRECISION", "CENTERED")
 MATH_KEYS = ("NUM_EPOCHS", "LEARNING_RATE", "DROPOUT", "WEIGHT_DECAY", "BETA1", "BETA2",
              "ADAM_EPS", "MOMENTUM", "NESTEROV", "GRAD_CLIP", "WARMUP_STEPS", "MIN_LR_RATIO",
-             "SEED")
+             "SEED", "RMSPROP_ALPHA", "ADAGRAD_EPS", "RHO", "ADADELTA_EPS", "MUON_LR",
+             "MUON_MOMENTUM", "MUON_NESTEROV", "NS_STEPS")
+# Only sets the state a run starts from: on a resume the saved state wins, so no warning.
+START_KEYS = ("INITIAL_ACCUMULATOR",)
 
 
 @dataclasses.dataclass
@@ -40,18 +45,21 @@ class History:
     epoch_times: list[float] = dataclasses.field(default_factory=list)
     val_ppl: float | None = None
     epoch_elapsed: float = 0.0  # seconds of the current epoch spent before the checkpoint
+    val_curve: list[list[float]] = dataclasses.field(default_factory=list)  # [step, ppl]
 
     def to_meta(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self.pos), "losses": self.losses,
                 "epoch_times": self.epoch_times, "val_ppl": self.val_ppl,
-                "epoch_elapsed": self.epoch_elapsed}
+                "epoch_elapsed": self.epoch_elapsed, "val_curve": self.val_curve}
 
 
 def restore(path: str, cfg: Config, vocab: list[str], buffer: Any, optimizer: Any,
            warn: Callable[[str], None]) -> History:
     """Load `path` into `buffer` and `optimizer` after checking it fits; its history."""
     ckpt = checkpoint.Checkpoint(path, flag="--resume")
-    saved, mine = ckpt.config, cfg.to_dict()
+    mine = cfg.to_dict()
+    # a checkpoint from before a key existed ran with its default
+    saved = {**{k: key.default for k, key in KEYS.items()}, **ckpt.config}
     shape = [k for k in SHAPE_KEYS if saved.get(k) != mine[k]]
     if shape:
         diff = ", ".join(f"{k}={saved.get(k)} (checkpoint) vs {mine[k]}" for k in shape)
@@ -59,6 +67,16 @@ def restore(path: str, cfg: Config, vocab: list[str], buffer: Any, optimizer: An
     if list(ckpt.vocab) != vocab:
         raise TrainingError(f"--resume {path}: the checkpoint's vocabulary differs from the "
                             f"dataset's ({cfg.dataset})")
+    ignored = set().union(*OPTIMIZER_KEYS.values()) - set(relevant_keys(cfg.optimizer))
+    changed = [k for k in MATH_KEYS if saved.get(k) != mine[k] and k not in ignored]
+    layout = set(optimizer.state_sizes())
+    if ckpt.optimizer and set(ckpt.optimizer) != layout and changed:
+        raise TrainingError(
+            f"--resume {path}: OPTIMIZER={cfg.optimizer} keeps other state with this run's "
+            f"settings ({', '.join(sorted(layout))}) than the checkpoint holds "
+            f"({', '.join(sorted(ckpt.optimizer))}), after "
+            + ", ".join(f"{k} {saved.get(k)} -> {mine[k]}" for k in changed)
+            + ": resume with the checkpoint's settings")
     checkpoint.validate_against(ckpt, buffer.shapes(), optimizer.state_sizes(),
                                 flag="--resume")
     buffer.load_state_dict(ckpt.weights)
@@ -67,10 +85,9 @@ def restore(path: str, cfg: Config, vocab: list[str], buffer: Any, optimizer: An
     if not isinstance(t, dict) or not {"step", "epoch", "batch"} <= t.keys():
         raise CheckpointError(f"--resume {path}: the checkpoint holds no training position "
                               "(written by an older version, or damaged)")
-    changed = [k for k in MATH_KEYS if saved.get(k) != mine[k]]
     if changed:
         warn("WARN: --resume with changed settings, so the run no longer continues exactly: "
              + ", ".join(f"{k} {saved.get(k)} -> {mine[k]}" for k in changed))
     return History(Position(t["step"], t["epoch"], t["batch"]), list(t.get("losses", [])),
                    list(t.get("epoch_times", [])), t.get("val_ppl"),
-                   t.get("epoch_elapsed", 0.0))
+                   t.get("epoch_elapsed", 0.0), list(t.get("val_curve", [])))

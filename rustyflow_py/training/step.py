@@ -85,7 +85,7 @@ class StepRunner:
             with self.profiler, self.backend.tracking_memory():
                 self._body(timed=True)
             self.window_host += time.perf_counter() - start
-            self.profiler.step_end()
+            self.profiler.step_end(step + 1)
             self.profiled_wall += time.perf_counter() - start
         elif self.graph and self.steps_here > (self.profile_steps if self.profiler else 0):
             self._capture()  # after 1 warm-up step (and the profiled window, if profiling)

@@ -134,12 +134,86 @@ class Kernels(Protocol):
         applies to p[:decay_size] only."""
         ...
 
+    def adam(
+        self, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any, scale: Any,
+        betas: tuple[float, float], eps: float, weight_decay: float, decay_size: int,
+    ) -> None:
+        """One Adam step (torch.optim.Adam): as adamw, but the weight decay is an L2 term,
+        weight_decay * p[:decay_size] added to the (clipped) gradient before the moments."""
+        ...
+
     def sgd(
         self, p: Any, g: Any, velocity: Any, lr: Any, scale: Any, momentum: float,
         nesterov: bool, weight_decay: float, decay_size: int,
     ) -> None:
-        """One SGD step (momentum, optionally Nesterov) that updates p and velocity (P,) in
-        place; lr, scale and decay_size as for adamw."""
+        """One SGD step (torch.optim.SGD: momentum without dampening, optionally Nesterov)
+        that updates p and velocity (P,) in place; weight decay is an L2 term added to the
+        clipped gradient of p[:decay_size]; lr and scale as for adamw."""
+        ...
+
+    def rmsprop(
+        self, p: Any, g: Any, square_avg: Any, grad_avg: Any, momentum_buffer: Any, lr: Any,
+        scale: Any, alpha: float, eps: float, momentum: float, weight_decay: float,
+        decay_size: int,
+    ) -> None:
+        """One RMSprop step (torch.optim.RMSprop) updating p and the state (P,) in place:
+        grad_avg is None unless centered, momentum_buffer None without momentum. Weight
+        decay is L2 as for sgd."""
+        ...
+
+    def adagrad(
+        self, p: Any, g: Any, state_sum: Any, lr: Any, scale: Any, eps: float,
+        weight_decay: float, decay_size: int,
+    ) -> None:
+        """One AdaGrad step (torch.optim.Adagrad, no lr decay) updating p and the sum of
+        squared gradients (P,) in place; weight decay is L2 as for sgd."""
+        ...
+
+    def adadelta(
+        self, p: Any, g: Any, square_avg: Any, acc_delta: Any, lr: Any, scale: Any,
+        rho: float, eps: float, weight_decay: float, decay_size: int,
+    ) -> None:
+        """One AdaDelta step (torch.optim.Adadelta) updating p and both running averages
+        (P,) in place; weight decay is L2 as for sgd."""
+        ...
+
+    def segments(self, bounds: tuple[int, ...]) -> Any:
+        """An opaque table of the segments [bounds[s], bounds[s + 1]) of a flat buffer (the
+        parameter tensors), for lamb. Made once at setup: it may copy to the device."""
+        ...
+
+    def lamb(
+        self, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any, scale: Any,
+        betas: tuple[float, float], eps: float, weight_decay: float, decay_size: int,
+        segments: Any,
+    ) -> None:
+        """One LAMB step (You et al. 2019, Algorithm 2) updating p, m and v (P,) in place:
+        Adam's bias-corrected direction r plus weight_decay * p on p[:decay_size] gives u,
+        and each segment moves by lr * ||p_s|| / ||u_s|| * u_s (the ratio 1 where either
+        norm is 0), both norms taken before the update. segments from segments(); lr, step
+        and scale as for adamw."""
+        ...
+
+    def muon_momentum(
+        self, g: Any, buf: Any, out: Any, scale: Any, momentum: float, nesterov: bool,
+    ) -> None:
+        """Muon's momentum for one matrix: buf <- lerp(buf, g * scale, 1 - momentum) in
+        place, and out <- lerp(g * scale, buf, momentum) with nesterov, else buf. g, buf
+        and out have one shape; out may be a strided view (a transposed slot of the
+        Newton-Schulz batch)."""
+        ...
+
+    def newton_schulz(self, x: Any, steps: int, eps: float, mm: Callable[..., Any]) -> Any:
+        """Orthogonalise each matrix of x (..., R, C), R <= C: divide it by its Frobenius
+        norm plus eps, then run `steps` quintic Newton-Schulz iterations X <- aX + (bA +
+        cA @ A) @ X, A = X @ X.T, (a, b, c) = (3.4445, -4.7750, 2.0315). Returns the result
+        (x itself may be overwritten); every GEMM goes through `mm` as in lm_head_xent."""
+        ...
+
+    def muon_apply(self, p: Any, update: Any, lr: Any, weight_decay: float,
+                   factor: float) -> None:
+        """p <- p * (1 - lr * weight_decay) - lr * factor * update in place, for one matrix
+        p and its orthogonalised update of the same shape (possibly a strided view)."""
         ...
 
     # ---- data and logging ------------------------------------------------------------------------

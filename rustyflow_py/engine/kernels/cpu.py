@@ -8,9 +8,9 @@ RustyFlow's own thread pool runs all the parallel work, GEMMs included, in cache
     cpu_attention.py   the causal attention softmax, skipping the masked keys
     cpu_gelu.py        GELU with the bias add fused in
     cpu_layernorm.py   LayerNorm forward and backward
-    cpu_optim.py       embedding gradient scatter-add, grad-norm, AdamW
+    cpu_optim.py       embedding gradient scatter-add, grad-norm, the optimizer updates
 
-Whatever no family overrides (sum_rows, sgd, gather_batch, store_at_step) runs the
+Whatever no family overrides (sum_rows, Muon's kernels, gather_batch, store_at_step) runs the
 reference formulation, and so do the families' kernels called on 16-bit (float16) arrays
 (ReferenceFor16Bit): the families are float32/float64 code.
 """

@@ -249,6 +249,22 @@ def adamw(p: Any, g: Any, m: Any, v: Any, decay_until: int, decay: float, b1: fl
         p[i] = pi - lr * mi / (np.sqrt(vi) * rb2 + e)
 
 
+@jit
+def adam_l2(p: Any, g: Any, m: Any, v: Any, decay_until: int, l2: float, b1: float,
+            b2: float, step_size: float, bias2: float, eps: float, g_scale: float) -> None:
+    """adamw's loop for Adam: elements below decay_until add l2 * p to their gradient."""
+    wd, sb1, sb2, gs = f32(l2), f32(b1), f32(b2), f32(g_scale)
+    lr, rb2, e = f32(step_size), f32(1.0 / bias2), f32(eps)
+    for i in range(p.size):
+        gi = g[i] * gs
+        if i < decay_until:
+            gi += wd * p[i]
+        mi = sb1 * m[i] + (f32(1.0) - sb1) * gi
+        vi = sb2 * v[i] + (f32(1.0) - sb2) * (gi * gi)
+        m[i] = mi
+        v[i] = vi
+        p[i] = p[i] - lr * mi / (np.sqrt(vi) * rb2 + e)
+
 def warm_up() -> None:
     """Compile every kernel (or load it from numba's cache) for the array types training
     passes, so no training step, and no op in the profile, pays for compilation (~9 s on
@@ -269,3 +285,4 @@ def warm_up() -> None:
     causal_softmax_recompute(cube, lse, 1.0)
     causal_softmax_backward(cube, cube, 1.0, cube)
     adamw(row, row, row, row, 0, 1.0, 0.9, 0.95, 1e-3, 1.0, 1e-8, 1.0)
+    adam_l2(row, row, row, row, 0, 0.1, 0.9, 0.95, 1e-3, 1.0, 1e-8, 1.0)

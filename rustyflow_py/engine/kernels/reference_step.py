@@ -7,7 +7,11 @@ these, and every backend's kernel set therefore has them.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
+
+# The quintic Newton-Schulz iteration's coefficients (Muon: Jordan et al. 2024)
+NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
 
 class StepKernels:
@@ -39,20 +43,154 @@ class StepKernels:
         denom += eps
         p -= (lr / (1.0 - b1**t)).astype(p.dtype) * m / denom
 
+    def adam(
+        self, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any, scale: Any,
+        betas: tuple[float, float], eps: float, weight_decay: float, decay_size: int,
+    ) -> None:
+        g = self._l2_grad(p, g, scale, weight_decay, decay_size)
+        StepKernels.adamw(self, p, g, m, v, lr, step, None, betas, eps, 0.0, decay_size)
+
     def sgd(
         self, p: Any, g: Any, velocity: Any, lr: Any, scale: Any, momentum: float,
         nesterov: bool, weight_decay: float, decay_size: int,
     ) -> None:
-        if scale is not None:
-            g = g * scale.astype(g.dtype)
-        if weight_decay:
-            p[:decay_size] *= 1.0 - lr * weight_decay
-        d = g
+        d = g = self._l2_grad(p, g, scale, weight_decay, decay_size)
         if momentum:
             velocity *= momentum
             velocity += g
             d = g + momentum * velocity if nesterov else velocity
         p -= lr.astype(p.dtype) * d
+
+    def rmsprop(
+        self, p: Any, g: Any, square_avg: Any, grad_avg: Any, momentum_buffer: Any, lr: Any,
+        scale: Any, alpha: float, eps: float, momentum: float, weight_decay: float,
+        decay_size: int,
+    ) -> None:
+        xp = self.xp
+        g = self._l2_grad(p, g, scale, weight_decay, decay_size)
+        square_avg *= alpha
+        square_avg += (1.0 - alpha) * (g * g)
+        if grad_avg is not None:  # centered: the variance estimate
+            grad_avg += (1.0 - alpha) * (g - grad_avg)
+            avg = xp.sqrt(square_avg - grad_avg * grad_avg)
+        else:
+            avg = xp.sqrt(square_avg)
+        avg += eps
+        step = g / avg
+        if momentum_buffer is not None:
+            momentum_buffer *= momentum
+            momentum_buffer += step
+            step = momentum_buffer
+        p -= lr.astype(p.dtype) * step
+
+    def adagrad(
+        self, p: Any, g: Any, state_sum: Any, lr: Any, scale: Any, eps: float,
+        weight_decay: float, decay_size: int,
+    ) -> None:
+        g = self._l2_grad(p, g, scale, weight_decay, decay_size)
+        state_sum += g * g
+        p -= lr.astype(p.dtype) * (g / (self.xp.sqrt(state_sum) + eps))
+
+    def adadelta(
+        self, p: Any, g: Any, square_avg: Any, acc_delta: Any, lr: Any, scale: Any,
+        rho: float, eps: float, weight_decay: float, decay_size: int,
+    ) -> None:
+        xp = self.xp
+        g = self._l2_grad(p, g, scale, weight_decay, decay_size)
+        square_avg *= rho
+        square_avg += (1.0 - rho) * (g * g)
+        delta = xp.sqrt(acc_delta + eps) / xp.sqrt(square_avg + eps) * g
+        acc_delta *= rho
+        acc_delta += (1.0 - rho) * (delta * delta)
+        p -= lr.astype(p.dtype) * delta
+
+    def _l2_grad(self, p: Any, g: Any, scale: Any, weight_decay: float,
+                 decay_size: int) -> Any:
+        """A fresh g * scale, with the L2 term weight_decay * p added on p[:decay_size]."""
+        g = g * scale.astype(g.dtype) if scale is not None else g.copy()
+        if weight_decay:
+            g[:decay_size] += weight_decay * p[:decay_size]
+        return g
+
+    # ---- LAMB: Adam's direction, scaled per tensor ------------------------------------------
+    def segments(self, bounds: tuple[int, ...]) -> Any:
+        return tuple(zip(bounds[:-1], bounds[1:], strict=True))
+
+    def lamb(
+        self, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any, scale: Any,
+        betas: tuple[float, float], eps: float, weight_decay: float, decay_size: int,
+        segments: Any,
+    ) -> None:
+        u = self._lamb_direction(p, g, m, v, step, scale, betas, eps, weight_decay,
+                                 decay_size)
+        lr = lr.astype(p.dtype)
+        for start, stop in segments:
+            ratio = self._trust_ratio(p[start:stop], u[start:stop])
+            p[start:stop] -= (lr * ratio).astype(p.dtype) * u[start:stop]
+
+    def _lamb_direction(
+        self, p: Any, g: Any, m: Any, v: Any, step: Any, scale: Any,
+        betas: tuple[float, float], eps: float, weight_decay: float, decay_size: int,
+    ) -> Any:
+        """Update m and v in place; the fresh direction r + weight_decay * p (LAMB's u)."""
+        xp = self.xp
+        b1, b2 = betas
+        if scale is not None:
+            g = g * scale.astype(g.dtype)
+        t = step.astype(p.dtype)
+        m *= b1
+        m += (1.0 - b1) * g
+        v *= b2
+        v += (1.0 - b2) * (g * g)
+        denom = xp.sqrt(v)
+        denom /= xp.sqrt(1.0 - b2**t)
+        denom += eps
+        u = m / (1.0 - b1**t)
+        u /= denom
+        if weight_decay:
+            u[:decay_size] += weight_decay * p[:decay_size]
+        return u
+
+    def _trust_ratio(self, w: Any, u: Any) -> Any:
+        """||w|| / ||u|| as a 0-d array, 1 where either is 0 (nothing read back)."""
+        xp = self.xp
+        wn, un = xp.sqrt(xp.dot(w, w)), xp.sqrt(xp.dot(u, u))
+        ok = (wn > 0) & (un > 0)
+        return xp.where(ok, wn / xp.where(ok, un, 1.0), 1.0)
+
+    # ---- Muon: orthogonalised momentum for the 2-D hidden weights ----------------------------
+    def muon_momentum(
+        self, g: Any, buf: Any, out: Any, scale: Any, momentum: float, nesterov: bool,
+    ) -> None:
+        if scale is not None:
+            g = g * scale.astype(g.dtype)
+        buf += (1.0 - momentum) * (g - buf)
+        if nesterov:
+            out[...] = g + momentum * (buf - g)
+        else:
+            out[...] = buf
+
+    def newton_schulz(self, x: Any, steps: int, eps: float, mm: Callable[..., Any]) -> Any:
+        xp = self.xp
+        a, b, c = NS_COEFFICIENTS
+        norm = xp.sqrt((x * x).sum(axis=(-2, -1), keepdims=True))
+        x = x / (norm + eps)
+        for _ in range(steps):
+            gram = mm(x, x, transpose_b=True)
+            poly = mm(gram, gram)
+            poly *= c
+            poly += b * gram
+            y = mm(poly, x)
+            y += a * x
+            x = y
+        return x
+
+    def muon_apply(self, p: Any, update: Any, lr: Any, weight_decay: float,
+                   factor: float) -> None:
+        lr = lr.astype(p.dtype)
+        if weight_decay:
+            p *= 1.0 - lr * weight_decay
+        p -= (lr * factor).astype(p.dtype) * update
 
     # ---- data -------------------------------------------------------------------------------
     def gather_batch(self, stream: Any, step: Any, seq_len: int, x: Any, y: Any, *,

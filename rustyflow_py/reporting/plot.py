@@ -1,0 +1,199 @@
+"""`rustyflow plot`: pictures of the runs in the log, as PNG and SVG files.
+
+Three pictures, each drawn only when the selected runs have what it needs:
+
+- ``loss-curves``: training loss, validation perplexity and learning rate against the step,
+  the selected runs overlaid (from the records' curves; older records have none);
+- ``op-breakdown``: where a run's profiled step time goes, by phase (forward, backward,
+  optimizer) split into matmul and other, and its most expensive ops;
+- ``cpu-vs-gpu``: epoch time and tokens/s of the CPU and GPU runs of the same model (the pairs
+  ``rustyflow report`` compares).
+
+matplotlib is an optional extra, imported only here and only when a picture is drawn, on the
+Agg backend (files only: no display is needed or opened).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from ..errors import RustyFlowError
+from .curves import curve
+from .report import Record, speedups
+
+FORMATS = ("png", "svg")
+MISSING = ("matplotlib is not installed, and pictures need it: pip install 'rustyflow-py[plot]' "
+           "(or pip install matplotlib)")
+PHASES = ("forward", "backward", "optimizer")
+COLORS = {"cpu": "tab:blue", "gpu": "tab:green", "matmul": "tab:orange", "other": "tab:gray"}
+TOP_OPS = 12
+
+
+class PlotError(RustyFlowError):
+    """A picture cannot be drawn (matplotlib missing, no run selected)."""
+
+
+def pyplot() -> Any:
+    """matplotlib.pyplot on the Agg backend; PlotError saying how to install it if missing."""
+    try:
+        import matplotlib
+    except ImportError:
+        raise PlotError(MISSING) from None
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plt.rcParams["svg.hashsalt"] = "rustyflow"  # the same run draws the same SVG
+    return plt
+
+
+def select(records: list[Record], last: int | None = None,
+           runs: Sequence[str] = ()) -> list[Record]:
+    """The runs named by timestamp (`runs`), else the last `last` runs, else all of them."""
+    if runs:
+        stamps = {r.get("timestamp") for r in records}
+        unknown = [t for t in runs if t not in stamps]
+        if unknown:
+            raise PlotError(f"no run with timestamp {', '.join(unknown)} in the log (see "
+                            "`rustyflow report` for the runs' timestamps)")
+        return [r for r in records if r.get("timestamp") in runs]
+    return records[-last:] if last else records
+
+
+def plot_runs(records: list[Record], folder: str | Path,
+              formats: Sequence[str] = FORMATS) -> tuple[list[Path], list[str]]:
+    """Draw every picture the `records` allow into `folder`: (files written, why a picture
+    was left out)."""
+    plt = pyplot()
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    written, skipped = [], []
+    for stem, draw in (("loss-curves", _curves), ("op-breakdown", _ops),
+                       ("cpu-vs-gpu", _cpu_vs_gpu)):
+        fig_or_reason = draw(plt, records)
+        if isinstance(fig_or_reason, str):
+            skipped.append(f"{stem}: {fig_or_reason}")
+        else:
+            written += save(plt, fig_or_reason, out / stem, formats)
+    return written, skipped
+
+
+def save(plt: Any, fig: Any, stem: Path, formats: Sequence[str] = FORMATS) -> list[Path]:
+    """`fig` as stem.png, stem.svg, ...; closed afterwards."""
+    paths = []
+    for fmt in formats:
+        path = stem.with_suffix(f".{fmt}")
+        fig.savefig(path, dpi=100, metadata={"Date": None} if fmt == "svg" else None)
+        paths.append(path)
+    plt.close(fig)
+    return paths
+
+
+def label(r: Record) -> str:
+    """A run's legend entry: when, where and what shape."""
+    m = r.get("model") if isinstance(r.get("model"), dict) else {}
+    shape = " ".join(f"{tag}{m.get(key, '?')}" for tag, key in
+                     (("L", "layers"), ("E", "embed"), ("B", "batch"), ("T", "seq_len")))
+    return f"{str(r.get('timestamp', '?'))[:16]} {r.get('device', '?')} {shape}"
+
+
+def _curves(plt: Any, records: list[Record]) -> Any:
+    runs = [r for r in records if curve(r, "loss")]
+    if not runs:
+        return "no selected run has curves (runs logged before curves were recorded have none)"
+    fig, axes = plt.subplots(1, 3, figsize=(13, 3.8), layout="constrained")
+    panels = (("loss", "training loss"), ("val_ppl", "validation perplexity"),
+              ("lr", "learning rate"))
+    for ax, (name, title) in zip(axes, panels, strict=True):
+        for r in runs:
+            points = curve(r, name)
+            if points:
+                steps, values = zip(*points, strict=True)
+                ax.plot(steps, values, marker="o" if name == "val_ppl" else None,
+                        markersize=4, linewidth=1.2, label=label(r))
+        ax.set(title=title, xlabel="step")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7)
+    return fig
+
+
+def _ops(plt: Any, records: list[Record]) -> Any:
+    profiled = [r for r in records if isinstance(r.get("profile"), dict)
+                and r["profile"].get("ops") and r["profile"].get("profiled_steps")]
+    if not profiled:
+        return "no selected run has a per-op profile"
+    r = profiled[-1]
+    prof = r["profile"]
+    steps = prof["profiled_steps"]
+    by_phase: dict[tuple[str, str], float] = defaultdict(float)
+    for op in prof["ops"]:
+        by_phase[(op.get("phase"), op.get("category"))] += op.get("time_s", 0.0) * 1e3 / steps
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2), layout="constrained",
+                                      width_ratios=(1, 1.6))
+    bottom = [0.0] * len(PHASES)
+    for category in ("matmul", "other"):
+        heights = [by_phase[(phase, category)] for phase in PHASES]
+        left.bar(PHASES, heights, bottom=bottom, color=COLORS[category], label=category)
+        bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
+    left.set(title="per phase", ylabel="ms per step")
+    left.legend()
+    top = sorted(prof["ops"], key=lambda op: -op.get("time_s", 0.0))[:TOP_OPS][::-1]
+    right.barh([f"{op.get('name')} ({op.get('phase')})" for op in top],
+               [op.get("time_s", 0.0) * 1e3 / steps for op in top],
+               color=[COLORS.get(op.get("category"), "tab:gray") for op in top])
+    right.set(title=f"top {len(top)} ops", xlabel="ms per step")
+    right.tick_params(axis="y", labelsize=8)
+    timing = "device time, CUDA events" if prof.get("timing") == "cuda-events" else "wall time"
+    fig.suptitle(f"{label(r)} ({r.get('hardware', '?')}): {steps:,} profiled steps, {timing}",
+                 fontsize=10)
+    return fig
+
+
+def _cpu_vs_gpu(plt: Any, records: list[Record]) -> Any:
+    pairs = [s for s in speedups(records)
+             if s["cpu_avg_epoch_s"] and s["gpu_avg_epoch_s"] and s["cpu_tokens_per_s"]
+             and s["gpu_tokens_per_s"]]
+    if not pairs:
+        return ("no completed CPU run and GPU run of the same dataset and model shape among "
+                "the selected runs")
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
+    width = 0.38
+    xs = range(len(pairs))
+    panels = (("avg_epoch_s", "average epoch time (s), lower is better", "epoch_speedup"),
+              ("tokens_per_s", "training tokens/s, higher is better", "tokens_per_s_ratio"))
+    for ax, (field, title, ratio) in zip(axes, panels, strict=True):
+        for shift, device in ((-width / 2, "cpu"), (width / 2, "gpu")):
+            values = [s[f"{device}_{field}"] for s in pairs]
+            bars = ax.bar([x + shift for x in xs], values, width, color=COLORS[device],
+                          label=device.upper())
+            ax.bar_label(bars, labels=[_number(v) for v in values], fontsize=8)
+        names = [f"{s['dataset']} {s['shape']}\nGPU {_number(s[ratio])}x faster" for s in pairs]
+        ax.set(title=title, yscale="log", xticks=list(xs), xticklabels=names)
+        ax.legend()
+    fig.suptitle("CPU vs GPU: the latest completed run of each, same dataset and model",
+                 fontsize=10)
+    return fig
+
+
+def _number(x: float) -> str:
+    return f"{x:,.0f}" if x >= 100 else f"{x:.3g}"
+
+
+def plot_sweep(rows: list[dict[str, Any]], stem: str | Path,
+               formats: Sequence[str] = FORMATS) -> list[Path]:
+    """`rustyflow bench`'s picture: the GPU/CPU speed-up against the step's matmul FLOPs, one
+    point per grid point, log-log, with the break-even line."""
+    plt = pyplot()
+    points = [(r["flops_per_step"], r["speedup"]) for r in rows if r.get("speedup")]
+    fig, ax = plt.subplots(figsize=(7, 4.2), layout="constrained")
+    if points:
+        flops, ratio = zip(*sorted(points), strict=True)
+        ax.plot(flops, ratio, "o-", color=COLORS["gpu"])
+    ax.axhline(1.0, color="black", linewidth=0.8, linestyle="--", label="break-even")
+    ax.set(xscale="log", yscale="log", xlabel="matmul FLOPs per training step",
+           ylabel="GPU tokens/s ÷ CPU tokens/s", title="When does the GPU help?")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend()
+    return save(plt, fig, Path(stem), formats)

@@ -1,0 +1,200 @@
+"""`rustyflow bench`: when does the GPU help? Time the product's own training step on the CPU
+and the GPU over a grid of model and batch sizes.
+
+Each grid point builds the model (`build_model`), the optimizer (`make_optimizer`) and the step
+runner training uses, on random tokens (the time of a step does not depend on the text). The
+step runs as it does in training: eager on the CPU, replayed as a CUDA graph on the GPU. After
+warm-up, one step is timed to size the run, then enough steps to fill `seconds` (at least
+`MIN_STEPS`), with the device synchronised before each clock read. A short window with the
+profiler then gives the matmul share of the step on each side: of the step's wall time on the
+CPU, of the device's busy time on the GPU (a replayed graph leaves the device no idle time
+between kernels, which the eager profiled steps would otherwise add).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import json
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..engine.backend import get_backend, gpu_unavailable_reason
+from ..engine.precision import Precision
+from ..engine.profiler import Profiler
+from ..model.gpt import build_model
+from ..reporting.plot import PlotError, plot_sweep
+from ..reporting.sweep import format_sweep
+from .config import Config
+from .evaluate import upload_split
+from .loop import make_optimizer
+from .step import StepRunner, quiet_float_errors, use_graph
+
+Say = Callable[[str], None]
+
+VOCAB = 33278  # WikiText-2's
+DEFAULT_MODELS = ((1, 32, 2), (2, 128, 4), (4, 256, 4), (6, 384, 6))  # layers, embed, heads
+DEFAULT_BATCHES = ((1, 16), (8, 64), (32, 128))  # batch, seq_len
+QUICK_MODELS = ((1, 32, 2),)
+QUICK_BATCHES = ((2, 16), (4, 32))
+MIN_STEPS, MAX_STEPS = 3, 500
+PROFILED_STEPS = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Point:
+    """One grid point: the model's shape and the batch layout."""
+
+    layers: int
+    embed: int
+    heads: int
+    batch: int
+    seq_len: int
+
+    def config(self, device: str) -> Config:
+        return Config(num_layers=self.layers, embed_dim=self.embed, num_heads=self.heads,
+                      batch_size=self.batch, seq_len=self.seq_len, device=device)
+
+    def name(self) -> str:
+        return (f"L{self.layers} E{self.embed} H{self.heads} B{self.batch} "
+                f"T{self.seq_len}")
+
+
+def grid(models: Sequence[Sequence[int]], batches: Sequence[Sequence[int]]) -> list[Point]:
+    """Every model shape (layers, embed, heads) with every batch layout (batch, seq_len)."""
+    return [Point(*model, *layout) for model in models for layout in batches]
+
+
+def sweep(points: Sequence[Point], vocab: int = VOCAB, seconds: float = 1.0,
+          say: Say = print, warn: Say | None = None) -> dict[str, Any]:
+    """Time every point on the CPU and, when usable, the GPU. Returns the sweep: the devices
+    (described, or why the GPU is not usable) and one row per point."""
+    warn = warn or say
+    reason = gpu_unavailable_reason()
+    kinds = ["cpu"] + (["gpu"] if reason is None else [])
+    devices: dict[str, Any] = {"gpu": {"usable": False, "reason": reason}}
+    for kind in kinds:
+        backend = get_backend(kind)
+        backend.configure(0, "auto", say, warn)  # all cores, numba kernels when installed
+        backend.set_precision(Precision.of("fp32"))
+        devices[kind] = {"usable": True, "name": backend.hardware(),
+                         "describe": backend.describe()}
+    rows = []
+    for point in points:
+        row: dict[str, Any] = {**dataclasses.asdict(point), "vocab": vocab}
+        for kind in kinds:
+            cell = _time_point(point, kind, vocab, seconds, warn)
+            gc.collect()  # this point's model, its buffers and graph, before the next one
+            get_backend(kind).release_cached_memory()
+            row.update({k: cell.pop(k) for k in ("params", "flops_per_step") if k in cell})
+            row[kind] = cell
+            say(f"{kind} {point.name()}: " + (
+                cell["error"] if "error" in cell else
+                f"{cell['ms_per_step']:.2f} ms/step, {cell['tokens_per_s']:,.0f} tok/s, "
+                f"matmul {100 * cell['matmul_share']:.0f}%"))
+        cpu, gpu = row.get("cpu", {}), row.get("gpu", {})
+        row["speedup"] = (gpu["tokens_per_s"] / cpu["tokens_per_s"]
+                          if "tokens_per_s" in cpu and "tokens_per_s" in gpu else None)
+        rows.append(row)
+    return {"vocab": vocab, "seconds": seconds, "devices": devices, "rows": rows}
+
+
+def write_results(result: dict[str, Any], folder: str | Path, say: Say = print) -> Path:
+    """bench.json (the sweep), speedup.png/.svg (when matplotlib is installed and the GPU was
+    measured) and bench.md into `folder`; returns bench.md's path."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "bench.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
+    plot = None
+    if any(row.get("speedup") for row in result["rows"]):
+        try:
+            plot_sweep(result["rows"], out / "speedup")
+            plot = "speedup.png"
+        except PlotError as exc:
+            say(f"no plot: {exc}")
+    report = out / "bench.md"
+    report.write_text(format_sweep(result, plot), encoding="utf-8")
+    return report
+
+
+def _time_point(point: Point, kind: str, vocab: int, seconds: float,
+                warn: Say) -> dict[str, Any]:
+    """One point on one device: sizes, step time, tokens/s and the matmul share; a GPU that
+    runs out of memory gives {"error": ...} instead of stopping the sweep."""
+    cfg, backend = point.config(kind), get_backend(kind)
+    tokens = np.random.default_rng(0).integers(0, vocab, point.batch * (8 * point.seq_len + 1))
+    try:
+        with quiet_float_errors():
+            model = build_model(cfg, vocab, kind)
+            stream = upload_split(backend, tokens, point.batch)
+            optimizer = make_optimizer(cfg, model.buffer, total_steps=10**6)
+
+            def runner(profiler: Profiler | None, graph: bool) -> StepRunner:
+                return StepRunner(model, optimizer, stream, point.seq_len, log_interval=1,
+                                  profiler=profiler, profile_steps=PROFILED_STEPS, graph=graph,
+                                  dropout_seed=None, warn=warn)
+
+            timed = _steps_per_second(runner(None, use_graph("auto", kind, 0.0, warn)),
+                                      backend, seconds)
+            share = _matmul_share(runner, backend)
+    except Exception as exc:
+        if type(exc).__name__ != "OutOfMemoryError":
+            raise
+        return {"error": f"out of memory ({exc})"}
+    tokens_per_step = point.batch * point.seq_len
+    return {"params": model.num_params(),
+            "flops_per_step": model.matmul_flops_per_step(point.batch, point.seq_len),
+            "ms_per_step": 1e3 / timed["steps_per_s"],
+            "tokens_per_s": timed["steps_per_s"] * tokens_per_step, "steps": timed["steps"],
+            "graph": timed["graph"], "matmul_share": share}
+
+
+def _steps_per_second(runner: StepRunner, backend: Any, seconds: float) -> dict[str, Any]:
+    """Warm up (on the GPU: the eager step, then the capture), time one step to size the run,
+    then time enough steps to fill `seconds`."""
+    step = 0
+    for _ in range(2):
+        runner.run(step)
+        step += 1
+    backend.synchronize()
+    start = time.perf_counter()
+    runner.run(step)
+    step += 1
+    backend.synchronize()
+    one = time.perf_counter() - start
+    n = max(MIN_STEPS, min(MAX_STEPS, math.ceil(seconds / max(one, 1e-9))))
+    start = time.perf_counter()
+    for _ in range(n):
+        runner.run(step)
+        step += 1
+    backend.synchronize()
+    return {"steps_per_s": n / (time.perf_counter() - start), "steps": n,
+            "graph": runner.captured is not None}
+
+
+def _matmul_share(runner: Callable[[Profiler | None, bool], StepRunner], backend: Any) -> float:
+    """The matmul share of a short eager window with the profiler (the GPU's first step is
+    the runner's unprofiled warm-up): of the wall time on the CPU, of device time on the GPU."""
+    prof = Profiler(backend)
+    window = runner(prof, False)
+    for step in range(PROFILED_STEPS + (backend.kind == "gpu")):
+        window.run(step)
+    whole = prof.total() if backend.kind == "gpu" else window.profiled_wall
+    return prof.total("matmul") / whole if whole > 0 else 0.0
+
+
+def parse_pairs(values: Sequence[str], size: int, what: str) -> list[tuple[int, ...]]:
+    """'2x128x4'-style command-line values as tuples of `size` positive integers."""
+    out = []
+    for value in values:
+        parts = value.lower().split("x")
+        if len(parts) != size or not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ValueError(f"{what} {value!r}: expected {size} positive integers joined by "
+                             f"'x'")
+        out.append(tuple(int(p) for p in parts))
+    return out
