@@ -191,22 +191,23 @@ def plot(logs: tuple[str, ...], folder: str, last: int | None, runs: tuple[str, 
 @click.option("--vocab", type=click.IntRange(min=2), default=33278, show_default=True)
 @click.option("--seconds", type=click.FloatRange(min=0), default=1.0, show_default=True,
               help="timed seconds per point and device (at least 3 steps)")
+@click.option("--from-json", "saved", type=click.Path(dir_okay=False, exists=True),
+              default=None, help="no timing: write bench.md and the plot from a bench.json")
 def bench(folder: str, quick: bool, models: tuple[str, ...], batches: tuple[str, ...],
-          vocab: int, seconds: float) -> None:
+          vocab: int, seconds: float, saved: str | None) -> None:
     """When does the GPU help? Time the training step on CPU and GPU over a grid of sizes."""
+    from pathlib import Path
+
     from .training import bench as b
 
-    try:
-        shapes = b.parse_pairs(models, 3, "--model") or (b.QUICK_MODELS if quick
-                                                          else b.DEFAULT_MODELS)
-        layouts = b.parse_pairs(batches, 2, "--batch") or (b.QUICK_BATCHES if quick
-                                                            else b.DEFAULT_BATCHES)
-        points = b.grid(shapes, layouts)
-        for point in points:
-            point.config("cpu")  # EMBED_DIM divisible by NUM_HEADS, before any work
-    except ValueError as exc:
-        raise click.ClickException(str(exc)) from None
-    result = b.sweep(points, vocab, seconds, click.echo, _warn)
+    if saved:
+        result = json.loads(Path(saved).read_text(encoding="utf-8"))
+    else:
+        try:
+            points = b.requested_grid(models, batches, quick)
+        except ValueError as exc:
+            raise click.ClickException(str(exc)) from None
+        result = b.sweep(points, vocab, seconds, click.echo, _warn)
     report = b.write_results(result, folder, click.echo)
     click.echo(report.read_text(encoding="utf-8"))
     click.echo(f"wrote {report} and {report.with_name('bench.json')}")

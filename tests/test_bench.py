@@ -40,8 +40,8 @@ def test_tiny_grid_on_the_cpu(no_gpu: None, tmp_path: Path) -> None:
         assert 0 < cpu["matmul_share"] < 1 and cpu["graph"] is False
         assert "gpu" not in row and row["speedup"] is None
     md = bench.write_results(result, tmp_path, say=lambda _: None).read_text()
-    assert "| L1 E32 H2 | 2 × 16 |" in md
-    assert "not usable: RUSTYFLOW_DISABLE_GPU is set" in md
+    row = next(ln for ln in md.splitlines() if ln.startswith("| L1 E32 H2 | 2 × 16 |"))
+    assert row.endswith("| not usable: RUSTYFLOW_DISABLE_GPU is set |")
     assert "No crossover: the GPU was not measured." in md
     assert "- CPU: matmul is" in md
     assert json.loads((tmp_path / "bench.json").read_text())["rows"][0]["layers"] == 1
@@ -88,12 +88,19 @@ def test_amdahl_lines_give_the_range_and_the_bound() -> None:
     assert lines[1].startswith("- GPU: matmul is 20%")
 
 
-def test_markdown_names_the_plot_when_there_is_one() -> None:
-    sweep = {"vocab": 33278, "seconds": 1.0, "rows": [],
+def test_markdown_with_the_gpu_measured() -> None:
+    cell = {"ms_per_step": 2.0, "tokens_per_s": 16_000.0, "matmul_share": 0.5}
+    made_up = rows((1.0, 4.0), (9.0, None))
+    for row, gpu in zip(made_up, (cell, {"error": "out of memory (x)"}), strict=True):
+        row.update(params=1234, cpu=cell, gpu=gpu)
+    sweep = {"vocab": 33278, "seconds": 1.0, "rows": made_up,
              "devices": {"cpu": {"describe": "a CPU"},
                          "gpu": {"usable": True, "describe": "a GPU"}}}
     text = format_sweep(sweep, "speedup.png")
     assert "- GPU: a GPU" in text and text.rstrip().endswith("(speedup.png)")
+    assert "| L1 E64 H2 | 1 × 32 | 1,234 | 1 | 2.00 | 16,000 | 50 | 2.00 | 16,000 | 50 | 4.00x |" \
+        in text
+    assert "| out of memory (x) |  |  | n/a |" in text
 
 
 def test_speedup_plot(tmp_path: Path) -> None:
@@ -111,6 +118,10 @@ def test_bench_command(no_gpu: None, tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "cpu L1 E32 H2 B2 T16:" in result.output and "## Crossover" in result.output
     assert (tmp_path / "bench.md").is_file()
+    again = runner.invoke(main, ["bench", "--from-json", str(tmp_path / "bench.json"), "--out",
+                                 str(tmp_path / "again")])
+    assert again.exit_code == 0, again.output
+    assert (tmp_path / "again/bench.md").read_text() == (tmp_path / "bench.md").read_text()
     for bad, message in ((["--model", "2x128"], "--model '2x128': expected 3 positive"),
                          (["--model", "1x30x4"], "EMBED_DIM=30"),
                          (["--batch", "0x16"], "--batch '0x16'")):

@@ -6,8 +6,9 @@ inside a fused op (its matmuls) are charged to themselves; the parent keeps its 
 
 For a timeline (`rustyflow train --trace`), the first `trace_steps` profiled steps also keep
 each op's start and end (`spans`): host times around its launch, and on the GPU its device
-times, placed on the host clock at the step's first event (the device is idle then: the
-previous step was waited for). Only those steps, so the memory stays bounded on long runs.
+times, placed on the host clock at the step's first event (the previous step was waited for,
+so the device is then at most the step's batch gather behind the host). Only those steps, so
+the memory stays bounded on long runs.
 """
 
 from __future__ import annotations

@@ -127,9 +127,13 @@ def _ops(plt: Any, records: list[Record]) -> Any:
     r = profiled[-1]
     prof = r["profile"]
     steps = prof["profiled_steps"]
+
+    def ms(op: Record) -> float:  # per step; a non-finite time was logged as null
+        return (op.get("time_s") or 0.0) * 1e3 / steps
+
     by_phase: dict[tuple[str, str], float] = defaultdict(float)
     for op in prof["ops"]:
-        by_phase[(op.get("phase"), op.get("category"))] += op.get("time_s", 0.0) * 1e3 / steps
+        by_phase[(op.get("phase"), op.get("category"))] += ms(op)
     fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.2), layout="constrained",
                                       width_ratios=(1, 1.6))
     bottom = [0.0] * len(PHASES)
@@ -139,9 +143,8 @@ def _ops(plt: Any, records: list[Record]) -> Any:
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     left.set(title="per phase", ylabel="ms per step")
     left.legend()
-    top = sorted(prof["ops"], key=lambda op: -op.get("time_s", 0.0))[:TOP_OPS][::-1]
-    right.barh([f"{op.get('name')} ({op.get('phase')})" for op in top],
-               [op.get("time_s", 0.0) * 1e3 / steps for op in top],
+    top = sorted(prof["ops"], key=lambda op: -ms(op))[:TOP_OPS][::-1]
+    right.barh([f"{op.get('name')} ({op.get('phase')})" for op in top], [ms(op) for op in top],
                color=[COLORS.get(op.get("category"), "tab:gray") for op in top])
     right.set(title=f"top {len(top)} ops", xlabel="ms per step")
     right.tick_params(axis="y", labelsize=8)

@@ -26,9 +26,7 @@ def _layout(row: Row) -> str:
     return f"{row['batch']} × {row['seq_len']}"
 
 
-def _cells(cell: Any, gpu_reason: str | None) -> list[str]:
-    if not isinstance(cell, dict):
-        return [f"not usable: {gpu_reason}", "", ""]
+def _cells(cell: Any) -> list[str]:
     if "error" in cell:
         return [cell["error"], "", ""]
     return [f"{cell['ms_per_step']:,.2f}", f"{cell['tokens_per_s']:,.0f}",
@@ -36,15 +34,25 @@ def _cells(cell: Any, gpu_reason: str | None) -> list[str]:
 
 
 def table(sweep: dict[str, Any]) -> list[str]:
-    """One markdown row per grid point."""
-    reason = sweep["devices"]["gpu"].get("reason")
-    head = ("| Model | Batch × seq | Params | GFLOP/step | CPU ms/step | CPU tok/s | "
-            "CPU matmul % | GPU ms/step | GPU tok/s | GPU matmul % | GPU/CPU |")
-    lines = [head, "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    """One markdown row per grid point; without a usable GPU its columns become one that
+    says why."""
+    gpu = sweep["devices"]["gpu"]
+    head = "| Model | Batch × seq | Params | GFLOP/step | CPU ms/step | CPU tok/s | CPU matmul % |"
+    rule = "|---|---|---:|---:|---:|---:|---:|"
+    if gpu.get("usable"):
+        head += " GPU ms/step | GPU tok/s | GPU matmul % | GPU/CPU |"
+        rule += "---:|---:|---:|---:|"
+    else:
+        head, rule = head + " GPU |", rule + "---|"
+    lines = [head, rule]
     for row in sweep["rows"]:
-        speedup = f"{row['speedup']:,.2f}x" if row.get("speedup") else "n/a"
         cells = [_shape(row), _layout(row), f"{row.get('params', 0):,}", _gflop(row),
-                 *_cells(row.get("cpu"), reason), *_cells(row.get("gpu"), reason), speedup]
+                 *_cells(row["cpu"])]
+        if gpu.get("usable"):
+            speedup = f"{row['speedup']:,.2f}x" if row.get("speedup") else "n/a"
+            cells += [*_cells(row["gpu"]), speedup]
+        else:
+            cells.append(f"not usable: {gpu.get('reason')}")
         lines.append("| " + " | ".join(cells) + " |")
     return lines
 

@@ -101,8 +101,10 @@ def _track(spans: Sequence[OpSpan], step_numbers: Sequence[int], times: Times, p
         first = min(lo for lo, _ in phases.values())
         last = max(hi for _, hi in phases.values())
         events.append(_x(f"step {step}", "step", pid, first, last, t0, {"step": step}))
-    # parents before their children: by start, the longer first
-    events.sort(key=lambda e: (e["ts"], -e["dur"]))
+    # parents before their children: by start, the longer first, and on a tie (a phase of
+    # one op) the step before its phase before its op
+    rank = {"step": 0, "phase": 1}
+    events.sort(key=lambda e: (e["ts"], -e["dur"], rank.get(e["cat"], 2)))
     return events
 
 

@@ -188,8 +188,20 @@ def _matmul_share(runner: Callable[[Profiler | None, bool], StepRunner], backend
     return prof.total("matmul") / whole if whole > 0 else 0.0
 
 
-def parse_pairs(values: Sequence[str], size: int, what: str) -> list[tuple[int, ...]]:
-    """'2x128x4'-style command-line values as tuples of `size` positive integers."""
+def requested_grid(models: Sequence[str], batches: Sequence[str],
+                   quick: bool = False) -> list[Point]:
+    """The grid the command line asks for: `models` as 'LxExH' (layers, embed, heads) and
+    `batches` as 'BxT' (batch, seq_len), else the default (or `quick`) ones. Raises
+    ValueError for a malformed value or a shape training would refuse, before any work."""
+    shapes = _parse(models, 3, "--model") or (QUICK_MODELS if quick else DEFAULT_MODELS)
+    layouts = _parse(batches, 2, "--batch") or (QUICK_BATCHES if quick else DEFAULT_BATCHES)
+    out = grid(shapes, layouts)
+    for point in out:
+        point.config("cpu")  # a ConfigError (a ValueError) names the key, e.g. EMBED_DIM
+    return out
+
+
+def _parse(values: Sequence[str], size: int, what: str) -> list[tuple[int, ...]]:
     out = []
     for value in values:
         parts = value.lower().split("x")

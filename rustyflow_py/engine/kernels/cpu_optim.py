@@ -14,6 +14,7 @@ import numpy as np
 
 from .cpu_pool import BLOCK, Blocks, CpuPool
 from .reference import XpKernels
+from .reference_step import bias_correction
 
 
 class CpuOptimizer(CpuPool):
@@ -58,11 +59,11 @@ class CpuOptimizer(CpuPool):
         t = step.astype(p.dtype)
         g_scale = None if scale is None else scale.astype(g.dtype)
         decay = 1.0 if l2 else 1.0 - lr * weight_decay  # decoupled: p *= decay first
-        bias2 = np.sqrt(1.0 - b2**t)
-        step_size = (lr / (1.0 - b1**t)).astype(p.dtype)
+        bias2 = np.sqrt(bias_correction(np, t, b2))
+        step_size = (lr / bias_correction(np, t, b1)).astype(p.dtype)
 
         jit = self._jit_for(p, g, m, v)
-        scalars = (b1, b2, float(step_size), float(bias2), eps,
+        scalars = (1.0 - b1, 1.0 - b2, float(step_size), float(bias2), eps,
                    1.0 if g_scale is None else float(g_scale))  # the kernel's, read once
 
         def worker(blocks: Blocks) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 from ..precision import accumulate_dtype
 from .cublas import Cublas
 from .reference import GELU_C, GELU_K, XpKernels
-from .reference_step import NS_COEFFICIENTS
+from .reference_step import NS_COEFFICIENTS, log_beta
 
 _WARP_REDUCE = r"""
 #define NEG_INF ((acc)__longlong_as_double(0xfff0000000000000ULL))
@@ -194,17 +194,17 @@ extern "C" __global__ void gather_batch(const int* stream, const int* step, int*
 extern "C" __global__ void lamb_moments(const real* g, const real* p, real* m, real* v, real* u,
                                         acc* pw, acc* pu, const long long* lo,
                                         const long long* hi, const int* step,
-                                        const float* scale, acc b1, acc b2, acc eps, acc wd,
-                                        long long decay) {
+                                        const float* scale, acc c1, acc c2, acc lb1, acc lb2,
+                                        acc eps, acc wd, long long decay) {
     __shared__ acc s1[32], s2[32];
     int c = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     acc t = (acc)step[0], sc = (acc)scale[0];
-    acc bc1 = 1 - pow(b1, t), bc2 = sqrt(1 - pow(b2, t));
+    acc bc1 = -expm1(t * lb1), bc2 = sqrt(-expm1(t * lb2));  // 1 - b**t, lb = log(b)
     acc sw = 0, su = 0;
     for (long long i = lo[c] + threadIdx.x; i < hi[c]; i += blockDim.x) {
         acc gi = (acc)g[i] * sc, pi = (acc)p[i];
-        acc mi = b1 * (acc)m[i] + (1 - b1) * gi;
-        acc vi = b2 * (acc)v[i] + (1 - b2) * (gi * gi);
+        acc mi = (1 - c1) * (acc)m[i] + c1 * gi;  // c = 1 - beta, from double
+        acc vi = (1 - c2) * (acc)v[i] + c2 * (gi * gi);
         m[i] = (real)mi;
         v[i] = (real)vi;
         acc ui = (mi / bc1) / (sqrt(vi) / bc2 + eps);
@@ -291,30 +291,32 @@ def _elementwise() -> dict[str, Any]:
             f" * (1 + 3 * (A){GELU_K!r} * u * u); dx = (T)((A)g * d);",
             "rf_gelu_bwd", preamble=_ACC_TRAIT),
         # Decoupled weight decay on the first `decay` elements, then the Adam moment update.
+        # c = 1 - beta and lb = log(beta) come from double precision: float32's 1 - beta and
+        # 1 - beta**t lose digits for beta near 1 (0.999).
         "adamw": cupy.ElementwiseKernel(
-            "T g, float32 lr, int32 step, float32 scale, float32 b1, float32 b2, float32 eps, "
-            "float32 wd, int64 decay",
+            "T g, float32 lr, int32 step, float32 scale, float32 c1, float32 c2, float32 lb1, "
+            "float32 lb2, float32 eps, float32 wd, int64 decay",
             "T p, T m, T v",
             """
             T gs = g * (T)scale;
             if (i < decay) p *= (T)(1 - lr * wd);
-            m = (T)b1 * m + (T)(1 - b1) * gs;
-            v = (T)b2 * v + (T)(1 - b2) * gs * gs;
-            T bc1 = 1 - pow((T)b1, (T)step), bc2 = 1 - pow((T)b2, (T)step);
+            m = (T)(1 - c1) * m + (T)c1 * gs;
+            v = (T)(1 - c2) * v + (T)c2 * gs * gs;
+            T bc1 = -expm1((T)step * (T)lb1), bc2 = -expm1((T)step * (T)lb2);
             p -= (T)lr / bc1 * m / (sqrt(v) / sqrt(bc2) + (T)eps);
             """,
             "rf_adamw"),
         # Adam: the weight decay is an L2 term of the gradient on the first `decay` elements.
         "adam": cupy.ElementwiseKernel(
-            "T g, float32 lr, int32 step, float32 scale, float32 b1, float32 b2, float32 eps, "
-            "float32 wd, int64 decay",
+            "T g, float32 lr, int32 step, float32 scale, float32 c1, float32 c2, float32 lb1, "
+            "float32 lb2, float32 eps, float32 wd, int64 decay",
             "T p, T m, T v",
             """
             T gs = g * (T)scale;
             if (i < decay) gs += (T)wd * p;
-            m = (T)b1 * m + (T)(1 - b1) * gs;
-            v = (T)b2 * v + (T)(1 - b2) * gs * gs;
-            T bc1 = 1 - pow((T)b1, (T)step), bc2 = 1 - pow((T)b2, (T)step);
+            m = (T)(1 - c1) * m + (T)c1 * gs;
+            v = (T)(1 - c2) * v + (T)c2 * gs * gs;
+            T bc1 = -expm1((T)step * (T)lb1), bc2 = -expm1((T)step * (T)lb2);
             p -= (T)lr / bc1 * m / (sqrt(v) / sqrt(bc2) + (T)eps);
             """,
             "rf_adam"),
@@ -354,11 +356,11 @@ def _elementwise() -> dict[str, Any]:
         # Muon: the momentum of one matrix into its (possibly transposed) Newton-Schulz slot,
         # and the update with decoupled weight decay.
         "muon_momentum": cupy.ElementwiseKernel(
-            "T g, float32 scale, float32 mu, bool nesterov", "T buf, T out",
+            "T g, float32 scale, float32 mu, bool nesterov", "T buf, T upd",
             """
             T gs = g * (T)scale;
             buf += (T)(1 - mu) * (gs - buf);
-            out = nesterov ? gs + (T)mu * (buf - gs) : buf;
+            upd = nesterov ? gs + (T)mu * (buf - gs) : buf;
             """,
             "rf_muon_momentum"),
         "muon_apply": cupy.ElementwiseKernel(
@@ -561,8 +563,8 @@ class CudaKernels(XpKernels):
     ) -> None:
         f32 = np.float32
         _elementwise()["adamw"](
-            g, lr, step, self._scale(scale), f32(betas[0]), f32(betas[1]),
-            f32(eps), f32(weight_decay), np.int64(decay_size), p, m, v)
+            g, lr, step, self._scale(scale), *self._betas(betas), f32(eps), f32(weight_decay),
+            np.int64(decay_size), p, m, v)
 
     def adam(
         self, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any, scale: Any,
@@ -570,8 +572,8 @@ class CudaKernels(XpKernels):
     ) -> None:
         f32 = np.float32
         _elementwise()["adam"](
-            g, lr, step, self._scale(scale), f32(betas[0]), f32(betas[1]), f32(eps),
-            f32(weight_decay), np.int64(decay_size), p, m, v)
+            g, lr, step, self._scale(scale), *self._betas(betas), f32(eps), f32(weight_decay),
+            np.int64(decay_size), p, m, v)
 
     def sgd(
         self, p: Any, g: Any, velocity: Any, lr: Any, scale: Any, momentum: float,
@@ -609,6 +611,13 @@ class CudaKernels(XpKernels):
                                    f32(weight_decay), np.int64(decay_size), p, square_avg,
                                    acc_delta)
 
+    @staticmethod
+    def _betas(betas: tuple[float, float], dtype: Any = np.float32) -> tuple[Any, ...]:
+        """(1 - b1, 1 - b2, log b1, log b2), each computed in double, then rounded."""
+        b1, b2 = betas
+        return tuple(np.dtype(dtype).type(x) for x in (1.0 - b1, 1.0 - b2, log_beta(b1),
+                                                        log_beta(b2)))
+
     def _scale(self, scale: Any) -> Any:
         """The clip factor, or a device 1 without clipping."""
         return self._one if scale is None else scale
@@ -640,7 +649,7 @@ class CudaKernels(XpKernels):
         self._k("lamb_moments", p.dtype, g, m, v)(
             (t.chunks,), (256,),
             (g, p, m, v, u, pw, pu, t.lo, t.hi, step, self._scale(scale),
-             acc.type(betas[0]), acc.type(betas[1]), acc.type(eps), acc.type(weight_decay),
+             *self._betas(betas, acc), acc.type(eps), acc.type(weight_decay),
              np.int64(decay_size)))
         self._k("lamb_trust", p.dtype)(((t.count + 127) // 128,), (128,),
                                        (pw, pu, t.first, trust, np.int32(t.count)))

@@ -233,16 +233,18 @@ def scatter_add_rows(dst: Any, idx: Any, rows: Any) -> None:
 
 
 @jit
-def adamw(p: Any, g: Any, m: Any, v: Any, decay_until: int, decay: float, b1: float,
-          b2: float, step_size: float, bias2: float, eps: float, g_scale: float) -> None:
+def adamw(p: Any, g: Any, m: Any, v: Any, decay_until: int, decay: float, c1: float,
+          c2: float, step_size: float, bias2: float, eps: float, g_scale: float) -> None:
     """One AdamW step over a block of the flat buffers (one read and write of each, where
-    NumPy makes ~12 passes); elements below decay_until get the weight decay first."""
-    d, sb1, sb2, gs = f32(decay), f32(b1), f32(b2), f32(g_scale)
+    NumPy makes ~12 passes); elements below decay_until get the weight decay first. c1, c2
+    are 1 - beta1, 1 - beta2 (from double: float32's 1 - 0.999 loses digits)."""
+    d, k1, k2, gs = f32(decay), f32(c1), f32(c2), f32(g_scale)  # new names: stay float32
+    sb1, sb2 = f32(1.0) - k1, f32(1.0) - k2
     lr, rb2, e = f32(step_size), f32(1.0 / bias2), f32(eps)
     for i in range(p.size):
         gi = g[i] * gs
-        mi = sb1 * m[i] + (f32(1.0) - sb1) * gi
-        vi = sb2 * v[i] + (f32(1.0) - sb2) * (gi * gi)
+        mi = sb1 * m[i] + k1 * gi
+        vi = sb2 * v[i] + k2 * (gi * gi)
         m[i] = mi
         v[i] = vi
         pi = p[i] * d if i < decay_until else p[i]
@@ -250,17 +252,18 @@ def adamw(p: Any, g: Any, m: Any, v: Any, decay_until: int, decay: float, b1: fl
 
 
 @jit
-def adam_l2(p: Any, g: Any, m: Any, v: Any, decay_until: int, l2: float, b1: float,
-            b2: float, step_size: float, bias2: float, eps: float, g_scale: float) -> None:
+def adam_l2(p: Any, g: Any, m: Any, v: Any, decay_until: int, l2: float, c1: float,
+            c2: float, step_size: float, bias2: float, eps: float, g_scale: float) -> None:
     """adamw's loop for Adam: elements below decay_until add l2 * p to their gradient."""
-    wd, sb1, sb2, gs = f32(l2), f32(b1), f32(b2), f32(g_scale)
+    wd, k1, k2, gs = f32(l2), f32(c1), f32(c2), f32(g_scale)
+    sb1, sb2 = f32(1.0) - k1, f32(1.0) - k2
     lr, rb2, e = f32(step_size), f32(1.0 / bias2), f32(eps)
     for i in range(p.size):
         gi = g[i] * gs
         if i < decay_until:
             gi += wd * p[i]
-        mi = sb1 * m[i] + (f32(1.0) - sb1) * gi
-        vi = sb2 * v[i] + (f32(1.0) - sb2) * (gi * gi)
+        mi = sb1 * m[i] + k1 * gi
+        vi = sb2 * v[i] + k2 * (gi * gi)
         m[i] = mi
         v[i] = vi
         p[i] = p[i] - lr * mi / (np.sqrt(vi) * rb2 + e)
@@ -284,5 +287,5 @@ def warm_up() -> None:
     causal_softmax_forward(cube, 1.0, None)
     causal_softmax_recompute(cube, lse, 1.0)
     causal_softmax_backward(cube, cube, 1.0, cube)
-    adamw(row, row, row, row, 0, 1.0, 0.9, 0.95, 1e-3, 1.0, 1e-8, 1.0)
-    adam_l2(row, row, row, row, 0, 0.1, 0.9, 0.95, 1e-3, 1.0, 1e-8, 1.0)
+    adamw(row, row, row, row, 0, 1.0, 0.1, 0.05, 1e-3, 1.0, 1e-8, 1.0)
+    adam_l2(row, row, row, row, 0, 0.1, 0.1, 0.05, 1e-3, 1.0, 1e-8, 1.0)

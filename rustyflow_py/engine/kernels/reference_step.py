@@ -7,11 +7,24 @@ these, and every backend's kernel set therefore has them.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from typing import Any
 
 # The quintic Newton-Schulz iteration's coefficients (Muon: Jordan et al. 2024)
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
+
+
+def log_beta(beta: float) -> float:
+    """log(beta) in double precision (-inf for 0), for bias_correction."""
+    return math.log(beta) if beta > 0 else -math.inf
+
+
+def bias_correction(xp: Any, t: Any, beta: float) -> Any:
+    """Adam's 1 - beta**t for a 0-d step t, as -expm1(t * log(beta)): float32's 1 - beta**t
+    loses the low digits (1 - float32(0.999) is 1.3e-5 off 0.001); this keeps t's dtype and
+    is accurate to a few ulp, as torch's double-precision correction is."""
+    return -xp.expm1(t * log_beta(beta))
 
 
 class StepKernels:
@@ -39,9 +52,9 @@ class StepKernels:
         v *= b2
         v += (1.0 - b2) * (g * g)
         denom = xp.sqrt(v)
-        denom /= xp.sqrt(1.0 - b2**t)
+        denom /= xp.sqrt(bias_correction(xp, t, b2))
         denom += eps
-        p -= (lr / (1.0 - b1**t)).astype(p.dtype) * m / denom
+        p -= (lr / bias_correction(xp, t, b1)).astype(p.dtype) * m / denom
 
     def adam(
         self, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any, scale: Any,
@@ -143,9 +156,9 @@ class StepKernels:
         v *= b2
         v += (1.0 - b2) * (g * g)
         denom = xp.sqrt(v)
-        denom /= xp.sqrt(1.0 - b2**t)
+        denom /= xp.sqrt(bias_correction(xp, t, b2))
         denom += eps
-        u = m / (1.0 - b1**t)
+        u = m / bias_correction(xp, t, b1)
         u /= denom
         if weight_decay:
             u[:decay_size] += weight_decay * p[:decay_size]
