@@ -342,24 +342,25 @@ def _elementwise() -> dict[str, Any]:
             """,
             "rf_adagrad"),
         "adadelta": cupy.ElementwiseKernel(
-            "T g, float32 lr, float32 scale, float32 rho, float32 eps, float32 wd, int64 decay",
+            "T g, float32 lr, float32 scale, float32 rho, float32 crho, float32 eps, float32 wd, "
+            "int64 decay",
             "T p, T sq, T dacc",
             """
             T gs = g * (T)scale;
             if (i < decay) gs += (T)wd * p;
-            sq = (T)rho * sq + (T)(1 - rho) * (gs * gs);
+            sq = (T)rho * sq + (T)crho * (gs * gs);
             T delta = sqrt(dacc + (T)eps) / sqrt(sq + (T)eps) * gs;
-            dacc = (T)rho * dacc + (T)(1 - rho) * (delta * delta);
+            dacc = (T)rho * dacc + (T)crho * (delta * delta);
             p -= (T)lr * delta;
             """,
             "rf_adadelta"),
         # Muon: the momentum of one matrix into its (possibly transposed) Newton-Schulz slot,
         # and the update with decoupled weight decay.
         "muon_momentum": cupy.ElementwiseKernel(
-            "T g, float32 scale, float32 mu, bool nesterov", "T buf, T upd",
+            "T g, float32 scale, float32 mu, float32 cmu, bool nesterov", "T buf, T upd",
             """
             T gs = g * (T)scale;
-            buf += (T)(1 - mu) * (gs - buf);
+            buf += (T)cmu * (gs - buf);
             upd = nesterov ? gs + (T)mu * (buf - gs) : buf;
             """,
             "rf_muon_momentum"),
@@ -378,21 +379,21 @@ def _elementwise() -> dict[str, Any]:
 @functools.cache
 def _rmsprop(centered: bool, with_momentum: bool) -> Any:
     """RMSprop's kernel for one variant: the centered average and the momentum buffer are
-    outputs only when in use."""
+    outputs only when in use. calpha = 1 - alpha comes from double precision."""
     import cupy
 
     outs = "T p, T sq" + (", T ga" if centered else "") + (", T buf" if with_momentum else "")
-    avg = ("ga += (T)(1 - alpha) * (gs - ga); T avg = sqrt(sq - ga * ga) + (T)eps;"
+    avg = ("ga += (T)calpha * (gs - ga); T avg = sqrt(sq - ga * ga) + (T)eps;"
            if centered else "T avg = sqrt(sq) + (T)eps;")
     step = ("buf = (T)mu * buf + gs / avg; p -= (T)lr * buf;" if with_momentum
             else "p -= (T)lr * (gs / avg);")
     return cupy.ElementwiseKernel(
-        "T g, float32 lr, float32 scale, float32 alpha, float32 eps, float32 mu, float32 wd, "
-        "int64 decay", outs,
+        "T g, float32 lr, float32 scale, float32 alpha, float32 calpha, float32 eps, "
+        "float32 mu, float32 wd, int64 decay", outs,
         f"""
         T gs = g * (T)scale;
         if (i < decay) gs += (T)wd * p;
-        sq = (T)alpha * sq + (T)(1 - alpha) * (gs * gs);
+        sq = (T)alpha * sq + (T)calpha * (gs * gs);
         {avg}
         {step}
         """,
@@ -413,6 +414,7 @@ class _Segments:
 
 
 _CHUNK = 8192
+
 
 def _grid(rows: int) -> tuple[tuple[int], tuple[int]]:
     return ((rows + _WARPS_PER_BLOCK - 1) // _WARPS_PER_BLOCK,), (32 * _WARPS_PER_BLOCK,)
@@ -591,8 +593,8 @@ class CudaKernels(XpKernels):
         f32 = np.float32
         state = [a for a in (grad_avg, momentum_buffer) if a is not None]
         _rmsprop(grad_avg is not None, momentum_buffer is not None)(
-            g, lr, self._scale(scale), f32(alpha), f32(eps), f32(momentum), f32(weight_decay),
-            np.int64(decay_size), p, square_avg, *state)
+            g, lr, self._scale(scale), f32(alpha), f32(1.0 - alpha), f32(eps), f32(momentum),
+            f32(weight_decay), np.int64(decay_size), p, square_avg, *state)
 
     def adagrad(
         self, p: Any, g: Any, state_sum: Any, lr: Any, scale: Any, eps: float,
@@ -607,9 +609,9 @@ class CudaKernels(XpKernels):
         rho: float, eps: float, weight_decay: float, decay_size: int,
     ) -> None:
         f32 = np.float32
-        _elementwise()["adadelta"](g, lr, self._scale(scale), f32(rho), f32(eps),
-                                   f32(weight_decay), np.int64(decay_size), p, square_avg,
-                                   acc_delta)
+        _elementwise()["adadelta"](g, lr, self._scale(scale), f32(rho), f32(1.0 - rho),
+                                   f32(eps), f32(weight_decay), np.int64(decay_size), p,
+                                   square_avg, acc_delta)
 
     @staticmethod
     def _betas(betas: tuple[float, float], dtype: Any = np.float32) -> tuple[Any, ...]:
@@ -661,7 +663,7 @@ class CudaKernels(XpKernels):
         self, g: Any, buf: Any, out: Any, scale: Any, momentum: float, nesterov: bool,
     ) -> None:
         _elementwise()["muon_momentum"](g, self._scale(scale), np.float32(momentum),
-                                        bool(nesterov), buf, out)
+                                        np.float32(1.0 - momentum), bool(nesterov), buf, out)
 
     def newton_schulz(self, x: Any, steps: int, eps: float, mm: Any) -> Any:
         """Two fused launches for the norm, then per iteration three GEMMs (through `mm`)
