@@ -655,15 +655,22 @@ def gpu_config(tmp_path: Path, optimizer: str, **extra: Any) -> Config:
 @pytest.mark.gpu
 @pytest.mark.parametrize("optimizer", OPTIMIZERS)
 def test_graph_replay_matches_eager(tmp_path: Path, optimizer: str) -> None:
+    """Graph replay computes what eager steps compute. The GPU step itself is not bitwise
+    repeatable (the embedding backward adds rows with atomics, in no fixed order), and an
+    optimizer that divides by a small running average (RMSprop early on) amplifies that:
+    measured on an H100, two eager RMSprop runs differ by ~3e-5 relative after 20 steps, Adam
+    runs by ~1e-7. So graph vs eager is held to 1e-6, or to a few times the eager runs' own
+    spread where that is larger."""
     runs = []
-    for graph in ("off", "on"):
+    for graph in ("off", "off", "on"):
         trainer = Trainer(gpu_config(tmp_path, optimizer, graph=graph), quiet)
         trainer.run()
         runs.append(trainer)
-    eager, graphed = runs
+    eager, again, graphed = runs
     assert graphed.runner.captured is not None, "the step was not captured"
     assert len(graphed.losses) == len(eager.losses) == 20
-    np.testing.assert_allclose(graphed.losses, eager.losses, rtol=1e-6, atol=0)
+    spread = np.max(np.abs(np.subtract(again.losses, eager.losses)) / np.abs(eager.losses))
+    np.testing.assert_allclose(graphed.losses, eager.losses, rtol=max(1e-6, 4 * spread), atol=0)
 
 
 @GPU_ONLY
