@@ -3,7 +3,7 @@
 A large product is cut into chunks (of rows, columns or the reduction, whichever duplicates
 the least operand packing) and each chunk is a single-threaded BLAS call. With OpenBLAS's own
 threads in play instead, its idle workers busy-wait for a while after every GEMM and take a
-core away from the elementwise passes that follow (measured: those ran ~1.5x slower).
+core away from the elementwise passes that follow, which then run markedly slower.
 """
 
 from __future__ import annotations

@@ -28,8 +28,8 @@ from .reference import XpKernels
 Blocks = Iterator[tuple[int, int]]
 
 # Sizes in elements. Every NumPy call re-takes the GIL, so threads working on small blocks
-# queue for it (measured: AdamW on 32K-element blocks ran 1.7x slower on 2 threads than on
-# 1); blocks of 128K+ elements keep the calls long and still sit in the L2/L3 caches.
+# queue for it (small blocks made AdamW slower on 2 threads than on 1); blocks of 128K+
+# elements keep the calls long and still sit in the L2/L3 caches.
 BLOCK = 128 * 1024  # a cache block of the elementwise passes
 MIN_PARALLEL = 256 * 1024  # the least work (elements) worth another thread
 
@@ -40,8 +40,8 @@ def _keep_freed_memory() -> None:
     """Serve every allocation from the heap and never hand freed memory back (glibc only).
 
     By default glibc maps each block over 32 MiB freshly and unmaps it on free, so every
-    large activation is page-faulted and zeroed again at every step (the small shape spent
-    ~25% of its step there: 15.5 s -> 11.4 s a step without it). Now freed blocks are reused;
+    large activation is page-faulted and zeroed again at every step (at the small shape that
+    was about a quarter of the step). Now freed blocks are reused;
     the price is that the process keeps its peak heap, which a training run reaches anyway.
     """
     try:

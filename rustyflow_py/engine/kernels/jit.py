@@ -1,9 +1,10 @@
 """Optional numba kernels for the CPU passes NumPy cannot make cheap.
 
-Why: NumPy's float32 `exp` costs ~2.2 ns an element on an AVX2 machine (it is not the
-vectorised path), and the seed shape takes 34M of them a step in the LM head's softmax alone:
-~40 ms of a ~370 ms step on 2 cores. The polynomial exp below, which LLVM vectorises, fused
-with the row sum and the target pick in one pass, does the same rows in ~0.5 ns an element.
+Why: NumPy's float32 `exp` does not take a vectorised path, and the seed shape needs 34M
+of them a step in the LM head's softmax alone, a sizeable part of a CPU step. The polynomial
+exp below, which LLVM vectorises, fused with the row sum and the target pick in one pass, is
+several times faster per element (benchmarks/results/cpu-*.md compares the step with and
+without these kernels).
 The other kernels fuse what NumPy runs as several passes with temporaries (GELU, AdamW,
 LayerNorm, the attention softmax) or one slow call (add.at for the embedding gradient).
 
