@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .backend import Backend, DeviceError, get_backend
+from .backend import Backend, DeviceError, device_name, get_backend
 
 _grad_enabled = True
 _profiler: Any = None  # set by profiler.Profiler (a context manager); see run_op
@@ -125,9 +125,9 @@ class Function:
         if _grad_enabled and any(needs):
             fn.inputs = inputs
             fn.needs_input_grad = needs
-            return Tensor(out, requires_grad=True, _ctx=fn)
+            return Tensor.wrap(out, backend, requires_grad=True, ctx=fn)
         fn.release()
-        return Tensor(out)
+        return Tensor.wrap(out, backend)
 
 
 def _common_backend(op: str, inputs: Sequence[Tensor]) -> Backend:
@@ -156,9 +156,9 @@ class Tensor:
     ) -> None:
         if isinstance(data, Tensor):
             raise TypeError("Tensor(Tensor) is ambiguous: use .to(device) or .detach()")
-        if device is None:
+        if device is None:  # where the array already is: the host, or its GPU
             on_gpu = hasattr(data, "__cuda_array_interface__")
-            backend = get_backend("gpu" if on_gpu else "cpu")
+            backend = get_backend(device_name("gpu", data.device.id) if on_gpu else "cpu")
             if not on_gpu:
                 data = _as_host_array(data)
         else:
@@ -174,6 +174,15 @@ class Tensor:
         self._ctx = _ctx
         self.backend = backend
         self.name = name
+
+    @classmethod
+    def wrap(cls, data: Any, backend: Backend, requires_grad: bool = False,
+             ctx: Function | None = None) -> Tensor:
+        """A Tensor over an array already on `backend` (an op's output): no device lookup."""
+        t = cls.__new__(cls)
+        t.data, t.grad, t.requires_grad, t._ctx, t.backend, t.name = (
+            data, None, requires_grad, ctx, backend, None)
+        return t
 
     # ---- device and host access -------------------------------------------------------
     @property
