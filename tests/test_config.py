@@ -242,3 +242,17 @@ def test_control_characters_are_escaped_in_warnings_and_errors(tmp_path: Path) -
             load_config(overrides=overrides, environ=environ)
         errors.append(str(err.value))
     assert all(e.isprintable() for e in errors) and "\\x1b" in errors[0] and "\\t" in errors[1]
+
+
+@pytest.mark.parametrize("recipe", sorted((REPO / "configs").glob("*.env")),
+                         ids=lambda p: p.name)
+def test_shipped_recipes_load_and_validate(recipe: Path) -> None:
+    config, warnings = load_config(recipe, environ={})
+    assert warnings == []
+    assert config.source["SEQ_LEN"].startswith("file:")
+
+
+def test_the_seed_recipe_is_config_env() -> None:
+    assert load_config(REPO / "configs" / "seed.env", environ={})[0] == Config()
+    names = {p.name for p in (REPO / "configs").glob("*.env")}
+    assert {"seed.env", "small.env", "medium.env", "wikitext2-quality.env"} <= names

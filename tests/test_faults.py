@@ -79,7 +79,8 @@ def test_a_checkpoint_that_cannot_be_saved_at_the_end_goes_to_a_fallback(
     monkeypatch.setattr(checkpoint, "save", save)
     messages: list[str] = []
     record = Trainer(make_cfg(MAX_STEPS=3), quiet, warn=messages.append).run()
-    [warning] = [m for m in messages if m.startswith("WARN")]
+    [best, warning] = [m for m in messages if m.startswith("WARN")]
+    assert "could not write the best checkpoint to models/tiny-cpu-best.npz" in best
     assert "could not write the checkpoint to models/tiny-cpu.npz (No space left on device)" in (
         warning)
     fallback = tmp_path / "tiny-cpu.npz"

@@ -119,10 +119,11 @@ def test_gather_batch_matches_slicing(gpu: tuple[object, object]) -> None:
     np.testing.assert_array_equal(y.get(), stream.get()[:, 15:22])
 
 
-def test_training_step_makes_no_transfers() -> None:
+@pytest.mark.parametrize("dropout", [{}, {"dropout": 0.2, "word_dropout": 0.1}])
+def test_training_step_makes_no_transfers(dropout: dict[str, float]) -> None:
     import cupyx
 
-    cfg = GPTConfig(vocab_size=101, seq_len=16, n_layer=2, n_head=2, n_embd=32)
+    cfg = GPTConfig(vocab_size=101, seq_len=16, n_layer=2, n_head=2, n_embd=32, **dropout)
     model = GPT(cfg, "gpu", seed=0)
     opt = AdamW(model.buffer, Schedule(1e-3, 2, 10, 0.1))
     xp = model.buffer.backend.xp
@@ -173,3 +174,41 @@ def test_cpu_and_gpu_losses_agree(tmp_path: Path) -> None:
     rel = np.abs(np.array(gpu) - np.array(cpu)) / np.abs(np.array(cpu))
     assert rel.max() < 1e-3, rel
     assert trainer.device == "gpu"
+
+
+DROPOUTS = dict(dropout=0.2, embd_dropout=0.1, word_dropout=0.1)
+
+
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+def test_dropout_mask_kernel_equals_numpys_philox(gpu: tuple[object, object], dtype: type) -> None:
+    """The fused CUDA Philox and the shared array code draw identical bits."""
+    from rustyflow_py.engine.kernels import philox
+
+    backend, ref = gpu
+    shape = (3, 4, 37, 37)
+    for step in (0, 1, 2**31 - 1):
+        dev_step = backend.from_host(np.array(step, np.int32))  # type: ignore[attr-defined]
+        fused = backend.kernels.dropout_mask(shape, dtype, 0.25, 2**32 - 1, 9, dev_step)
+        on_device = ref.dropout_mask(shape, dtype, 0.25, 2**32 - 1, 9, dev_step)
+        host = philox.dropout_mask(np, shape, dtype, 0.25, 2**32 - 1, 9,
+                                   np.array(step, np.int32))
+        np.testing.assert_array_equal(fused.get(), host)
+        np.testing.assert_array_equal(on_device.get(), host)
+
+
+def test_graph_replay_with_dropout_matches_eager(tmp_path: Path) -> None:
+    """Replays draw fresh masks from the device step counter: the same losses as eager steps
+    (which would not be true if every replay reused the captured step's masks)."""
+    eager, _ = _losses(_config(tmp_path, "gpu", graph="off", **DROPOUTS))
+    graph, trainer = _losses(_config(tmp_path, "gpu", graph="on", **DROPOUTS))
+    assert read_log(trainer.cfg.log_file)[-1]["graph"], "the step was not captured"
+    assert len(graph) == len(eager) == 20
+    np.testing.assert_allclose(graph, eager, rtol=1e-6, atol=0)
+
+
+def test_cpu_and_gpu_losses_agree_with_dropout(tmp_path: Path) -> None:
+    cpu, _ = _losses(_config(tmp_path, "cpu", **DROPOUTS))
+    gpu, trainer = _losses(_config(tmp_path, "gpu", **DROPOUTS))
+    rel = np.abs(np.array(gpu) - np.array(cpu)) / np.abs(np.array(cpu))
+    assert rel.max() < 1e-3, rel
+    assert read_log(trainer.cfg.log_file)[-1]["graph"]

@@ -109,14 +109,6 @@ class Backend:
         from .kernels.cpu import CpuKernels
 
         self.kernels = CpuKernels(self)
-        self.rng = np.random.default_rng(0)
-
-    def seed(self, seed: int) -> None:
-        self.rng = np.random.default_rng(seed)
-
-    def uniform(self, shape: tuple[int, ...], dtype: Any) -> Any:
-        """Uniform [0, 1) samples on this device (dropout masks)."""
-        return self.rng.random(shape, dtype=dtype)
 
     def set_precision(self, precision: Precision) -> None:
         """Nothing to set: the CPU's GEMMs have one compute mode per dtype (TF32 is a GPU
@@ -204,14 +196,7 @@ class CupyBackend(Backend):
         from .kernels.cuda import CudaKernels
 
         self.kernels = CudaKernels(self)
-        self.rng = cupy.random.default_rng(0)
         self.reset_memory_stats()
-
-    def seed(self, seed: int) -> None:
-        self.rng = self.xp.random.default_rng(seed)
-
-    def uniform(self, shape: tuple[int, ...], dtype: Any) -> Any:
-        return self.rng.random(shape, dtype=dtype)
 
     def set_precision(self, precision: Precision) -> None:
         """The GEMM compute mode, for RustyFlow's cuBLAS calls and CuPy's own (matmul_compute

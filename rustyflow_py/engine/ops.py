@@ -7,6 +7,7 @@ Contract for every op: `forward` takes and returns raw arrays of the tensor's ba
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Sequence
@@ -78,15 +79,31 @@ class ScalarMul(Function):
         return (grad * self.c,)
 
 
+@dataclasses.dataclass(frozen=True)
+class Randomness:
+    """Where a model's dropout masks come from: the run's seed and the step counter, a 0-d
+    int32 device array read by the mask kernel itself (a replayed graph draws fresh masks).
+    Each call site adds its own stream id, so no two sites share a mask."""
+
+    seed: int
+    step: Any
+
+    def mask(self, kernels: Any, shape: tuple[int, ...], dtype: Any, p: float,
+             site: int) -> Any:
+        """1/(1-p) where kept, 0 where dropped (kernels.dropout_mask)."""
+        return kernels.dropout_mask(shape, dtype, p, self.seed, site, self.step)
+
+
 class Dropout(Function):
     """Inverted dropout: zero with probability p, scale survivors by 1/(1-p)."""
 
     name = "dropout"
     p: float
+    rng: Randomness
+    site: int
 
     def forward(self, x: Any) -> Any:
-        keep = self.backend.uniform(x.shape, x.dtype) >= self.p
-        self.scale = keep.astype(x.dtype) * (1.0 / (1.0 - self.p))
+        self.scale = self.rng.mask(self.kernels, x.shape, x.dtype, self.p, self.site)
         return x * self.scale
 
     def backward(self, grad: Any) -> Sequence[Any]:
@@ -242,6 +259,8 @@ class CausalSelfAttention(Function):
     name = "attention"
     n_head: int
     dropout: float = 0.0
+    rng: Randomness | None = None
+    site: int = 0
 
     def _heads(self, qkv: Any) -> tuple[Any, Any, Any]:
         """q, k, v as contiguous (B, H, T, D): each matmul is one strided-batched GEMM."""
@@ -267,9 +286,9 @@ class CausalSelfAttention(Function):
         self.scale = 1.0 / math.sqrt(q.shape[-1])
         probs = used = self._probs(q, k, "forward")
         self.keep = None
-        if self.dropout > 0.0:
-            keep = self.backend.uniform(probs.shape, probs.dtype) >= self.dropout
-            self.keep = keep.astype(probs.dtype) * (1.0 / (1.0 - self.dropout))
+        if self.dropout > 0.0 and self.rng is not None:
+            self.keep = self.rng.mask(self.kernels, probs.shape, probs.dtype, self.dropout,
+                                      self.site)
             used = probs * self.keep
         y = self.matmul(used, v, "forward")  # (B, H, T, D)
         self.qkv = qkv
@@ -435,10 +454,27 @@ def gelu(x: Tensor, bias: Tensor | None = None) -> Tensor:
     return Gelu.apply(x) if bias is None else Gelu.apply(x, bias)
 
 
-def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
-    if not training or p == 0.0:
+def randomness(x: Tensor, seed: int = 0) -> Randomness:
+    """Randomness at step 0 on x's device (for calls outside a training step)."""
+    return Randomness(seed, x.backend.xp.zeros((), dtype="int32"))
+
+
+def dropout(x: Tensor, p: float, rng: Randomness | None = None, site: int = 0) -> Tensor:
+    """Inverted dropout of x with the mask of (rng, site); p = 0 returns x itself."""
+    if p == 0.0:
         return x
-    return Dropout.apply(x, p=p)
+    return Dropout.apply(x, p=p, rng=rng or randomness(x), site=site)
+
+
+def word_dropout(emb: Tensor, idx: Tensor, vocab_size: int, p: float, rng: Randomness,
+                 site: int) -> Tensor:
+    """Whole-word dropout of looked-up embeddings emb (B, T, E) of tokens idx (B, T): one
+    mask over the vocabulary, so every occurrence of a word in the step is dropped (or kept
+    and scaled by 1/(1-p)) together."""
+    if p == 0.0:
+        return emb
+    rows = rng.mask(emb.backend.kernels, (vocab_size,), emb.dtype, p, site)  # (V,)
+    return mul(emb, Tensor.wrap(rows[idx.data][..., None], emb.backend))  # (B, T, 1)
 
 
 def embedding(weight: Tensor, idx: Tensor) -> Tensor:
@@ -449,8 +485,12 @@ def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Te
     return LayerNorm.apply(x, weight, bias, eps=eps)
 
 
-def causal_self_attention(qkv: Tensor, n_head: int, dropout: float = 0.0) -> Tensor:
-    return CausalSelfAttention.apply(qkv, n_head=n_head, dropout=dropout)
+def causal_self_attention(qkv: Tensor, n_head: int, dropout: float = 0.0,
+                          rng: Randomness | None = None, site: int = 0) -> Tensor:
+    """Attention with its probabilities dropped by the mask of (rng, site) when dropout > 0."""
+    if dropout > 0.0 and rng is None:
+        rng = randomness(qkv)
+    return CausalSelfAttention.apply(qkv, n_head=n_head, dropout=dropout, rng=rng, site=site)
 
 
 def cross_entropy(logits: Tensor, targets: Tensor, inplace: bool = False) -> Tensor:

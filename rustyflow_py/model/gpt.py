@@ -32,13 +32,35 @@ class GPTConfig:
     n_layer: int = 2
     n_head: int = 4
     n_embd: int = 128
-    dropout: float = 0.0
+    dropout: float = 0.0  # the rate of every site whose own rate below is negative
+    embd_dropout: float = -1.0  # element-wise, after the token + position embedding sum
+    attn_dropout: float = -1.0  # the attention probabilities
+    resid_dropout: float = -1.0  # each block's two branches, before the residual add
+    word_dropout: float = 0.0  # whole vocabulary rows of the input embedding
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head:
             raise ValueError(
                 f"EMBED_DIM={self.n_embd} is not divisible by NUM_HEADS={self.n_head}"
             )
+
+    def rate(self, own: float) -> float:
+        """A site's dropout rate: its own, or DROPOUT's when its own is negative (unset)."""
+        return self.dropout if own < 0 else own
+
+    @property
+    def any_dropout(self) -> bool:
+        return max(self.rate(self.embd_dropout), self.rate(self.attn_dropout),
+                   self.rate(self.resid_dropout), self.word_dropout) > 0
+
+
+# Dropout stream ids: one per call site, so no two sites draw the same mask.
+WORD_SITE, EMBD_SITE = 0, 1
+
+
+def block_sites(layer: int) -> tuple[int, int, int]:
+    """Layer `layer`'s stream ids: attention probabilities, attention and MLP branches."""
+    return 2 + 3 * layer, 3 + 3 * layer, 4 + 3 * layer
 
 
 def init_weights(cfg: GPTConfig, seed: int) -> dict[str, np.ndarray]:
@@ -86,6 +108,10 @@ class ModelShape(Protocol):
     num_heads: int
     embed_dim: int
     dropout: float
+    embd_dropout: float
+    attn_dropout: float
+    resid_dropout: float
+    word_dropout: float
     seed: int
 
 
@@ -116,6 +142,9 @@ class GPT:
         self.layers = [{n[len(f"h.{i}."):]: t for n, t in self.p.items()
                         if n.startswith(f"h.{i}.")} for i in range(cfg.n_layer)]
         self.training = True
+        # Dropout draws from (seed, step): the trainer points `rng.step` at the optimizer's
+        # device step counter, so each step, eager or replayed, gets masks of its own.
+        self.rng = ops.Randomness(seed, self.buffer.backend.xp.zeros((), dtype=np.int32))
 
     @property
     def device(self) -> str:
@@ -133,9 +162,12 @@ class GPT:
         return KVCache(keys, xp.zeros_like(keys))
 
     def __call__(
-        self, idx: Tensor, targets: Tensor | None = None, cache: KVCache | None = None
+        self, idx: Tensor, targets: Tensor | None = None, cache: KVCache | None = None,
+        score_from: int = 0,
     ) -> Tensor:
-        """Loss (scalar) when targets are given, else logits (B, T, V).
+        """Loss (scalar) when targets are given, else logits (B, T, V). `score_from` > 0
+        averages the loss over positions score_from.. only (sliding-window evaluation: the
+        earlier positions are context scored by the previous window).
 
         With a KV cache (generation: no targets, no dropout, no backward) the T tokens
         continue the cached positions, and only the last one's logits (B, 1, V) are computed:
@@ -151,14 +183,22 @@ class GPT:
         if start + t > cfg.seq_len:
             raise ValueError(f"sequence of {start + t} tokens is longer than "
                              f"SEQ_LEN={cfg.seq_len}")
-        drop = cfg.dropout if self.training and cache is None else 0.0
-        x = ops.embedding(p["wte"], idx) + ops.index(p["wpe"], slice(start, start + t))  # (B, T, E)
-        x = ops.dropout(x, drop)
+        train = self.training and cache is None
+        tok = ops.embedding(p["wte"], idx)  # (B, T, E)
+        if train:
+            tok = ops.word_dropout(tok, idx, cfg.vocab_size, cfg.word_dropout, self.rng,
+                                   WORD_SITE)
+        x = tok + ops.index(p["wpe"], slice(start, start + t))  # (B, T, E)
+        if train:
+            x = ops.dropout(x, cfg.rate(cfg.embd_dropout), self.rng, EMBD_SITE)
         for i in range(cfg.n_layer):
-            x = self._block(x, i, drop, cache)
+            x = self._block(x, i, train, cache)
         if cache is not None:
             cache.length += t
             x, t = ops.index(x, (slice(None), slice(t - 1, t))), 1  # (B, 1, E)
+        if score_from:
+            x, t = ops.index(x, (slice(None), slice(score_from, t))), t - score_from
+            targets = Tensor(targets.data[:, score_from:])  # (B, T - score_from)
         x = ops.layer_norm(x, p["ln_f.weight"], p["ln_f.bias"], LN_EPS)
         h = ops.reshape(x, (b * t, cfg.n_embd))  # (B*T, E)
         if targets is None:
@@ -166,21 +206,24 @@ class GPT:
             return ops.reshape(logits, (b, t, cfg.vocab_size))
         return ops.lm_head_cross_entropy(h, p["wte"], targets)  # logits never returned
 
-    def _block(self, x: Tensor, i: int, drop: float, cache: KVCache | None) -> Tensor:
-        p, n_head = self.layers[i], self.cfg.n_head
+    def _block(self, x: Tensor, i: int, train: bool, cache: KVCache | None) -> Tensor:
+        p, cfg, rng = self.layers[i], self.cfg, self.rng
+        attn_p = cfg.rate(cfg.attn_dropout) if train else 0.0
+        resid_p = cfg.rate(cfg.resid_dropout) if train else 0.0
+        attn_site, attn_out_site, mlp_out_site = block_sites(i)
         h = ops.layer_norm(x, p["ln_1.weight"], p["ln_1.bias"], LN_EPS)
         qkv = ops.matmul(h, p["attn.c_attn.weight"]) + p["attn.c_attn.bias"]  # (B, T, 3E)
         if cache is None:
-            a = ops.causal_self_attention(qkv, n_head, drop)  # (B, T, E)
+            a = ops.causal_self_attention(qkv, cfg.n_head, attn_p, rng, attn_site)  # (B, T, E)
         else:  # the new positions join layer i's cache and attend over all of it
             a = ops.cached_attention(qkv, cache.keys[i], cache.values[i], cache.length,
-                                     n_head)  # (B, T, E)
+                                     cfg.n_head)  # (B, T, E)
         a = ops.matmul(a, p["attn.c_proj.weight"]) + p["attn.c_proj.bias"]
-        x = x + ops.dropout(a, drop)
+        x = x + ops.dropout(a, resid_p, rng, attn_out_site)
         h = ops.layer_norm(x, p["ln_2.weight"], p["ln_2.bias"], LN_EPS)
         f = ops.gelu(ops.matmul(h, p["mlp.c_fc.weight"]), p["mlp.c_fc.bias"])  # (B, T, 4E)
         f = ops.matmul(f, p["mlp.c_proj.weight"]) + p["mlp.c_proj.bias"]  # (B, T, E)
-        return x + ops.dropout(f, drop)
+        return x + ops.dropout(f, resid_p, rng, mlp_out_site)
 
     def matmul_flops_per_step(self, batch: int, seq_len: int) -> float:
         """FLOPs of the step's matmuls (forward + backward = 3x forward)."""
@@ -197,5 +240,6 @@ def build_model(shape: ModelShape, vocab_size: int, device: str = "cpu",
     """The GPT a run configuration describes, initialised from its seed: what training builds,
     and what a checkpoint's weights are loaded into for evaluation and generation."""
     cfg = GPTConfig(vocab_size, shape.seq_len, shape.num_layers, shape.num_heads,
-                    shape.embed_dim, shape.dropout)
+                    shape.embed_dim, shape.dropout, shape.embd_dropout, shape.attn_dropout,
+                    shape.resid_dropout, shape.word_dropout)
     return GPT(cfg, device, shape.seed, dtype)

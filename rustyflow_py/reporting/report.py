@@ -84,6 +84,12 @@ class RunRecord(TypedDict, total=False):
     tokens_per_s: float | None
     val_ppl: float | None
     test_ppl: float | None
+    test_ppl_of: str | None  # whose weights: "best (step N)" or "final (step N)"
+    best_val_ppl: float | None
+    best_step: int | None
+    best_checkpoint: str | None  # MODEL_PATH with -best: the best validated weights
+    early_stopped: bool  # PATIENCE ended the run
+    eval_protocol: str  # how perplexity was measured ("non-overlapping 64-token windows")
     final_loss: float | None
     checkpoint: str | None
     message: str | None
@@ -228,6 +234,16 @@ def _summary_line(r: Record) -> str:
         f"ckpt {_text(r.get('checkpoint'))}",
     ]
     return "=== " + " | ".join(parts) + " ==="
+
+
+def _eval_line(r: Record) -> str:
+    """How perplexity was measured, the best validation and whose weights the test measured."""
+    line = (f"Evaluation: {_text(r.get('eval_protocol'))} | best val ppl "
+            f"{_fmt(r.get('best_val_ppl'), '.2f')} at step {_text(r.get('best_step'))}")
+    if r.get("best_checkpoint"):
+        line += f" ({_text(r['best_checkpoint'])})"
+    line += f" | test ppl {_fmt(r.get('test_ppl'), '.2f')} of {_text(r.get('test_ppl_of'))}"
+    return line + (" | early-stopped" if r.get("early_stopped") else "")
 
 
 def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
@@ -404,6 +420,8 @@ def format_block(record: Record) -> str:
     ]
     if r.get("message"):
         lines.append(f"Message: {_text(r['message'])}")
+    if r.get("eval_protocol"):
+        lines.append(_eval_line(r))
     lines += [
         f"Total training time: {_fmt(r.get('train_time_s'), '.3f', 's')} | average epoch time: "
         f"{_fmt(avg, '.3f', 's')}{' (estimate)' if avg is not None and estimate else ''} | "
@@ -432,6 +450,8 @@ def format_summary(record: RunRecord | Record, log: str | None, top: int = 5) ->
     lines = [_summary_line(r)]
     if r.get("message"):
         lines.append(f"Message: {_text(r['message'])}")
+    if r.get("eval_protocol"):
+        lines.append(_eval_line(r))
     prof = r.get("profile")
     if isinstance(prof, dict):
         ops = [op for op in prof.get("ops") or [] if isinstance(op, dict)]

@@ -137,9 +137,9 @@ def _time_point(point: Point, kind: str, vocab: int, seconds: float,
             def runner(profiler: Profiler | None, graph: bool) -> StepRunner:
                 return StepRunner(model, optimizer, stream, point.seq_len, log_interval=1,
                                   profiler=profiler, profile_steps=PROFILED_STEPS, graph=graph,
-                                  dropout_seed=None, warn=warn)
+                                  warn=warn)
 
-            timed = _steps_per_second(runner(None, use_graph("auto", kind, 0.0, warn)),
+            timed = _steps_per_second(runner(None, use_graph("auto", kind, warn)),
                                       backend, seconds)
             share = _matmul_share(runner, backend)
     except Exception as exc:

@@ -147,7 +147,17 @@ KEYS: dict[str, Key] = dict([
     _k("EMBED_DIM", "int", 128, "model width E; must be divisible by NUM_HEADS", lo=1),
     _k("NUM_HEADS", "int", 4, "attention heads per layer", lo=1),
     _k("NUM_LAYERS", "int", 2, "transformer blocks", lo=1),
-    _k("DROPOUT", "float", 0.0, "dropout probability (0 = off)", lo=0, hi=1, hi_open=True),
+    _k("DROPOUT", "float", 0.0, "dropout probability (0 = off); the rate of every site "
+       "whose own key is -1", lo=0, hi=1, hi_open=True),
+    _k("EMBD_DROPOUT", "float", -1.0, "dropout after the token + position embedding sum "
+       "(-1 = DROPOUT)", lo=-1, hi=1, hi_open=True),
+    _k("ATTN_DROPOUT", "float", -1.0, "dropout of the attention probabilities (-1 = DROPOUT)",
+       lo=-1, hi=1, hi_open=True),
+    _k("RESID_DROPOUT", "float", -1.0, "dropout of each block's attention and MLP outputs "
+       "before the residual add (-1 = DROPOUT)", lo=-1, hi=1, hi_open=True),
+    _k("WORD_DROPOUT", "float", 0.0, "whole-word dropout: drop entire vocabulary rows of the "
+       "input embedding for a step, survivors scaled by 1/(1-p) (0 = off)", lo=0, hi=1,
+       hi_open=True),
     _k("MODEL_PATH", "str", MODEL_PATH_TEMPLATE, "checkpoint path (.npz); -cpu/-gpu is inserted "
        "before .npz for the device used; empty = the default", allow_empty=True),
     _k("TEMPERATURE", "float", 0.8, "sampling temperature for generate/chat (0 = greedy)", lo=0),
@@ -206,6 +216,11 @@ KEYS: dict[str, Key] = dict([
     _k("CPU_JIT", "choice", "auto", "CPU: numba kernels for the elementwise passes: auto (when "
        "numba is installed), on (required) or off (pure NumPy)", choices=("auto", "on", "off")),
     _k("EVAL_INTERVAL", "int", 0, "steps between validation runs (0 = once per epoch)", lo=0),
+    _k("PATIENCE", "int", 0, "stop after this many validations without a new best (0 = off)",
+       lo=0),
+    _k("EVAL_STRIDE", "int", 0, "perplexity windows: 0 = non-overlapping SEQ_LEN windows; S = "
+       "sliding SEQ_LEN windows advancing S tokens, each token scored once (S <= SEQ_LEN)",
+       lo=0),
     _k("MAX_STEPS", "int", 0, "stop after this many optimizer steps (0 = no limit)", lo=0),
 ])
 _D = {key.name: key.default for key in KEYS.values()}
@@ -258,6 +273,10 @@ class Config:
     num_heads: int = _D["NUM_HEADS"]
     num_layers: int = _D["NUM_LAYERS"]
     dropout: float = _D["DROPOUT"]
+    embd_dropout: float = _D["EMBD_DROPOUT"]
+    attn_dropout: float = _D["ATTN_DROPOUT"]
+    resid_dropout: float = _D["RESID_DROPOUT"]
+    word_dropout: float = _D["WORD_DROPOUT"]
     model_path: str = _D["MODEL_PATH"]
     temperature: float = _D["TEMPERATURE"]
     top_p: float = _D["TOP_P"]
@@ -294,6 +313,8 @@ class Config:
     threads: int = _D["THREADS"]
     cpu_jit: str = _D["CPU_JIT"]
     eval_interval: int = _D["EVAL_INTERVAL"]
+    patience: int = _D["PATIENCE"]
+    eval_stride: int = _D["EVAL_STRIDE"]
     max_steps: int = _D["MAX_STEPS"]
     source: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
@@ -328,6 +349,16 @@ class Config:
         later, or that sets an option the chosen optimizer would silently ignore."""
         opt = self.optimizer
         where = {name: _where(self.source[name], name) for name in KEYS}
+        for name in ("EMBD_DROPOUT", "ATTN_DROPOUT", "RESID_DROPOUT"):
+            value = getattr(self, name.lower())
+            if -1 < value < 0:
+                raise ConfigError(f"{where[name]}: {name}='{value:g}' is not valid: expected "
+                                  "-1 (follow DROPOUT) or a rate in [0, 1)")
+        if self.eval_stride > self.seq_len:
+            raise ConfigError(
+                f"EVAL_STRIDE={self.eval_stride} ({where['EVAL_STRIDE']}) is longer than "
+                f"SEQ_LEN={self.seq_len} ({where['SEQ_LEN']}): tokens between windows would "
+                f"go unscored; set EVAL_STRIDE to at most {self.seq_len} (0 = non-overlapping)")
         for flag, owner in (("NESTEROV", "sgd"), ("CENTERED", "rmsprop")):
             if getattr(self, flag.lower()) and opt != owner:
                 other = " (muon has MUON_NESTEROV)" if flag == "NESTEROV" else ""

@@ -47,27 +47,51 @@ def upload_split(backend: Any, tokens: np.ndarray, batch_size: int) -> Any:
         data.batchify(tokens.astype(np.int32), batch_size)))
 
 
-def perplexity(model: GPT, stream: Any, seq_len: int) -> dict[str, Any]:
-    """exp(mean per-token NLL) over every full window of an uploaded (B, N) split."""
+def windows(tokens: int, seq_len: int, stride: int) -> list[tuple[int, int]]:
+    """(start, first scored position) of each evaluation window over a row of `tokens`.
+
+    stride 0: non-overlapping SEQ_LEN windows, every position scored. stride S: windows
+    advancing S tokens; the first scores all its positions, each later one only its last S,
+    so every token is scored once, with at least SEQ_LEN - S tokens of context."""
+    step = stride or seq_len
+    last = tokens - 1 - seq_len  # the latest start with a full window and its targets
+    return [(start, 0 if start == 0 else seq_len - step)
+            for start in range(0, last + 1, step)]
+
+
+def protocol(seq_len: int, stride: int) -> str:
+    """The evaluation protocol in words, for the log block."""
+    if not stride or stride == seq_len:
+        return f"non-overlapping {seq_len}-token windows"
+    return f"sliding {seq_len}-token windows, stride {stride}"
+
+
+def perplexity(model: GPT, stream: Any, seq_len: int, stride: int = 0) -> dict[str, Any]:
+    """exp(mean per-token NLL) over an uploaded (B, N) split, in the windows of `windows`."""
     backend = model.buffer.backend
-    n = data.num_batches(stream, seq_len)
-    if n < 1:
+    spans = windows(stream.shape[1], seq_len, stride)
+    if not spans:
         streams = stream.shape[0]
         raise DataError(f"split of {stream.size} tokens is too short for BATCH_SIZE={streams} "
                         f"streams of SEQ_LEN+1={seq_len + 1} tokens (at least "
                         f"{streams * (seq_len + 1)}); "
                         f"{data.layout_advice(int(stream.size), streams, seq_len)}")
-    total = backend.xp.zeros((), dtype=np.float64)
+    xp = backend.xp
+    total = xp.zeros((), dtype=np.float64)
+    scored = 0
     was_training, model.training = model.training, False
     try:
         with no_grad():
-            for i in range(n):
-                x, y = data.get_batch(stream, i, seq_len)
-                total += model(Tensor(x), Tensor(y)).data
+            for start, first in spans:
+                x = xp.ascontiguousarray(stream[:, start : start + seq_len])  # (B, T)
+                y = xp.ascontiguousarray(stream[:, start + 1 : start + seq_len + 1])
+                total += model(Tensor(x), Tensor(y), score_from=first).data * (seq_len - first)
+                scored += seq_len - first
     finally:
         model.training = was_training
-    nll = float(backend.to_host(total)) / n
-    return {"perplexity": math.exp(nll), "nll": nll, "tokens": n * stream.shape[0] * seq_len}
+    nll = float(backend.to_host(total)) / scored
+    return {"perplexity": math.exp(nll), "nll": nll, "tokens": scored * stream.shape[0],
+            "protocol": protocol(seq_len, stride)}
 
 
 def evaluate_checkpoint(path: str, split: str, device: str, data_dir: str | None = None,
@@ -84,7 +108,7 @@ def evaluate_checkpoint(path: str, split: str, device: str, data_dir: str | None
                               f"trained on another dataset?")
     stream = upload_split(model.buffer.backend, getattr(corpus, split), cfg.batch_size)
     with status(split, int(stream.size)) if status else contextlib.nullcontext():
-        result = perplexity(model, stream, cfg.seq_len)
+        result = perplexity(model, stream, cfg.seq_len, cfg.eval_stride)
     return {**result, "device": used, "split": split}
 
 
@@ -131,8 +155,9 @@ class SplitEvaluator:
     `set_aside()` wraps the uploads and read-backs so they are not counted as step traffic."""
 
     def __init__(self, model: GPT, corpus: data.Corpus, batch_size: int, seq_len: int,
-                 progress: Any, set_aside: Callable[[], Any]) -> None:
+                 stride: int, progress: Any, set_aside: Callable[[], Any]) -> None:
         self.model, self.corpus, self.batch_size, self.seq_len = model, corpus, batch_size, seq_len
+        self.stride = stride
         self.progress, self.set_aside = progress, set_aside
         self.streams: dict[str, Any] = {}
 
@@ -145,4 +170,5 @@ class SplitEvaluator:
             status = (self.progress.evaluating(split, int(stream.size)) if self.progress
                       else contextlib.nullcontext())
             with status:
-                return perplexity(self.model, stream, self.seq_len)["perplexity"]
+                return perplexity(self.model, stream, self.seq_len,
+                                  self.stride)["perplexity"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from .. import data
@@ -76,6 +77,9 @@ class Trainer:
             say(f"Resumed from {resume} at step {self.pos.step} (epoch "
                 f"{self.pos.epoch + 1}, batch {self.pos.batch})")
         self.test_ppl: float | None = None
+        self.test_ppl_of: str | None = None  # which weights test_ppl measured
+        self.best_path = best_path(self.checkpoint_path)
+        self.early_stopped = ""  # why the run stopped early, once it has
         self._val_step = -1  # the step at which val_ppl was measured
         self.start_step = self.pos.step  # this process's steps are counted from here
         self.profiler = (Profiler(self.backend, TRACE_STEPS if trace else 0)
@@ -84,11 +88,10 @@ class Trainer:
             self.model, self.optimizer, self.train_stream, cfg.seq_len,
             log_interval=cfg.log_interval, profiler=self.profiler,
             profile_steps=cfg.profile_steps,
-            graph=use_graph(cfg.graph, self.backend.kind, cfg.dropout, self.warn),
-            dropout_seed=cfg.seed if cfg.dropout > 0 else None, warn=self.warn)
+            graph=use_graph(cfg.graph, self.backend.kind, self.warn), warn=self.warn)
         self.ledger = TransferLedger(self.backend)
         self.evaluator = SplitEvaluator(self.model, self.corpus, cfg.batch_size, cfg.seq_len,
-                                        progress, self.ledger.set_aside)
+                                        cfg.eval_stride, progress, self.ledger.set_aside)
         self.signals = StopSignals(say)
         self._epoch_start = self._run_start = time.perf_counter()
         self._in_step = False  # a stop forced inside a step must not overwrite the checkpoint
@@ -120,7 +123,9 @@ class Trainer:
                 self._train()
                 if self._val_step != self.pos.step:
                     self._validate()
-                self.test_ppl = self.evaluate("test")
+                self.test_ppl = self._test()
+                if self.early_stopped:
+                    message = self.early_stopped
             except Stopped as exc:
                 stop = exc
                 status, message = "interrupted", f"interrupted at step {self.pos.step}"
@@ -177,7 +182,7 @@ class Trainer:
 
     def _train(self) -> None:
         cfg, nb, pos = self.cfg, self.steps_per_epoch, self.pos
-        while pos.epoch < cfg.num_epochs and pos.step < self.limit:
+        while pos.epoch < cfg.num_epochs and pos.step < self.limit and not self.early_stopped:
             # a resumed run continues the epoch clock where the checkpoint left it
             self._epoch_start = time.perf_counter() - self.history.epoch_elapsed
             self.history.epoch_elapsed = 0.0
@@ -189,10 +194,12 @@ class Trainer:
                 if cfg.eval_interval and pos.step % cfg.eval_interval == 0:
                     self._validate()
                 self.signals.check()
+                if self.early_stopped:
+                    break
             self.backend.synchronize()
             self._drain_losses()
             if pos.batch < nb:
-                break  # stopped by MAX_STEPS mid-epoch
+                break  # stopped by MAX_STEPS or early stopping mid-epoch
             self.epoch_times.append(time.perf_counter() - self._epoch_start)
             pos.epoch, pos.batch = pos.epoch + 1, 0
             self.say(f"epoch {pos.epoch}/{cfg.num_epochs}: {self.epoch_times[-1]:.2f}s")
@@ -223,10 +230,55 @@ class Trainer:
         self.runner.drain(self.losses, self.pos.step, advice)
 
     def _validate(self) -> None:
-        self.history.val_ppl = self.evaluate("valid")
-        self.history.val_curve.append([self.pos.step, self.history.val_ppl])
-        self._val_step = self.pos.step
-        self.say(f"step {self.pos.step}: validation perplexity {self.val_ppl:.2f}")
+        """Validation perplexity, into the curve; a new best writes the best checkpoint, and
+        PATIENCE validations in a row without one stop the run."""
+        h, step = self.history, self.pos.step
+        h.val_ppl = self.evaluate("valid")
+        h.val_curve.append([step, h.val_ppl])
+        self._val_step = step
+        self.say(f"step {step}: validation perplexity {self.val_ppl:.2f}")
+        if h.best_val_ppl is None or h.val_ppl < h.best_val_ppl:
+            h.best_val_ppl, h.best_step, h.stale_evals = h.val_ppl, step, 0
+            self._save_best()
+            return
+        h.stale_evals += 1
+        if self.cfg.patience and h.stale_evals >= self.cfg.patience:
+            self.early_stopped = (f"early-stopped at step {step}: no better validation in "
+                                  f"{h.stale_evals} evaluations (PATIENCE="
+                                  f"{self.cfg.patience}; best {h.best_val_ppl:.2f} at step "
+                                  f"{h.best_step})")
+            self.say(self.early_stopped)
+
+    def _save_best(self) -> None:
+        """The best weights so far (no optimizer state: this file is for evaluation and
+        generation; --resume takes the regular checkpoint), written atomically."""
+        meta = {"config": self.cfg.to_dict(), "device": self.device,
+                "train": self.history.to_meta()}
+        with self.ledger.set_aside():
+            weights, vocab = self.model.buffer.state_dict(), self.corpus.vocab.to_array()
+            saved = outputs.write_with_fallback(
+                self.best_path, lambda path: checkpoint.save(path, weights, meta, vocab),
+                "best checkpoint", self.warn)
+        if saved is not None:
+            self.best_path = saved
+
+    def _test(self) -> float:
+        """Test perplexity of the best validated weights (the last ones if none were saved),
+        then the last weights back in place for the final checkpoint."""
+        h = self.history
+        if h.best_step is None or h.best_step == self.pos.step or not Path(
+                self.best_path).is_file():
+            self.test_ppl_of = f"final (step {self.pos.step})"
+            return self.evaluate("test")
+        with self.ledger.set_aside():
+            last = self.model.buffer.state_dict()
+            self.model.buffer.load_state_dict(checkpoint.Checkpoint(self.best_path).weights)
+        try:
+            self.test_ppl_of = f"best (step {h.best_step})"
+            return self.evaluate("test")
+        finally:
+            with self.ledger.set_aside():
+                self.model.buffer.load_state_dict(last)
 
     def _tokens_per_s(self) -> float:
         """This process's throughput so far (read at a loss drain, i.e. after a sync)."""
@@ -261,6 +313,12 @@ class Trainer:
         if saved is not None:
             self.checkpoint_path = saved
         return saved
+
+
+def best_path(path: str) -> str:
+    """Where the best checkpoint of a run checkpointing to `path` goes: -best before .npz."""
+    stem = path[: -len(".npz")] if path.endswith(".npz") else path
+    return f"{stem}-best.npz"
 
 
 def train(cfg: Config, say: Say = print, resume: str | None = None, progress: Any = None,

@@ -17,6 +17,7 @@ import numpy as np
 from ..engine.backend import Backend
 from ..reporting.curves import MAX_POINTS, evenly_spaced, sample
 from ..reporting.report import RunRecord
+from .evaluate import protocol
 from .optimizers import settings as optimizer_settings
 
 
@@ -87,6 +88,12 @@ def build_record(trainer: Any, status: str, message: str | None, train_time: flo
         "tokens_per_s": tokens_per_s,
         "val_ppl": trainer.val_ppl,
         "test_ppl": trainer.test_ppl,
+        "test_ppl_of": trainer.test_ppl_of,
+        "best_val_ppl": trainer.history.best_val_ppl,
+        "best_step": trainer.history.best_step,
+        "best_checkpoint": trainer.best_path if trainer.history.best_step is not None else None,
+        "early_stopped": bool(trainer.early_stopped),
+        "eval_protocol": protocol(cfg.seq_len, cfg.eval_stride),
         "final_loss": trainer.losses[-1] if trainer.losses else None,
         "checkpoint": ckpt,
         "message": message,

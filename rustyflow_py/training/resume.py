@@ -19,7 +19,8 @@ from .optimizers import OPTIMIZER_KEYS, relevant_keys
 # CENTERED changes which state RMSprop keeps (as MOMENTUM 0 <-> > 0 does: restore names it).
 SHAPE_KEYS = ("DATASET", "SEQ_LEN", "BATCH_SIZE", "EMBED_DIM", "NUM_HEADS", "NUM_LAYERS",
               "OPTIMIZER", "PRECISION", "CENTERED")
-MATH_KEYS = ("NUM_EPOCHS", "LEARNING_RATE", "DROPOUT", "WEIGHT_DECAY", "BETA1", "BETA2",
+MATH_KEYS = ("NUM_EPOCHS", "LEARNING_RATE", "DROPOUT", "EMBD_DROPOUT", "ATTN_DROPOUT",
+             "RESID_DROPOUT", "WORD_DROPOUT", "WEIGHT_DECAY", "BETA1", "BETA2",
              "ADAM_EPS", "MOMENTUM", "NESTEROV", "GRAD_CLIP", "WARMUP_STEPS", "MIN_LR_RATIO",
              "SEED", "RMSPROP_ALPHA", "ADAGRAD_EPS", "RHO", "ADADELTA_EPS", "MUON_LR",
              "MUON_MOMENTUM", "MUON_NESTEROV", "NS_STEPS")
@@ -46,11 +47,16 @@ class History:
     val_ppl: float | None = None
     epoch_elapsed: float = 0.0  # seconds of the current epoch spent before the checkpoint
     val_curve: list[list[float]] = dataclasses.field(default_factory=list)  # [step, ppl]
+    best_val_ppl: float | None = None  # the best validation so far, and its step
+    best_step: int | None = None
+    stale_evals: int = 0  # validations since the best (early stopping counts these)
 
     def to_meta(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self.pos), "losses": self.losses,
                 "epoch_times": self.epoch_times, "val_ppl": self.val_ppl,
-                "epoch_elapsed": self.epoch_elapsed, "val_curve": self.val_curve}
+                "epoch_elapsed": self.epoch_elapsed, "val_curve": self.val_curve,
+                "best_val_ppl": self.best_val_ppl, "best_step": self.best_step,
+                "stale_evals": self.stale_evals}
 
 
 def restore(path: str, cfg: Config, vocab: list[str], buffer: Any, optimizer: Any,
@@ -90,4 +96,5 @@ def restore(path: str, cfg: Config, vocab: list[str], buffer: Any, optimizer: An
              + ", ".join(f"{k} {saved.get(k)} -> {mine[k]}" for k in changed))
     return History(Position(t["step"], t["epoch"], t["batch"]), list(t.get("losses", [])),
                    list(t.get("epoch_times", [])), t.get("val_ppl"),
-                   t.get("epoch_elapsed", 0.0), list(t.get("val_curve", [])))
+                   t.get("epoch_elapsed", 0.0), list(t.get("val_curve", [])),
+                   t.get("best_val_ppl"), t.get("best_step"), t.get("stale_evals", 0))

@@ -12,6 +12,7 @@ events (the profiled window), and then the step is captured once as a CUDA graph
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import time
 from collections.abc import Callable
@@ -34,11 +35,14 @@ class StepRunner:
 
     def __init__(self, model: GPT, optimizer: Optimizer, stream: Any, seq_len: int, *,
                  log_interval: int, profiler: Profiler | None, profile_steps: int,
-                 graph: bool, dropout_seed: int | None, warn: Callable[[str], None]) -> None:
+                 graph: bool, warn: Callable[[str], None]) -> None:
         self.model, self.optimizer, self.stream, self.seq_len = model, optimizer, stream, seq_len
         self.backend = model.buffer.backend
         self.profiler, self.profile_steps, self.graph = profiler, profile_steps, graph
-        self.dropout_seed, self.warn = dropout_seed, warn
+        self.warn = warn
+        # Dropout masks are drawn at (seed, steps done): the same counter the batch gather
+        # reads, so every replay draws fresh masks and a resumed run draws the same ones.
+        model.rng = dataclasses.replace(model.rng, step=optimizer.step_count)
         xp, batch = self.backend.xp, stream.shape[0]
         # Static batch buffers: each step gathers its batch into them on the device.
         self.x = xp.zeros((batch, seq_len), dtype=np.int32)
@@ -76,8 +80,6 @@ class StepRunner:
         if self.captured is not None:
             self.captured.replay()
             return
-        if self.dropout_seed is not None:  # masks depend on (seed, step): resume stays exact
-            self.backend.seed(self.dropout_seed + step)
         gpu = self.backend.kind == "gpu"
         window = 1 <= self.steps_here <= self.profile_steps
         if self.profiler is not None and (not gpu or window):
@@ -133,17 +135,13 @@ class StepRunner:
         return self.backend.memory_stats(extra)
 
 
-def use_graph(mode: str, kind: str, dropout: float, warn: Callable[[str], None]) -> bool:
+def use_graph(mode: str, kind: str, warn: Callable[[str], None]) -> bool:
     """Whether to replay the step as a CUDA graph (GRAPH=auto|on|off), saying why not when
-    GRAPH=on cannot be honoured."""
+    GRAPH=on cannot be honoured. Dropout is no obstacle: its masks are drawn on the device
+    from the step counter."""
     if mode == "off" or kind != "gpu":
         if mode == "on":
             warn("WARN: GRAPH=on needs the GPU; training eagerly on the CPU")
-        return False
-    if dropout > 0:
-        if mode == "on":
-            warn("WARN: GRAPH=on: dropout draws fresh random masks every step, which a replayed "
-                 "graph cannot; training eagerly (set DROPOUT=0 for graphs)")
         return False
     return True
 

@@ -229,3 +229,12 @@ class Kernels(Protocol):
         """ring[(step - 1) mod len(ring)] = value in place, for a 0-d device counter `step`
         and a 0-d value (the loss)."""
         ...
+
+    # ---- randomness ------------------------------------------------------------------------------
+    def dropout_mask(self, shape: tuple[int, ...], dtype: Any, p: float, seed: int, site: int,
+                     step: Any) -> Any:
+        """Inverted dropout's multiplier, a fresh array of `shape` and float `dtype`: 1/(1-p)
+        where element i is kept, else 0, kept when Philox4x32-10's draw for (seed, site,
+        step, i) is at least p (kernels/philox.py). `step` is a 0-d int32 device counter.
+        Every backend returns the same bits for the same arguments."""
+        ...

@@ -21,7 +21,9 @@ from typing import Any
 import numpy as np
 
 from ..precision import accumulate_dtype
+from . import philox
 from .cublas import Cublas
+from .philox import PHILOX_CUDA
 from .reference import GELU_C, GELU_K, XpKernels
 from .reference_step import NS_COEFFICIENTS, log_beta
 
@@ -373,6 +375,19 @@ def _elementwise() -> dict[str, Any]:
             "T x, T n, float32 eps", "T y", "y = x / (n + (T)eps);", "rf_div_eps"),
         "sumsq": cupy.ReductionKernel("T x", "T y", "x * x", "a + b", "y = sqrt(a)", "0",
                                       "rf_l2norm"),
+        # Dropout's multiplier from Philox (kernels/philox.py's function in CUDA C): element
+        # i takes word i % 4 of block i / 4's output at (step, site); the step is read on the
+        # device, so a replayed graph draws fresh masks.
+        "dropout_mask": cupy.ElementwiseKernel(
+            "int32 step, uint32 seed, uint32 site, uint32 thresh, float64 scale", "T mask",
+            """
+            unsigned long long j = (unsigned long long)i >> 2;
+            unsigned int bits = rf_philox_word((unsigned int)j, (unsigned int)(j >> 32),
+                                               (unsigned int)step, 0u, seed, site,
+                                               (int)(i & 3)) >> 8;
+            mask = bits >= thresh ? (T)scale : (T)0.0f;
+            """,
+            "rf_dropout_mask", preamble=PHILOX_CUDA),
     }
 
 
@@ -704,3 +719,13 @@ class CudaKernels(XpKernels):
     def store_at_step(self, ring: Any, step: Any, value: Any) -> None:
         value = self.xp.ascontiguousarray(value, dtype=ring.dtype)
         self._k("store_at_step", ring.dtype)((1,), (1,), (ring, step, value, np.int32(len(ring))))
+
+    # ---- randomness -----------------------------------------------------------------------------
+    def dropout_mask(self, shape: tuple[int, ...], dtype: Any, p: float, seed: int, site: int,
+                     step: Any) -> Any:
+        """One fused launch, the bits of the shared Philox formulation."""
+        mask = self.xp.empty(shape, dtype)
+        _elementwise()["dropout_mask"](step, np.uint32(seed & 0xFFFFFFFF), np.uint32(site),
+                                       np.uint32(philox.keep_threshold(p)),
+                                       np.float64(1.0 / (1.0 - p)), mask)
+        return mask

@@ -11,6 +11,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from . import philox
+
 # The quintic Newton-Schulz iteration's coefficients (Muon: Jordan et al. 2024)
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
@@ -226,3 +228,8 @@ class StepKernels:
 
     def store_at_step(self, ring: Any, step: Any, value: Any) -> None:
         ring[(int(step) - 1) % len(ring)] = value
+
+    # ---- randomness -----------------------------------------------------------------------------
+    def dropout_mask(self, shape: tuple[int, ...], dtype: Any, p: float, seed: int, site: int,
+                     step: Any) -> Any:
+        return philox.dropout_mask(self.xp, shape, dtype, p, seed, site, step)
