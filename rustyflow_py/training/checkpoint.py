@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 import zipfile
 import zlib
 from pathlib import Path
@@ -19,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import CheckpointError
+from .outputs import write_atomically
 
 FORMAT_VERSION = 1
 
@@ -36,17 +36,7 @@ def save(
     arrays.update({f"opt/{k}": v for k, v in (optimizer or {}).items()})
     arrays["meta"] = np.array(json.dumps({**meta, "format_version": FORMAT_VERSION}))
     arrays["vocab"] = vocab
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            np.savez(f, **arrays)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return write_atomically(target, lambda f: np.savez(f, **arrays))
 
 
 def _not_ours(path: Path, reason: str, flag: str) -> CheckpointError:

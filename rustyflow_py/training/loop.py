@@ -172,10 +172,10 @@ class Trainer:
         doc = chrome_trace(prof.spans, prof.step_numbers, gpu=self.backend.kind == "gpu",
                            device=self.device, hardware=self.backend.hardware(),
                            profiled_steps=prof.steps)
-        text = json.dumps(doc, separators=(",", ":"))
+        data = json.dumps(doc, separators=(",", ":")).encode()
         where = outputs.write_with_fallback(
-            str(self.trace), lambda path: outputs.write_atomically(path, text), "trace",
-            self.warn)
+            str(self.trace), lambda path: outputs.write_atomically(path, lambda f: f.write(data)),
+            "trace", self.warn)
         if where:
             self.say(f"Trace of {len(prof.step_numbers)} profiled steps: {where} (open it in "
                      "ui.perfetto.dev or chrome://tracing)")

@@ -14,6 +14,7 @@ import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
+from typing import BinaryIO
 
 from ..errors import TrainingError
 
@@ -70,20 +71,21 @@ def check_file_target(path: str, what: str, fix: str) -> None:
                             f"writable ({_reason(exc)}); {fix}") from None
 
 
-def write_atomically(path: str, text: str) -> None:
-    """`text` into `path` by way of a temporary file in the same folder renamed over it, so
-    a reader never sees half a file."""
+def write_atomically(path: str | os.PathLike[str], fill: Callable[[BinaryIO], object]) -> Path:
+    """fill(file) into a temporary file in `path`'s folder, fsynced, then renamed over `path`:
+    a reader never sees half a file, and a failed write leaves the old one in place."""
     target = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
+        with os.fdopen(fd, "wb") as f:
+            fill(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return target
 
 
 def check_log_file(path: str) -> None:

@@ -42,21 +42,26 @@ class StepKernels:
         self, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any, scale: Any,
         betas: tuple[float, float], eps: float, weight_decay: float, decay_size: int,
     ) -> None:
-        xp = self.xp
-        b1, b2 = betas
         if scale is not None:
             g = g * scale.astype(g.dtype)
         t = step.astype(p.dtype)
         if weight_decay:
             p[:decay_size] *= 1.0 - lr * weight_decay
+        denom = self._moments(g, m, v, t, betas, eps)
+        p -= (lr / bias_correction(self.xp, t, betas[0])).astype(p.dtype) * m / denom
+
+    def _moments(self, g: Any, m: Any, v: Any, t: Any, betas: tuple[float, float],
+                 eps: float) -> Any:
+        """Adam's moments updated in place with g; the denominator sqrt(v / (1 - b2^t)) + eps."""
+        b1, b2 = betas
         m *= b1
         m += (1.0 - b1) * g
         v *= b2
         v += (1.0 - b2) * (g * g)
-        denom = xp.sqrt(v)
-        denom /= xp.sqrt(bias_correction(xp, t, b2))
+        denom = self.xp.sqrt(v)
+        denom /= self.xp.sqrt(bias_correction(self.xp, t, b2))
         denom += eps
-        p -= (lr / bias_correction(xp, t, b1)).astype(p.dtype) * m / denom
+        return denom
 
     def adam(
         self, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any, scale: Any,
@@ -148,19 +153,11 @@ class StepKernels:
         betas: tuple[float, float], eps: float, weight_decay: float, decay_size: int,
     ) -> Any:
         """Update m and v in place; the fresh direction r + weight_decay * p (LAMB's u)."""
-        xp = self.xp
-        b1, b2 = betas
         if scale is not None:
             g = g * scale.astype(g.dtype)
         t = step.astype(p.dtype)
-        m *= b1
-        m += (1.0 - b1) * g
-        v *= b2
-        v += (1.0 - b2) * (g * g)
-        denom = xp.sqrt(v)
-        denom /= xp.sqrt(bias_correction(xp, t, b2))
-        denom += eps
-        u = m / bias_correction(xp, t, b1)
+        denom = self._moments(g, m, v, t, betas, eps)
+        u = m / bias_correction(self.xp, t, betas[0])
         u /= denom
         if weight_decay:
             u[:decay_size] += weight_decay * p[:decay_size]
