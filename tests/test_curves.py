@@ -8,25 +8,16 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from test_train import TINY, TINY_TEXT, quiet
+from test_train import TINY, quiet, tiny_dir  # noqa: F401  (tiny_dir: the autouse fixture)
 
 from rustyflow_py.model.optim import Schedule
 from rustyflow_py.reporting.curves import MAX_POINTS, curve, evenly_spaced, sparkline
 from rustyflow_py.reporting.report import parse_log, read_log, render_report
-from rustyflow_py.training.config import KEYS, Config, load_config
+from rustyflow_py.training.config import Config, load_config
 from rustyflow_py.training.loop import Trainer
 from rustyflow_py.training.record import _curves
 
 OLD_LOG = Path(__file__).resolve().parents[1] / "benchmarks/results/runs/seed-epoch-h100.log"
-
-
-@pytest.fixture(autouse=True)
-def tiny_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for key in KEYS:
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "tiny.txt").write_text(TINY_TEXT)
-    return tmp_path
 
 
 def tiny_cfg(**changes: object) -> Config:

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from test_train import TINY, TINY_TEXT, quiet
+from test_train import TINY, quiet, tiny_dir  # noqa: F401  (tiny_dir: the autouse fixture)
 
 from rustyflow_py.cli import main
 from rustyflow_py.engine.autograd import run_op
@@ -19,18 +19,9 @@ from rustyflow_py.engine.backend import gpu_unavailable_reason
 from rustyflow_py.engine.profiler import OpSpan, Profiler
 from rustyflow_py.reporting.trace import chrome_trace
 from rustyflow_py.training import loop
-from rustyflow_py.training.config import KEYS, Config, load_config
+from rustyflow_py.training.config import Config, load_config
 from rustyflow_py.training.loop import Trainer
 from rustyflow_py.training.signals import Stopped
-
-
-@pytest.fixture(autouse=True)
-def tiny_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for key in KEYS:
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "tiny.txt").write_text(TINY_TEXT)
-    return tmp_path
 
 
 def tiny_cfg(device: str = "cpu", **changes: object) -> Config:
@@ -252,7 +243,9 @@ def test_an_interrupted_run_still_writes_its_trace(monkeypatch: pytest.MonkeyPat
     check_nesting(doc)
 
 
-def test_trace_from_the_command_line_and_its_errors(tiny_dir: Path) -> None:
+def test_trace_from_the_command_line_and_its_errors(
+    tiny_dir: Path,  # noqa: F811
+) -> None:
     (tiny_dir / "tiny.env").write_text("".join(f"{k}={v}\n" for k, v in TINY.items()))
     runner = CliRunner()
     ok = runner.invoke(main, ["train", "--config", "tiny.env", "--max-steps", "3", "--profile",
