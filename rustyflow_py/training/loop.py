@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from .. import data
@@ -23,12 +22,13 @@ from ..model.gpt import build_model
 from ..reporting import logfile, report
 from ..reporting.trace import MAX_STEPS as TRACE_STEPS
 from ..reporting.trace import chrome_trace
-from . import checkpoint, outputs
+from . import outputs
 from .config import Config
 from .evaluate import SplitEvaluator, upload_split
 from .optimizers import make_optimizer
 from .record import TransferLedger, build_record
 from .resume import History, restore
+from .saver import RunCheckpoints
 from .signals import Stopped, StopSignals
 from .step import StepRunner, quiet_float_errors, use_graph
 
@@ -51,14 +51,10 @@ class Trainer:
         self.warn, self.trace = warn or say, trace
         outputs.check_log_file(cfg.log_file)
         if trace:
-            if not cfg.profile:
-                raise TrainingError("--trace needs the profiler, which PROFILE=false turns off: "
-                                    "drop --no-profile (or PROFILE=false) to trace")
-            outputs.check_file_target(trace, "trace file", "pass --trace a writable file path")
+            check_trace(trace, cfg)
         self.device, self.fallback = resolve_device(cfg.device, cfg.strict_device, say,
                                                     self.warn)
-        self.checkpoint_path = cfg.model_path_for(self.device)
-        outputs.check_checkpoint_target(self.checkpoint_path)
+        outputs.check_checkpoint_target(cfg.model_path_for(self.device))
         self.backend = get_backend(self.device)
         self.backend.configure(cfg.threads, cfg.cpu_jit, say, self.warn)
         self.precision = Precision.of(cfg.precision)
@@ -78,7 +74,6 @@ class Trainer:
                 f"{self.pos.epoch + 1}, batch {self.pos.batch})")
         self.test_ppl: float | None = None
         self.test_ppl_of: str | None = None  # which weights test_ppl measured
-        self.best_path = best_path(self.checkpoint_path)
         self.early_stopped = ""  # why the run stopped early, once it has
         self._val_step = -1  # the step at which val_ppl was measured
         self.start_step = self.pos.step  # this process's steps are counted from here
@@ -90,6 +85,9 @@ class Trainer:
             profile_steps=cfg.profile_steps,
             graph=use_graph(cfg.graph, self.backend.kind, self.warn), warn=self.warn)
         self.ledger = TransferLedger(self.backend)
+        self.checkpoints = RunCheckpoints(
+            cfg.model_path_for(self.device), cfg, self.device, self.model, self.optimizer,
+            self.corpus.vocab.to_array(), self.history, self.ledger.set_aside, self.warn)
         self.evaluator = SplitEvaluator(self.model, self.corpus, cfg.batch_size, cfg.seq_len,
                                         cfg.eval_stride, progress, self.ledger.set_aside)
         self.signals = StopSignals(say)
@@ -101,6 +99,8 @@ class Trainer:
     losses = property(lambda self: self.history.losses)
     epoch_times = property(lambda self: self.history.epoch_times)
     val_ppl = property(lambda self: self.history.val_ppl)
+    checkpoint_path = property(lambda self: self.checkpoints.path)
+    best_path = property(lambda self: self.checkpoints.best)
 
     @property
     def limit(self) -> int:
@@ -113,7 +113,7 @@ class Trainer:
         raises Stopped after an interrupted run and TrainingError after a failed one, both
         once the checkpoint and the log block are written."""
         if self.pos.step >= self.limit:
-            self._say_nothing_left()
+            self.say(nothing_left(self.cfg, self.pos.step, self.total_steps))
             return None
         status, message, stop = "completed", None, None
         start = self._run_start = time.perf_counter()
@@ -142,13 +142,6 @@ class Trainer:
             raise TrainingError(message)
         return record
 
-    def _say_nothing_left(self) -> None:
-        done = (f"all {self.cfg.num_epochs} epoch(s)" if self.pos.step >= self.total_steps
-                else f"MAX_STEPS={self.cfg.max_steps}")
-        self.say(f"Nothing left to do: the checkpoint is at step {self.pos.step}, which "
-                 f"completes {done}. To train longer, resume with --num-epochs "
-                 f"{self.cfg.num_epochs + 1} (or more), or a larger --max-steps.")
-
     def _finish(self, status: str, message: str | None, train_time: float) -> report.RunRecord:
         """Checkpoint (not after a divergence), record, console summary, log block."""
         ckpt = None
@@ -164,21 +157,9 @@ class Trainer:
             self.warn, name="training_log.txt")
         self.say(report.format_summary(record, log))
         if self.trace and self.profiler is not None:
-            self._write_trace(self.profiler)
+            write_trace(self.trace, self.profiler, self.backend, self.device, self.say,
+                        self.warn)
         return record
-
-    def _write_trace(self, prof: Profiler) -> None:
-        """The profiled steps' timeline as a Chrome trace (also after an interrupted run)."""
-        doc = chrome_trace(prof.spans, prof.step_numbers, gpu=self.backend.kind == "gpu",
-                           device=self.device, hardware=self.backend.hardware(),
-                           profiled_steps=prof.steps)
-        data = json.dumps(doc, separators=(",", ":")).encode()
-        where = outputs.write_with_fallback(
-            str(self.trace), lambda path: outputs.write_atomically(path, lambda f: f.write(data)),
-            "trace", self.warn)
-        if where:
-            self.say(f"Trace of {len(prof.step_numbers)} profiled steps: {where} (open it in "
-                     "ui.perfetto.dev or chrome://tracing)")
 
     def _train(self) -> None:
         cfg, nb, pos = self.cfg, self.steps_per_epoch, self.pos
@@ -224,61 +205,25 @@ class Trainer:
                 self.progress.update(self.pos, self.losses[-1], self._tokens_per_s())
 
     def _drain_losses(self) -> None:
-        advice = f"lower LEARNING_RATE (now {self.cfg.learning_rate:g})"
-        if self.cfg.grad_clip <= 0:
-            advice += " or set GRAD_CLIP (e.g. 1.0)"
-        self.runner.drain(self.losses, self.pos.step, advice)
+        self.runner.drain(self.losses, self.pos.step, divergence_advice(self.cfg))
 
     def _validate(self) -> None:
         """Validation perplexity, into the curve; a new best writes the best checkpoint, and
         PATIENCE validations in a row without one stop the run."""
-        h, step = self.history, self.pos.step
-        h.val_ppl = self.evaluate("valid")
-        h.val_curve.append([step, h.val_ppl])
-        self._val_step = step
-        self.say(f"step {step}: validation perplexity {self.val_ppl:.2f}")
-        if h.best_val_ppl is None or h.val_ppl < h.best_val_ppl:
-            h.best_val_ppl, h.best_step, h.stale_evals = h.val_ppl, step, 0
-            self._save_best()
-            return
-        h.stale_evals += 1
-        if self.cfg.patience and h.stale_evals >= self.cfg.patience:
-            self.early_stopped = (f"early-stopped at step {step}: no better validation in "
-                                  f"{h.stale_evals} evaluations (PATIENCE="
-                                  f"{self.cfg.patience}; best {h.best_val_ppl:.2f} at step "
-                                  f"{h.best_step})")
-            self.say(self.early_stopped)
-
-    def _save_best(self) -> None:
-        """The best weights so far (no optimizer state: this file is for evaluation and
-        generation; --resume takes the regular checkpoint), written atomically."""
-        meta = {"config": self.cfg.to_dict(), "device": self.device,
-                "train": self.history.to_meta()}
-        with self.ledger.set_aside():
-            weights, vocab = self.model.buffer.state_dict(), self.corpus.vocab.to_array()
-            saved = outputs.write_with_fallback(
-                self.best_path, lambda path: checkpoint.save(path, weights, meta, vocab),
-                "best checkpoint", self.warn)
-        if saved is not None:
-            self.best_path = saved
+        best, stop = self.history.validated(self.evaluate("valid"), self.cfg.patience)
+        self._val_step = self.pos.step
+        self.say(f"step {self.pos.step}: validation perplexity {self.val_ppl:.2f}")
+        if best:
+            self.checkpoints.save_best()
+        if stop:
+            self.early_stopped = stop
+            self.say(stop)
 
     def _test(self) -> float:
-        """Test perplexity of the best validated weights (the last ones if none were saved),
-        then the last weights back in place for the final checkpoint."""
-        h = self.history
-        if h.best_step is None or h.best_step == self.pos.step or not Path(
-                self.best_path).is_file():
-            self.test_ppl_of = f"final (step {self.pos.step})"
+        """Test perplexity of the best validated weights (the last ones if none were saved)."""
+        with self.checkpoints.best_weights(self.pos.step) as which:
+            self.test_ppl_of = which
             return self.evaluate("test")
-        with self.ledger.set_aside():
-            last = self.model.buffer.state_dict()
-            self.model.buffer.load_state_dict(checkpoint.Checkpoint(self.best_path).weights)
-        try:
-            self.test_ppl_of = f"best (step {h.best_step})"
-            return self.evaluate("test")
-        finally:
-            with self.ledger.set_aside():
-                self.model.buffer.load_state_dict(last)
 
     def _tokens_per_s(self) -> float:
         """This process's throughput so far (read at a loss drain, i.e. after a sync)."""
@@ -295,30 +240,48 @@ class Trainer:
 
     # ---- output ------------------------------------------------------------------------------
     def save(self) -> str | None:
-        """Write the checkpoint (weights, optimizer, position, config, vocab) atomically; if its
-        place cannot be written, to a fallback the warning names. Returns where it went."""
+        """Write the resumable checkpoint (see RunCheckpoints.save); where it went."""
         self._drain_losses()
         self.history.epoch_elapsed = (time.perf_counter() - self._epoch_start
                                       if self.pos.batch else 0.0)
-        meta = {"config": self.cfg.to_dict(), "device": self.device,
-                "train": self.history.to_meta()}
-        with self.ledger.set_aside():
-            weights, state = self.model.buffer.state_dict(), self.optimizer.state_dict()
-            vocab = self.corpus.vocab.to_array()
-            saved = outputs.write_with_fallback(
-                self.checkpoint_path,
-                lambda path: checkpoint.save(path, weights, meta, vocab, state),
-                "checkpoint", self.warn)
+        saved = self.checkpoints.save()
         self.history.epoch_elapsed = 0.0
-        if saved is not None:
-            self.checkpoint_path = saved
         return saved
 
 
-def best_path(path: str) -> str:
-    """Where the best checkpoint of a run checkpointing to `path` goes: -best before .npz."""
-    stem = path[: -len(".npz")] if path.endswith(".npz") else path
-    return f"{stem}-best.npz"
+def check_trace(path: str, cfg: Config) -> None:
+    """--trace needs the profiler and a writable file."""
+    if not cfg.profile:
+        raise TrainingError("--trace needs the profiler, which PROFILE=false turns off: drop "
+                            "--no-profile (or PROFILE=false) to trace")
+    outputs.check_file_target(path, "trace file", "pass --trace a writable file path")
+
+
+def nothing_left(cfg: Config, step: int, total_steps: int) -> str:
+    """What a resume of a finished run says (it trains nothing and logs nothing)."""
+    done = f"all {cfg.num_epochs} epoch(s)" if step >= total_steps else f"MAX_STEPS={cfg.max_steps}"
+    return (f"Nothing left to do: the checkpoint is at step {step}, which completes {done}. "
+            f"To train longer, resume with --num-epochs {cfg.num_epochs + 1} (or more), or a "
+            "larger --max-steps.")
+
+
+def divergence_advice(cfg: Config) -> str:
+    """What to change when the loss turns non-finite (GRAD_CLIP only when it is off)."""
+    advice = f"lower LEARNING_RATE (now {cfg.learning_rate:g})"
+    return advice + (" or set GRAD_CLIP (e.g. 1.0)" if cfg.grad_clip <= 0 else "")
+
+
+def write_trace(path: str, prof: Profiler, backend: Any, device: str, say: Say,
+                warn: Say) -> None:
+    """The profiled steps' timeline as a Chrome trace (also after an interrupted run)."""
+    doc = chrome_trace(prof.spans, prof.step_numbers, gpu=backend.kind == "gpu", device=device,
+                       hardware=backend.hardware(), profiled_steps=prof.steps)
+    data = json.dumps(doc, separators=(",", ":")).encode()
+    where = outputs.write_with_fallback(
+        str(path), lambda p: outputs.write_atomically(p, lambda f: f.write(data)), "trace", warn)
+    if where:
+        say(f"Trace of {len(prof.step_numbers)} profiled steps: {where} (open it in "
+            "ui.perfetto.dev or chrome://tracing)")
 
 
 def train(cfg: Config, say: Say = print, resume: str | None = None, progress: Any = None,

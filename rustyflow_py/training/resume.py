@@ -51,6 +51,22 @@ class History:
     best_step: int | None = None
     stale_evals: int = 0  # validations since the best (early stopping counts these)
 
+    def validated(self, ppl: float, patience: int) -> tuple[bool, str]:
+        """Record a validation at the current step: whether it is the best so far, and why
+        the run should stop early ("" to go on: PATIENCE 0 never stops it)."""
+        step = self.pos.step
+        self.val_ppl = ppl
+        self.val_curve.append([step, ppl])
+        if self.best_val_ppl is None or ppl < self.best_val_ppl:
+            self.best_val_ppl, self.best_step, self.stale_evals = ppl, step, 0
+            return True, ""
+        self.stale_evals += 1
+        if not patience or self.stale_evals < patience:
+            return False, ""
+        return False, (f"early-stopped at step {step}: no better validation in "
+                       f"{self.stale_evals} evaluations (PATIENCE={patience}; best "
+                       f"{self.best_val_ppl:.2f} at step {self.best_step})")
+
     def to_meta(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self.pos), "losses": self.losses,
                 "epoch_times": self.epoch_times, "val_ppl": self.val_ppl,

@@ -1,0 +1,79 @@
+"""A run's checkpoints: the resumable one and the best one, each written atomically, and each
+to a fallback the warning names when its place cannot be written."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from . import checkpoint, outputs
+from .config import Config
+from .resume import History
+
+
+def best_path(path: str) -> str:
+    """Where the best checkpoint of a run checkpointing to `path` goes: -best before .npz."""
+    stem = path[: -len(".npz")] if path.endswith(".npz") else path
+    return f"{stem}-best.npz"
+
+
+class RunCheckpoints:
+    """The checkpoints of one run. `set_aside` wraps their host copies so they do not count as
+    the training step's traffic."""
+
+    def __init__(self, path: str, cfg: Config, device: str, model: Any, optimizer: Any,
+                 vocab: Any, history: History, set_aside: Callable[[], Any],
+                 warn: Callable[[str], None]) -> None:
+        self.path, self.best = path, best_path(path)
+        self.cfg, self.device, self.model, self.optimizer = cfg, device, model, optimizer
+        self.vocab, self.history, self.set_aside, self.warn = vocab, history, set_aside, warn
+
+    def _meta(self) -> dict[str, Any]:
+        return {"config": self.cfg.to_dict(), "device": self.device,
+                "train": self.history.to_meta()}
+
+    def save(self) -> str | None:
+        """Weights, optimizer state, history, config and vocabulary: everything `--resume`
+        needs. Returns where it went (None if nowhere could take it)."""
+        meta = self._meta()
+        with self.set_aside():
+            weights, state = self.model.buffer.state_dict(), self.optimizer.state_dict()
+            saved = outputs.write_with_fallback(
+                self.path, lambda p: checkpoint.save(p, weights, meta, self.vocab, state),
+                "checkpoint", self.warn)
+        if saved is not None:
+            self.path = saved
+        return saved
+
+    def save_best(self) -> None:
+        """The best weights so far (no optimizer state: this file is for evaluation and
+        generation; --resume takes the regular checkpoint)."""
+        meta = self._meta()
+        with self.set_aside():
+            weights = self.model.buffer.state_dict()
+            saved = outputs.write_with_fallback(
+                self.best, lambda p: checkpoint.save(p, weights, meta, self.vocab),
+                "best checkpoint", self.warn)
+        if saved is not None:
+            self.best = saved
+
+    @contextlib.contextmanager
+    def best_weights(self, now: int) -> Iterator[str]:
+        """Inside, the model holds the best validated weights (unless the last ones are the
+        best, or none were saved); yields which weights those are. The last weights are put
+        back afterwards, so the final checkpoint stays resumable."""
+        h = self.history
+        if h.best_step is None or h.best_step == now or not Path(self.best).is_file():
+            yield f"final (step {now})"
+            return
+        buffer = self.model.buffer
+        with self.set_aside():
+            last = buffer.state_dict()
+            buffer.load_state_dict(checkpoint.Checkpoint(self.best).weights)
+        try:
+            yield f"best (step {h.best_step})"
+        finally:
+            with self.set_aside():
+                buffer.load_state_dict(last)
