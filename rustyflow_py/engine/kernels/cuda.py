@@ -291,8 +291,6 @@ def _elementwise() -> dict[str, Any]:
             gelu + f"A d = (A)0.5 * (1 + t) + (A)0.5 * u * (1 - t * t) * (A){GELU_C!r}"
             f" * (1 + 3 * (A){GELU_K!r} * u * u); dx = (T)((A)g * d);",
             "rf_gelu_bwd", preamble=_ACC_TRAIT),
-        "sumsq": cupy.ReductionKernel("T x", "T y", "x * x", "a + b", "y = sqrt(a)", "0",
-                                      "rf_l2norm"),
         # Dropout's multiplier from Philox (kernels/philox.py's function in CUDA C): element
         # i takes word i % 4 of block i / 4's output at (step, site); the step is read on the
         # device, so a replayed graph draws fresh masks.
@@ -449,9 +447,6 @@ class CudaKernels(CudaOptimizer, XpKernels):
         return out
 
     # ---- optimizer ------------------------------------------------------------------------
-    def l2_norm(self, g: Any) -> Any:
-        return _elementwise()["sumsq"](g)
-
     def gather_batch(self, stream: Any, step: Any, seq_len: int, x: Any, y: Any, *,
                      rank: int = 0, world_size: int = 1) -> None:
         """x, y <- the window of batch (step mod batches-per-epoch), without the host."""

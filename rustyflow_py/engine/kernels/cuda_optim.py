@@ -105,6 +105,9 @@ def _optimizer_kernels() -> dict[str, Any]:
             "T x, float32 a, float32 b", "T y", "y = (T)a * x + (T)b * y;", "rf_ns_axpby"),
         "div_eps": cupy.ElementwiseKernel(
             "T x, T n, float32 eps", "T y", "y = x / (n + (T)eps);", "rf_div_eps"),
+        # sqrt(sum(x * x)): the global grad norm, and the Frobenius norms in Newton-Schulz
+        "sumsq": cupy.ReductionKernel("T x", "T y", "x * x", "a + b", "y = sqrt(a)", "0",
+                                      "rf_l2norm"),
     }
 
 
@@ -155,6 +158,9 @@ class CudaOptimizer:
     backend: Any
     _k: Any
     _one: Any  # a device 1.0: the clip factor when there is no clipping
+
+    def l2_norm(self, g: Any) -> Any:
+        return _optimizer_kernels()["sumsq"](g)
 
     def adamw(
         self, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any, scale: Any,
