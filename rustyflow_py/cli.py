@@ -13,7 +13,7 @@ from .errors import RustyFlowError
 from .training.config import KEYS, ConfigError, load_config
 
 _TRAIN_KEYS = [k for k in KEYS.values() if k.name not in ("DEVICE", "PROFILE", "SEED",
-                                                           "MAX_STEPS")]
+                                                           "MAX_STEPS", "NUM_GPUS")]
 
 
 def _hyperparameter_options(fn: Any) -> Any:
@@ -49,10 +49,20 @@ def _out_of_memory(exc: Exception) -> str | None:
             f"(activations grow with both), or EMBED_DIM/NUM_LAYERS (the model itself)")
 
 
+def _worker_error(message: str) -> None:
+    from .training.outputs import write_error_file
+
+    write_error_file(message)
+
+
 class _Main(click.Group):
     """The command group: every expected error (a RustyFlowError, a GPU out-of-memory) becomes
     one line and exit status 1; a stop signal exits 128 + its number; anything else is a bug
     and keeps its traceback."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        ctx.meta["argv"] = list(args)  # what `train --gpus N` starts each worker with
+        return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
         from .training.signals import Stopped
@@ -60,11 +70,13 @@ class _Main(click.Group):
         try:
             return super().invoke(ctx)
         except RustyFlowError as exc:
+            _worker_error(str(exc))
             raise click.ClickException(str(exc)) from None
         except Stopped as exc:
             sys.exit(exc.exit_code)
         except Exception as exc:
             message = _out_of_memory(exc)
+            _worker_error(message or f"{type(exc).__name__}: {exc}")
             if message is None:
                 raise
             raise click.ClickException(message) from None
@@ -86,16 +98,25 @@ def main() -> None:
               help="stop after N optimizer steps (the LR schedule is unchanged)")
 @click.option("--profile/--no-profile", default=None, help="per-op timing report")
 @click.option("--seed", type=int, default=None)
+@click.option("--gpus", "num_gpus", type=int, default=None, metavar="N",
+              help="data parallel: one worker process per GPU on this machine (NUM_GPUS)")
 @click.option("--trace", "trace", type=click.Path(dir_okay=False), default=None,
               metavar="FILE.json",
               help="write the first profiled steps as a Chrome/Perfetto trace (needs PROFILE)")
 @_hyperparameter_options
 def train(config: str | None, resume: str | None, trace: str | None, **overrides: Any) -> None:
     """Train a GPT; append the profiling report to the log."""
+    from .engine.world import World
     from .reporting.progress import TrainingProgress
     from .training.loop import train as run_training
 
     cfg = _load(config, overrides)
+    if cfg.num_gpus > 1 and not World.from_env().distributed:
+        from .training.launch import launch
+
+        argv = click.get_current_context().find_root().meta["argv"]
+        sys.exit(launch([sys.executable, "-m", "rustyflow_py", *argv], cfg.num_gpus,
+                        say=click.echo, warn=_warn))
     progress = TrainingProgress(cfg.num_epochs)
     try:
         run_training(cfg, click.echo, resume, progress, _warn, trace)
@@ -311,7 +332,12 @@ def banner(train_args: tuple[str, ...]) -> None:
                   f"{cfg.dropout:g}, {cfg.precision}"),
         ("model path", model_path),
         ("epochs", epochs),
-        ("batch", str(cfg.batch_size)),
+        ("batch", str(cfg.batch_size) + (
+            f" per process x GRAD_ACCUM_STEPS {cfg.grad_accum_steps} x {cfg.num_gpus} GPU"
+            f"{'s' if cfg.num_gpus > 1 else ''} = effective batch "
+            f"{cfg.batch_size * cfg.grad_accum_steps * cfg.num_gpus}"
+            + (", ZeRO-1 sharded optimizer" if cfg.shard_optimizer else "")
+            if cfg.num_gpus > 1 or cfg.grad_accum_steps > 1 else "")),
         ("seq len", str(cfg.seq_len)),
         ("LR", f"{cfg.learning_rate:g} ({cfg.optimizer}, {cfg.warmup_steps} warm-up steps, "
                f"cosine to {cfg.min_lr_ratio:g}x)"),

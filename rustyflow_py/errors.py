@@ -29,3 +29,8 @@ class DeviceError(RustyFlowError):
 
 class TrainingError(RustyFlowError):
     """Training cannot go on (non-finite loss, an output path that cannot be written, ...)."""
+
+
+class DistributedError(RustyFlowError):
+    """A multi-process run cannot start or go on: a bad launcher environment, a rendezvous
+    that timed out, a worker that died (the message names its rank)."""

@@ -9,7 +9,15 @@ import numpy as np
 import pytest
 
 from rustyflow_py.reporting.logfile import append_block
-from rustyflow_py.reporting.report import format_block, parse_log, read_log, render_report
+from rustyflow_py.reporting.report import (
+    format_block,
+    format_summary,
+    parse_log,
+    read_log,
+    render_report,
+    scaling,
+    speedups,
+)
 
 CPU_OPS = [
     {"name": "matmul", "category": "matmul", "phase": "forward", "calls": 4200, "time_s": 0.7},
@@ -507,3 +515,214 @@ def test_empty_log_report() -> None:
     assert "No runs in the log." in render_report([])
     assert json.loads(render_report([], fmt="json")) == {"runs": [], "speedups": [], "latest": None}
     assert "No runs in the log." in render_report([], fmt="markdown")
+
+
+# ---------------------------------------------------------------- data parallelism
+
+
+def parallel(world: int, **changes: object) -> dict:
+    """The record's `parallel` field for `world` processes of 16 streams, no accumulation."""
+    value = {
+        "world_size": world,
+        "grad_accum_steps": 1,
+        "effective_batch": 16 * world,
+        "shard_optimizer": False,
+        "launcher": "rustyflow" if world > 1 else "none",
+        "tokens_per_s_per_rank": None,
+        "bucket_mb": 25.0,
+        "buckets": 4 if world > 1 else 0,
+    }
+    value.update(changes)
+    return value
+
+
+def dp_record(world: int = 2, tokens_per_s: float | None = 812345.0, **changes: object) -> dict:
+    """A GPU run over `world` processes whose profiled window timed an all-reduce."""
+    per_rank = tokens_per_s / world if tokens_per_s is not None else None
+    record = gpu_record(
+        device="gpu:0", tokens_per_s=tokens_per_s,
+        parallel=parallel(world, tokens_per_s_per_rank=per_rank),
+    )
+    record["profile"]["ops"].append(
+        {"name": "all_reduce", "category": "comm", "phase": "backward", "calls": 80,
+         "time_s": 0.009}
+    )
+    record.update(changes)
+    return record
+
+
+def test_data_parallel_block_lines() -> None:
+    record = dp_record(parallel=parallel(2, tokens_per_s_per_rank=406172.4, buckets=3,
+                                         bucket_mb=12.5))
+    lines = lines_of(format_block(record))
+    p, batch = record["parallel"], record["model"]["batch"]
+
+    assert "| 812,345 tok/s (total of 2 processes) |" in lines[0]
+    totals = lines[index_of(lines, "Total training time:")]
+    assert "| tokens/s: 812,345 (total of 2 processes) | steps: 300" in totals
+    dp = lines[index_of(lines, "Data parallel:")]
+    assert dp == (
+        f"Data parallel: 2 processes (rustyflow launcher) x BATCH_SIZE {batch} x "
+        f"GRAD_ACCUM_STEPS 1 = effective batch {p['effective_batch']} streams; ZeRO-1 optimizer "
+        "sharding off; 3 gradient buckets of <= 12.5 MiB"
+    )
+    assert lines[index_of(lines, "Data parallel:") + 1] == (
+        "Tokens/s: 812,345 total, 406,172 per process"
+    )
+    assert index_of(lines, "Total training time:") < index_of(lines, "Data parallel:")
+    assert index_of(lines, "Tokens/s:") < index_of(lines, "Per-op profile:")
+    zero = parallel(4, launcher="torchrun", grad_accum_steps=2, effective_batch=128,
+                    shard_optimizer=True, buckets=0)  # reduce-scatter: no all-reduce buckets
+    lines = lines_of(format_block(dp_record(4, parallel=zero)))
+    assert lines[index_of(lines, "Data parallel:")] == (
+        "Data parallel: 4 processes (torchrun launcher) x BATCH_SIZE 16 x GRAD_ACCUM_STEPS 2 = "
+        "effective batch 128 streams; ZeRO-1 optimizer sharding on"
+    )
+    assert "Tokens/s: 812,345 total, n/a per process" in lines
+
+
+def test_gradient_accumulation_alone_gets_its_own_line() -> None:
+    record = gpu_record(parallel=parallel(1, grad_accum_steps=4, effective_batch=64))
+    lines = lines_of(format_block(record))
+    assert (
+        "Gradient accumulation: 1 process x BATCH_SIZE 16 x GRAD_ACCUM_STEPS 4 = effective "
+        "batch 64 streams" in lines
+    )
+    assert not any(line.startswith(("Data parallel:", "Tokens/s:")) for line in lines)
+    assert "(total of" not in lines[0]
+
+
+@pytest.mark.parametrize("value", [parallel(1), None])
+def test_one_process_record_renders_like_an_old_one(value: object) -> None:
+    def human(record: dict) -> list[str]:
+        return [line for line in lines_of(format_block(record)) if not line.startswith("[RUN_")]
+
+    assert human(gpu_record(parallel=value)) == human(gpu_record())
+    assert render_report([gpu_record(parallel=value)]) == render_report([gpu_record()])
+
+
+def test_comm_line_and_other_excludes_comm() -> None:
+    record = dp_record()
+    prof = record["profile"]
+    lines = lines_of(format_block(record))
+    window = prof["profiled_time_s"]
+    matmul = sum(op["time_s"] for op in prof["ops"] if op["category"] == "matmul")
+    comm = sum(op["time_s"] for op in prof["ops"] if op["category"] == "comm")
+    p = matmul / window
+
+    comm_line = lines[index_of(lines, "Communication time (")]
+    assert comm_line == (
+        "Communication time (NCCL collectives, measured on the step's stream in the profiled "
+        "steps; they overlap backward in replayed steps): "
+        f"{comm:.3f}s ({100 * comm / window:.1f}% of the same)"
+    )
+    other = lines[index_of(lines, "Other time (")]
+    assert "communication and eval excluded" in other
+    assert other.endswith(
+        f"): {window - matmul - comm:.3f}s ({100 * (window - matmul - comm) / window:.1f}% of "
+        "the same)"
+    )
+    assert f"Amdahl's bound: {1 / (1 - p):.2f}x max speed-up from faster matmuls alone " in (
+        lines[index_of(lines, "Amdahl's bound:")]
+    )
+    order = [index_of(lines, prefix) for prefix in (
+        "Total matmul time", "Communication time (", "Other time (", "Amdahl's bound:")]
+    assert order == list(range(order[0], order[0] + 4))
+
+
+def test_cpu_comm_line_names_the_socket_transport() -> None:
+    record = cpu_record(parallel=parallel(2))
+    record["profile"]["ops"].append(
+        {"name": "all_reduce", "category": "comm", "phase": "backward", "calls": 300,
+         "time_s": 0.3}
+    )
+    lines = lines_of(format_block(record))
+    comm = lines[index_of(lines, "Communication time (")]
+    assert "sockets" in comm and "NCCL" not in comm and comm.endswith(
+        f"0.300s ({100 * 0.3 / 3.5:.1f}% of the same)")
+    other = lines[index_of(lines, "Other time (")]
+    assert f": {3.5 - 2.6 - 0.3:.3f}s " in other
+
+
+def test_summary_names_the_processes() -> None:
+    record = dp_record()
+    lines = format_summary(record, "training_log.txt").split("\n")
+    assert lines[1] == (
+        "Data parallel: 2 processes, 812,345 tok/s total (406,172 per process), effective batch 32"
+    )
+    assert any(line.startswith("Communication time (NCCL collectives") for line in lines)
+    single = format_summary(gpu_record(), "training_log.txt")
+    assert "Data parallel:" not in single and "Communication time" not in single
+
+
+def test_round_trip_keeps_parallel() -> None:
+    record = dp_record()
+    block = format_block(record)
+    assert parse_log(block) == [record]
+    assert parse_log(block)[0]["parallel"] == record["parallel"]
+
+
+def runs_for_scaling() -> list[dict]:
+    model = cpu_record()["model"]
+    return [
+        gpu_record(timestamp="2026-11-23T00:00:00Z", tokens_per_s=50000.0),  # older 1-process
+        gpu_record(timestamp="2026-11-23T01:00:00Z", tokens_per_s=100000.0, parallel=parallel(1)),
+        dp_record(2, 190000.0, timestamp="2026-11-23T02:00:00Z"),
+        dp_record(4, 360000.0, timestamp="2026-11-23T03:00:00Z"),
+        dp_record(4, 999999.0, timestamp="2026-11-23T04:00:00Z", status="interrupted"),
+        dp_record(2, 999999.0, timestamp="2026-11-23T05:00:00Z", precision="fp32"),
+        dp_record(2, 999999.0, timestamp="2026-11-23T06:00:00Z",
+                  model=dict(model, batch=32)),
+        dp_record(8, None, timestamp="2026-11-23T07:00:00Z"),
+        cpu_record(timestamp="2026-11-23T08:00:00Z", parallel=parallel(2)),
+    ]
+
+
+def test_scaling_pairs_each_process_count_with_one_process() -> None:
+    found = scaling(runs_for_scaling())
+    assert [(s["world_size"], s["run"]) for s in found] == [
+        (2, "2026-11-23T02:00:00Z"),
+        (4, "2026-11-23T03:00:00Z"),
+    ]
+    two, four = found
+    assert {s["one_process_run"] for s in found} == {"2026-11-23T01:00:00Z"}
+    assert (two["one_process_tokens_per_s"], two["tokens_per_s"]) == (100000.0, 190000.0)
+    assert two["speedup"] == pytest.approx(1.9) and two["efficiency"] == pytest.approx(0.95)
+    assert four["speedup"] == pytest.approx(3.6) and four["efficiency"] == pytest.approx(0.9)
+    assert (two["dataset"], two["shape"], two["precision"]) == (
+        "wikitext-2", "L2 H4 E128 T64 B16 V33278", "tf32")
+    assert scaling([dp_record(2)]) == []  # no one-process run to compare with
+
+
+def test_speedups_compare_one_process_runs_only() -> None:
+    cpu = cpu_record(timestamp="2026-11-23T00:00:00Z")
+    gpu = gpu_record(timestamp="2026-11-23T01:00:00Z")
+    pairs = speedups([cpu, gpu, dp_record(2, timestamp="2026-11-23T02:00:00Z")])
+    assert [p["gpu_run"] for p in pairs] == ["2026-11-23T01:00:00Z"]
+
+
+def test_scaling_in_the_report() -> None:
+    records = runs_for_scaling()
+    doc = json.loads(render_report(records, fmt="json"))
+    assert [(s["world_size"], s["speedup"]) for s in doc["scaling"]] == [
+        (2, pytest.approx(1.9)),
+        (4, pytest.approx(3.6)),
+    ]
+    for fmt in ("table", "markdown"):
+        out = render_report(records, fmt=fmt)
+        assert "Data-parallel scaling" in out
+        rows = [line for line in out.split("\n") if "1.90x" in line]
+        assert len(rows) == 1 and "95.0%" in rows[0] and "190,000" in rows[0]
+        assert "100,000" in rows[0]
+        assert any("3.60x" in line and "90.0%" in line for line in out.split("\n"))
+    table = render_report(records, fmt="table")
+    assert "gpu:0 x2" in table and "gpu:0 x4" in table
+
+
+@pytest.mark.parametrize("fmt", ["table", "markdown", "json"])
+def test_no_scaling_section_without_pairs(fmt: str) -> None:
+    out = render_report([gpu_record(), dp_record(2, precision="fp32")], fmt=fmt)
+    if fmt == "json":
+        assert "scaling" not in json.loads(out)
+    else:
+        assert "Data-parallel scaling" not in out

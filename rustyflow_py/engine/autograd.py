@@ -223,8 +223,13 @@ class Tensor:
         return f"Tensor(shape={self.shape}, dtype={self.dtype}, device={self.device}{grad})"
 
     # ---- autograd -----------------------------------------------------------------------
-    def backward(self, grad: Any = None) -> None:
-        """Accumulate d(self)/d(leaf) into every leaf's .grad; frees the graph as it goes."""
+    def backward(self, grad: Any = None,
+                 on_leaf: Callable[[Tensor], None] | None = None) -> None:
+        """Accumulate d(self)/d(leaf) into every leaf's .grad; frees the graph as it goes.
+
+        `on_leaf(t)` is called once a leaf's gradient is complete (every op that used it has
+        run its backward), while the rest of backward goes on: data parallelism starts a
+        gradient bucket's all-reduce there."""
         if self._ctx is None:
             raise RuntimeError("backward() on a tensor that is not the result of a tracked op")
         if grad is None:
@@ -238,6 +243,8 @@ class Tensor:
             g = grads.pop(id(node), None)
             fn = node._ctx
             if fn is None:  # a leaf: its gradient was accumulated as it was produced
+                if on_leaf is not None:
+                    on_leaf(node)
                 continue
             node._ctx = None
             if g is None:
@@ -290,7 +297,9 @@ def _topological_order(root: Tensor) -> list[Tensor]:
         seen.add(id(node))
         stack.append((node, True))
         if node._ctx is not None:
-            for inp in node._ctx.inputs:
+            # leaves (parameters) last: popped first, so each finishes right after the op
+            # that used it, and its gradient is complete early in backward (see on_leaf)
+            for inp in sorted(node._ctx.inputs, key=lambda t: t._ctx is not None):
                 if id(inp) not in seen and inp.requires_grad:
                     stack.append((inp, False))
     return order

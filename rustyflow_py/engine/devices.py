@@ -124,3 +124,12 @@ def gpu_unavailable_reason(index: int = 0) -> str | None:
     except Exception as exc:
         return f"CUDA is not usable: {type(exc).__name__}: {exc}"
     return None
+
+
+def gpu_count() -> int:
+    """How many CUDA devices this process can use (0 when GPU 0 is not usable)."""
+    if gpu_unavailable_reason(0) is not None:
+        return 0
+    import cupy
+
+    return int(cupy.cuda.runtime.getDeviceCount())

@@ -83,15 +83,19 @@ class ScalarMul(Function):
 class Randomness:
     """Where a model's dropout masks come from: the run's seed and the step counter, a 0-d
     int32 device array read by the mask kernel itself (a replayed graph draws fresh masks).
-    Each call site adds its own stream id, so no two sites share a mask."""
+    Each call site adds its own stream id, so no two sites share a mask; so does each `shard`
+    of a step's batch (a data-parallel rank, an accumulation micro-step), unless the mask is
+    one for the whole step (whole-word dropout drops the same words everywhere)."""
 
     seed: int
     step: Any
+    shard: int = 0
 
     def mask(self, kernels: Any, shape: tuple[int, ...], dtype: Any, p: float,
-             site: int) -> Any:
+             site: int, per_shard: bool = True) -> Any:
         """1/(1-p) where kept, 0 where dropped (kernels.dropout_mask)."""
-        return kernels.dropout_mask(shape, dtype, p, self.seed, site, self.step)
+        stream = site + (self.shard << 20 if per_shard else 0)
+        return kernels.dropout_mask(shape, dtype, p, self.seed, stream, self.step)
 
 
 class Dropout(Function):
@@ -473,7 +477,8 @@ def word_dropout(emb: Tensor, idx: Tensor, vocab_size: int, p: float, rng: Rando
     and scaled by 1/(1-p)) together."""
     if p == 0.0:
         return emb
-    rows = rng.mask(emb.backend.kernels, (vocab_size,), emb.dtype, p, site)  # (V,)
+    rows = rng.mask(emb.backend.kernels, (vocab_size,), emb.dtype, p, site,
+                    per_shard=False)  # (V,)
     return mul(emb, Tensor.wrap(rows[idx.data][..., None], emb.backend))  # (B, T, 1)
 
 

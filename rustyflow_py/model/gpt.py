@@ -133,10 +133,11 @@ class GPT:
     """Token + position embedding, pre-LN blocks, final LN, LM head tied to the embedding."""
 
     def __init__(
-        self, cfg: GPTConfig, device: str = "cpu", seed: int = 0, dtype: Any = np.float32
+        self, cfg: GPTConfig, device: str = "cpu", seed: int = 0, dtype: Any = np.float32,
+        pad_to: int = 1,
     ) -> None:
         self.cfg = cfg
-        self.buffer = ParameterBuffer(init_weights(cfg, seed), device, dtype)
+        self.buffer = ParameterBuffer(init_weights(cfg, seed), device, dtype, pad_to)
         self.p = self.buffer.params
         # each block's parameters by their name inside it, looked up once, not every step
         self.layers = [{n[len(f"h.{i}."):]: t for n, t in self.p.items()
@@ -236,10 +237,11 @@ class GPT:
 
 
 def build_model(shape: ModelShape, vocab_size: int, device: str = "cpu",
-                dtype: Any = np.float32) -> GPT:
+                dtype: Any = np.float32, pad_to: int = 1) -> GPT:
     """The GPT a run configuration describes, initialised from its seed: what training builds,
-    and what a checkpoint's weights are loaded into for evaluation and generation."""
+    and what a checkpoint's weights are loaded into for evaluation and generation. `pad_to`:
+    see ParameterBuffer."""
     cfg = GPTConfig(vocab_size, shape.seq_len, shape.num_layers, shape.num_heads,
                     shape.embed_dim, shape.dropout, shape.embd_dropout, shape.attn_dropout,
                     shape.resid_dropout, shape.word_dropout)
-    return GPT(cfg, device, shape.seed, dtype)
+    return GPT(cfg, device, shape.seed, dtype, pad_to)

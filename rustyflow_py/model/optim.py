@@ -50,11 +50,19 @@ class Optimizer:
         self.grad_norm = xp.zeros((), dtype=np.float32)
         self.lr = xp.zeros((), dtype=np.float32)
         self.kernels = buffer.backend.kernels
+        # Set when `buffer` is one shard of the gradient (a sharded optimizer): sums a 0-d
+        # array over the shards in place, so the norm (and its clip) stays global.
+        self.sum_over_shards: Any = None
 
     def clip_scale(self) -> Any:
         """Global grad-norm (kept for logging) and the factor that clips it to grad_clip."""
         g = self.buffer.grad
-        self.grad_norm[...] = run_op("grad_norm", "other", "optimizer", self.kernels.l2_norm, g)
+        norm = run_op("grad_norm", "other", "optimizer", self.kernels.l2_norm, g)
+        if self.sum_over_shards is not None:
+            square = self.xp.array(norm * norm)  # a fresh, writable 0-d array
+            self.sum_over_shards(square)
+            norm = self.xp.sqrt(square)
+        self.grad_norm[...] = norm
         if self.grad_clip <= 0:
             return None
         return self.xp.minimum(1.0, self.grad_clip / (self.grad_norm + 1e-6))

@@ -37,10 +37,13 @@ class ParameterBuffer:
     """Named parameters as views into one flat array; gradients likewise.
 
     `spans` lists the tensors in buffer order; the `decay_size` elements at the front belong
-    to the decayed ones.
+    to the decayed ones. `storage` and `grad_storage` are the allocations behind `flat` and
+    `grad`, padded with zeros to a multiple of `pad_to` elements: a sharded optimizer splits
+    them into equal shards, one per process.
     """
 
-    def __init__(self, weights: dict[str, np.ndarray], device: str, dtype: Any) -> None:
+    def __init__(self, weights: dict[str, np.ndarray], device: str, dtype: Any,
+                 pad_to: int = 1) -> None:
         backend = get_backend(device)
         names = sorted(weights, key=lambda n: weights[n].ndim < 2)  # stable: decayed first
         spans, offset = [], 0
@@ -49,11 +52,12 @@ class ParameterBuffer:
             offset += weights[n].size
         self.spans: tuple[Span, ...] = tuple(spans)
         self.decay_size = sum(s.size for s in self.spans if s.decayed)
-        host = np.empty(offset, dtype=dtype)
+        host = np.zeros(-(-offset // pad_to) * pad_to, dtype=dtype)
         for s in self.spans:
             host[s.offset : s.offset + s.size] = weights[s.name].ravel()
-        self.flat = backend.from_host(host)
-        self.grad = backend.xp.zeros_like(self.flat)
+        self.storage = backend.from_host(host)
+        self.grad_storage = backend.xp.zeros_like(self.storage)
+        self.flat, self.grad = self.storage[:offset], self.grad_storage[:offset]
         self.params: dict[str, Tensor] = {}
         for s in self.spans:
             t = Tensor(self.flat[s.offset : s.offset + s.size].reshape(s.shape),
@@ -63,7 +67,7 @@ class ParameterBuffer:
         self.backend = backend
 
     def zero_grad(self) -> None:
-        self.grad.fill(0)
+        self.grad_storage.fill(0)
 
     def shapes(self) -> dict[str, tuple[int, ...]]:
         """Every parameter's shape by name (what a checkpoint must hold)."""

@@ -6,8 +6,9 @@ A block is plain text, self-contained, one per run (written by ``logfile.append_
         <why>]) | <hardware> | <dataset> | L.. H.. E.. T.. B.. V.. (<n> params) | <precision> |
         epochs <done>/<planned> | avg epoch <s>s | <n> tok/s | val ppl <v> | test ppl <t> |
         ckpt <path> ===                                      (one line)
-    <the report for people: totals, per-op table, matmul / other / Amdahl lines, phases,
-     host<->device traffic, memory, CPU matmul floor>
+    <the report for people: totals, [data-parallel lines], per-op table, matmul /
+     [communication /] other / Amdahl lines, phases, host<->device traffic, memory, CPU
+     matmul floor>
     [AVG_EPOCH_TIME] <seconds>
     [RUN_JSON] <the whole run record as compact, strict JSON>
     === end of run ===
@@ -24,6 +25,15 @@ after warm-up, the rest runs as CUDA graphs) it is the window's time, and the li
 Amdahl's bound says so. The matmul share p = matmul op time / window, "Other" = window - matmul
 (non-matmul ops, data loading and framework overhead), Amdahl's bound = 1 / (1 - p). Evaluation
 runs outside the training steps: its phase share is of the run's ``train_time_s``.
+
+Data parallelism. ``parallel`` (see ``ParallelRecord``; missing in older blocks, read as one
+process) says how the batch was made. With more than one process, or gradient accumulation, the
+block has a line for it (and, with several processes, total and per-process tokens/s), and every
+tokens/s figure says it is the total over the processes. Collectives are ops of category
+``comm``: their time gets its own line, and "Other" = window - matmul - comm. On the GPU they
+are timed on the step's stream in the profiled window; in the replayed steps the gradient
+all-reduce overlaps backward on a second stream, so less of it is exposed there. Amdahl's bound
+stays the matmul one. Without ``comm`` ops the lines are exactly those above.
 
 ``[AVG_EPOCH_TIME]`` is the mean over completed epochs. When no epoch completed (an interrupted
 run, or ``--max-steps`` shorter than an epoch) it is an estimate: the trainer's own
@@ -55,6 +65,19 @@ from .curves import curve, sparkline
 Record = dict[str, Any]  # a record as read back from a log: any version, any field missing
 
 
+class ParallelRecord(TypedDict):
+    """How a run split its batch over processes and micro-steps (``RunRecord.parallel``)."""
+
+    world_size: int  # processes, one per device
+    grad_accum_steps: int
+    effective_batch: int  # BATCH_SIZE x GRAD_ACCUM_STEPS x world_size streams per step
+    shard_optimizer: bool  # ZeRO-1: each process keeps its shard of the optimizer state
+    launcher: str  # rustyflow | torchrun | slurm | openmpi | none
+    tokens_per_s_per_rank: float | None
+    bucket_mb: float  # the gradient all-reduce bucket limit, MiB
+    buckets: int  # 0 when no bucketed all-reduce ran (one process, or ZeRO-1)
+
+
 class RunRecord(TypedDict, total=False):
     """What a run writes as ``[RUN_JSON]`` (version 1). Readers must accept missing fields:
     older blocks lack the later ones, and an interrupted run may lack its results."""
@@ -81,7 +104,8 @@ class RunRecord(TypedDict, total=False):
     train_time_s: float  # this process's, evaluation included
     avg_epoch_time_s: float | None
     no_extrapolation: bool  # a diverged run: no epoch time is estimated from it
-    tokens_per_s: float | None
+    tokens_per_s: float | None  # the total over all processes of a data-parallel run
+    parallel: ParallelRecord | None  # missing in older blocks: one process
     val_ppl: float | None
     test_ppl: float | None
     test_ppl_of: str | None  # whose weights: "best (step N)" or "final (step N)"
@@ -179,6 +203,29 @@ def _model(r: Record) -> Record:
     return m if isinstance(m, dict) else {}
 
 
+def _parallel(r: Record) -> Record:
+    """The run's data-parallel settings; {} for blocks written before data parallelism."""
+    p = r.get("parallel")
+    return p if isinstance(p, dict) else {}
+
+
+def _world(r: Record) -> int:
+    """How many processes trained the run: 1 when the record does not say (older blocks)."""
+    n = _parallel(r).get("world_size")
+    return int(n) if _is_num(n) and n >= 1 else 1
+
+
+def _kind(r: Record) -> str:
+    """The device kind: gpu:N is a GPU run too."""
+    return str(r.get("device") or "").partition(":")[0]
+
+
+def _total_note(r: Record) -> str:
+    """Said after a tokens/s figure, which sums the processes of a data-parallel run."""
+    n = _world(r)
+    return f" (total of {n} processes)" if n > 1 else ""
+
+
 def _shape(r: Record) -> str:
     m = _model(r)
     keys = (("L", "layers"), ("H", "heads"), ("E", "embed"), ("T", "seq_len"), ("B", "batch"))
@@ -228,7 +275,7 @@ def _summary_line(r: Record) -> str:
         f"epochs {_text(r.get('epochs'))}/{_text(r.get('epochs_planned'))}",
         f"avg epoch {_fmt(avg, '.3f', 's')}"
         + (" (extrapolated)" if avg is not None and estimate else ""),
-        f"{_fmt(r.get('tokens_per_s'), ',.0f')} tok/s",
+        f"{_fmt(r.get('tokens_per_s'), ',.0f')} tok/s{_total_note(r)}",
         f"val ppl {_fmt(r.get('val_ppl'), '.2f')}",
         f"test ppl {_fmt(r.get('test_ppl'), '.2f')}",
         f"ckpt {_text(r.get('checkpoint'))}",
@@ -244,6 +291,27 @@ def _eval_line(r: Record) -> str:
         line += f" ({_text(r['best_checkpoint'])})"
     line += f" | test ppl {_fmt(r.get('test_ppl'), '.2f')} of {_text(r.get('test_ppl_of'))}"
     return line + (" | early-stopped" if r.get("early_stopped") else "")
+
+
+def _parallel_lines(r: Record) -> list[str]:
+    """How each step's batch was made; nothing for one process without accumulation, which
+    is every run logged before data parallelism."""
+    p, world = _parallel(r), _world(r)
+    accum = p.get("grad_accum_steps")
+    if world == 1 and not (_is_num(accum) and accum > 1):
+        return []
+    batch = (f"x BATCH_SIZE {_text(_model(r).get('batch'))} x GRAD_ACCUM_STEPS {_text(accum)} "
+             f"= effective batch {_fmt(p.get('effective_batch'), ',')} streams")
+    if world == 1:
+        return [f"Gradient accumulation: 1 process {batch}"]
+    line = (f"Data parallel: {world} processes ({_text(p.get('launcher'))} launcher) {batch}; "
+            f"ZeRO-1 optimizer sharding {'on' if p.get('shard_optimizer') else 'off'}")
+    buckets = p.get("buckets")
+    if _is_num(buckets) and buckets > 0:
+        line += (f"; {buckets:,} gradient bucket{'s' if buckets != 1 else ''} of <= "
+                 f"{_fmt(p.get('bucket_mb'), 'g')} MiB")
+    return [line, f"Tokens/s: {_fmt(r.get('tokens_per_s'), ',.0f')} total, "
+                  f"{_fmt(p.get('tokens_per_s_per_rank'), ',.0f')} per process"]
 
 
 def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
@@ -282,11 +350,24 @@ def _op_lines(ops: list[Record], window: float) -> list[str]:
     return _table(headers, rows, right={3, 4, 5, 6})
 
 
+_COMM_GPU = ("Communication time (NCCL collectives, measured on the step's stream in the "
+             "profiled steps; they overlap backward in replayed steps)")
+_COMM_CPU = ("Communication time (collectives over sockets between the processes, host wall time, "
+             "waits for the other processes included)")
+
+
+def _category_time(ops: list[Record], category: str) -> float:
+    return sum(_num(op.get("time_s")) for op in ops if op.get("category") == category)
+
+
 def _matmul_lines(
-    ops: list[Record], window: float, profiled: int, steps: int, note: Any
+    ops: list[Record], window: float, profiled: int, steps: int, note: Any, gpu: bool
 ) -> list[str]:
-    matmul = sum(_num(op.get("time_s")) for op in ops if op.get("category") == "matmul")
-    other = max(window - matmul, 0.0)
+    """Matmul, communication (data-parallel runs only) and the rest of the window, and the
+    matmul Amdahl bound. Other excludes the collectives so the three shares add up."""
+    matmul, comm = _category_time(ops, "matmul"), _category_time(ops, "comm")
+    has_comm = any(op.get("category") == "comm" for op in ops)
+    other = max(window - matmul - comm, 0.0)
     p = min(matmul / window, 1.0) if window > 0 else None
     if p is None:
         bound = NA
@@ -295,8 +376,14 @@ def _matmul_lines(
     lines = [
         f"Total matmul time (CPU + GPU): {matmul:.3f}s ({_pct(matmul, window)} of the "
         f"{window:.3f}s of profiled training steps)",
-        "Other time (non-matmul ops, data loading and framework overhead; eval excluded): "
-        f"{other:.3f}s ({_pct(other, window)} of the same)",
+    ]
+    if has_comm:
+        label = _COMM_GPU if gpu else _COMM_CPU
+        lines.append(f"{label}: {comm:.3f}s ({_pct(comm, window)} of the same)")
+    excluded = "communication and eval" if has_comm else "eval"
+    lines += [
+        f"Other time (non-matmul ops, data loading and framework overhead; {excluded} "
+        f"excluded): {other:.3f}s ({_pct(other, window)} of the same)",
         f"Amdahl's bound: {bound} max speed-up from faster matmuls alone (p={_fmt(p, '.3f')})",
     ]
     if profiled < steps:
@@ -394,7 +481,7 @@ def _profile_lines(r: Record) -> list[str]:
     return [
         head,
         *_op_lines(ops, window),
-        *_matmul_lines(ops, window, profiled, steps, prof.get("note")),
+        *_matmul_lines(ops, window, profiled, steps, prof.get("note"), _kind(r) == "gpu"),
         "",
         *_phase_lines(r, prof, window),
         "",
@@ -425,7 +512,9 @@ def format_block(record: Record) -> str:
     lines += [
         f"Total training time: {_fmt(r.get('train_time_s'), '.3f', 's')} | average epoch time: "
         f"{_fmt(avg, '.3f', 's')}{' (estimate)' if avg is not None and estimate else ''} | "
-        f"tokens/s: {_fmt(r.get('tokens_per_s'), ',.0f')} | steps: {_fmt(r.get('steps'), ',')}",
+        f"tokens/s: {_fmt(r.get('tokens_per_s'), ',.0f')}{_total_note(r)} | "
+        f"steps: {_fmt(r.get('steps'), ',')}",
+        *_parallel_lines(r),
         "",
         *_profile_lines(r),
         "",
@@ -448,6 +537,12 @@ def format_summary(record: RunRecord | Record, log: str | None, top: int = 5) ->
     matmul/other/Amdahl lines, and where the checkpoint and the full block went."""
     r = record
     lines = [_summary_line(r)]
+    if _world(r) > 1:
+        p = _parallel(r)
+        lines.append(f"Data parallel: {_world(r)} processes, "
+                     f"{_fmt(r.get('tokens_per_s'), ',.0f')} tok/s total "
+                     f"({_fmt(p.get('tokens_per_s_per_rank'), ',.0f')} per process), "
+                     f"effective batch {_fmt(p.get('effective_batch'), ',')}")
     if r.get("message"):
         lines.append(f"Message: {_text(r['message'])}")
     if r.get("eval_protocol"):
@@ -462,7 +557,8 @@ def format_summary(record: RunRecord | Record, log: str | None, top: int = 5) ->
             _num(prof.get("profiled_steps")))
         head = _op_lines(sorted(ops, key=lambda op: -_num(op.get("time_s")))[:top], window)
         lines += [f"Top {min(top, len(ops))} ops of {len(ops)}:", *head[:-1]]
-        lines += _matmul_lines(ops, window, profiled, max(steps, profiled), prof.get("note"))
+        lines += _matmul_lines(ops, window, profiled, max(steps, profiled), prof.get("note"),
+                               _kind(r) == "gpu")
     ckpt = r.get("checkpoint")
     lines.append(f"Checkpoint: {_text(ckpt)}" if ckpt else
                  "Checkpoint: none written (see the message above)")
@@ -534,11 +630,13 @@ def read_log(path: str | Path, warnings: list[str] | None = None) -> list[Record
 
 
 def speedups(records: list[Record]) -> list[Record]:
-    """CPU vs GPU for each dataset and model shape: the latest completed run of each device."""
+    """CPU vs GPU for each dataset and model shape: the latest completed run of each device.
+    One-process runs only: several GPUs against one CPU process is not a device comparison
+    (:func:`scaling` compares process counts)."""
     groups: dict[tuple[str, str], dict[str, Record]] = {}
     for r in records:
-        kind = str(r.get("device") or "").partition(":")[0]  # gpu:N is a GPU run too
-        if r.get("status") == "completed" and kind in ("cpu", "gpu"):
+        kind = _kind(r)
+        if r.get("status") == "completed" and kind in ("cpu", "gpu") and _world(r) == 1:
             key = (_text(r.get("dataset")), _shape(r))
             groups.setdefault(key, {})[kind] = r
     out = []
@@ -571,8 +669,46 @@ def speedups(records: list[Record]) -> list[Record]:
     return out
 
 
+def scaling(records: list[Record]) -> list[Record]:
+    """Data-parallel scaling on GPUs: for each dataset, model shape (per-process BATCH_SIZE
+    included) and precision, the latest completed run of each process count N > 1 against the
+    latest completed one-process run. Everything else that sets tokens/s is held fixed, so the
+    speed-up is the processes' alone, and efficiency = speed-up / N (1.0 is linear scaling)."""
+    groups: dict[tuple[str, str, str], dict[int, Record]] = {}
+    for r in records:
+        tok = r.get("tokens_per_s")
+        if r.get("status") == "completed" and _kind(r) == "gpu" and _is_num(tok) and tok > 0:
+            key = (_text(r.get("dataset")), _shape(r), _text(r.get("precision")))
+            groups.setdefault(key, {})[_world(r)] = r
+    out = []
+    for (dataset, shape, precision), runs in groups.items():
+        one = runs.get(1)
+        if one is None:
+            continue
+        for n in sorted(k for k in runs if k > 1):
+            run = runs[n]
+            speedup = run["tokens_per_s"] / one["tokens_per_s"]
+            out.append(
+                {
+                    "dataset": dataset,
+                    "shape": shape,
+                    "precision": precision,
+                    "world_size": n,
+                    "one_process_run": one.get("timestamp"),
+                    "run": run.get("timestamp"),
+                    "one_process_tokens_per_s": one["tokens_per_s"],
+                    "tokens_per_s": run["tokens_per_s"],
+                    "speedup": speedup,
+                    "efficiency": speedup / n,
+                }
+            )
+    return out
+
+
 def _run_row(r: Record) -> list[str]:
     used, requested = _text(r.get("device")), r.get("device_requested")
+    if _world(r) > 1:
+        used += f" x{_world(r)}"
     if r.get("fallback_reason") or requested not in (None, "auto", r.get("device")):
         used += f" (req {_text(requested)})"
     avg, estimate = _epoch_time(r)
@@ -599,6 +735,10 @@ _RUN_HEADERS = (
 _SPEEDUP_HEADERS = (
     "Dataset,Shape,CPU run,GPU run,CPU epoch s,GPU epoch s,Speed-up,CPU tok/s,GPU tok/s,Tok/s ratio"
 ).split(",")
+_SCALING_HEADERS = (
+    "Dataset,Shape,Precision,Processes,1-process run,N-process run,Tok/s 1 process,"
+    "Tok/s N processes,Speed-up,Efficiency"
+).split(",")
 _NO_SPEEDUP = (
     "none: needs a completed CPU run and a completed GPU run of the same dataset and model shape"
 )
@@ -616,6 +756,21 @@ def _speedup_row(s: Record) -> list[str]:
         _fmt(s["cpu_tokens_per_s"], ",.0f"),
         _fmt(s["gpu_tokens_per_s"], ",.0f"),
         _fmt(s["tokens_per_s_ratio"], ".2f", "x"),
+    ]
+
+
+def _scaling_row(s: Record) -> list[str]:
+    return [
+        s["dataset"],
+        s["shape"],
+        s["precision"],
+        str(s["world_size"]),
+        _text(s["one_process_run"]),
+        _text(s["run"]),
+        _fmt(s["one_process_tokens_per_s"], ",.0f"),
+        _fmt(s["tokens_per_s"], ",.0f"),
+        _fmt(s["speedup"], ".2f", "x"),
+        _fmt(100.0 * s["efficiency"], ".1f", "%"),
     ]
 
 
@@ -644,21 +799,25 @@ def render_report(
     fmt: Literal["table", "markdown", "json"] = "table",
     last: int | None = None,
 ) -> str:
-    """The ``rustyflow report`` output: runs, CPU-vs-GPU speed-ups, the latest run's report.
+    """The ``rustyflow report`` output: runs, CPU-vs-GPU speed-ups, data-parallel scaling, the
+    latest run's report.
 
     ``last`` keeps only the last N runs of the log, and everything (speed-ups and the latest
     report included) is computed over those. The report shown is the latest run's that has a
-    profile (an early-interrupted run has none), else the latest run's.
+    profile (an early-interrupted run has none), else the latest run's. The scaling section
+    (json: ``scaling``) is left out when no pair of runs gives one, so a log without
+    data-parallel runs reports as it did before they existed.
     """
     if last is not None:
         if last < 1:
             raise ValueError(f"last must be at least 1, got {last}")
         records = records[-last:]
-    pairs_found = speedups(records)
+    pairs_found, scaled = speedups(records), scaling(records)
     profiled = [r for r in records if isinstance(r.get("profile"), dict)]
     latest = (profiled or records or [None])[-1]
     if fmt == "json":
-        doc = {"runs": records, "speedups": pairs_found, "latest": latest}
+        doc = {"runs": records, "speedups": pairs_found,
+               **({"scaling": scaled} if scaled else {}), "latest": latest}
         return json.dumps(_plain(doc), indent=2, allow_nan=False) + "\n"
     if fmt not in ("table", "markdown"):
         raise ValueError(f"unknown report format {fmt!r}: expected table, markdown or json")
@@ -679,6 +838,12 @@ def render_report(
         "CPU vs GPU speed-up (latest completed run of each, same dataset and shape)",
         table(_SPEEDUP_HEADERS, pairs, {4, 5, 6, 7, 8, 9}) if pairs else [_NO_SPEEDUP],
     )
+    if scaled:
+        section(
+            "Data-parallel scaling (GPU; latest completed run of each process count vs the latest "
+            "1-process run, same dataset, shape and precision)",
+            table(_SCALING_HEADERS, [_scaling_row(s) for s in scaled], {3, 6, 7, 8, 9}),
+        )
     curved = [r for r in records if curve(r, "loss")]
     if curved:
         r = curved[-1]

@@ -63,6 +63,7 @@ class Key:
     lo_open: bool = False
     hi_open: bool = False
     allow_empty: bool = False
+    cli: str = ""  # the command-line flag when it is not the key's name (--gpus)
 
     @property
     def attr(self) -> str:
@@ -72,7 +73,7 @@ class Key:
     @property
     def flag(self) -> str:
         """The command-line flag, e.g. --batch-size."""
-        return "--" + self.name.lower().replace("_", "-")
+        return self.cli or "--" + self.name.lower().replace("_", "-")
 
     @property
     def expect(self) -> str:
@@ -222,6 +223,17 @@ KEYS: dict[str, Key] = dict([
        "sliding SEQ_LEN windows advancing S tokens, each token scored once (S <= SEQ_LEN)",
        lo=0),
     _k("MAX_STEPS", "int", 0, "stop after this many optimizer steps (0 = no limit)", lo=0),
+    _k("NUM_GPUS", "int", 1, "data-parallel worker processes on this machine, one per GPU "
+       "(rustyflow train --gpus N); each trains BATCH_SIZE streams of every step", lo=1,
+       cli="--gpus"),
+    _k("GRAD_ACCUM_STEPS", "int", 1, "micro-steps of BATCH_SIZE per optimizer step, their "
+       "gradients averaged: the effective batch is BATCH_SIZE x GRAD_ACCUM_STEPS x processes",
+       lo=1),
+    _k("SHARD_OPTIMIZER", "bool", False, "ZeRO-1: each data-parallel process keeps and updates "
+       "only its shard of the optimizer state (elementwise optimizers: not lamb or muon)"),
+    _k("BUCKET_MB", "float", 25.0, "data parallel: gradient all-reduce bucket size in MiB "
+       "(whole tensors; each bucket starts as soon as backward has finished it)", lo=0,
+       lo_open=True),
 ])
 _D = {key.name: key.default for key in KEYS.values()}
 
@@ -316,6 +328,10 @@ class Config:
     patience: int = _D["PATIENCE"]
     eval_stride: int = _D["EVAL_STRIDE"]
     max_steps: int = _D["MAX_STEPS"]
+    num_gpus: int = _D["NUM_GPUS"]
+    grad_accum_steps: int = _D["GRAD_ACCUM_STEPS"]
+    shard_optimizer: bool = _D["SHARD_OPTIMIZER"]
+    bucket_mb: float = _D["BUCKET_MB"]
     source: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -359,6 +375,21 @@ class Config:
                 f"EVAL_STRIDE={self.eval_stride} ({where['EVAL_STRIDE']}) is longer than "
                 f"SEQ_LEN={self.seq_len} ({where['SEQ_LEN']}): tokens between windows would "
                 f"go unscored; set EVAL_STRIDE to at most {self.seq_len} (0 = non-overlapping)")
+        if self.shard_optimizer and opt in ("lamb", "muon"):
+            raise ConfigError(
+                f"SHARD_OPTIMIZER=true ({where['SHARD_OPTIMIZER']}) needs an elementwise "
+                f"optimizer, but OPTIMIZER={opt} ({where['OPTIMIZER']}) works on whole tensors "
+                "(LAMB's trust ratio, Muon's orthogonalisation) that a shard splits: set "
+                "SHARD_OPTIMIZER=false, or OPTIMIZER=adamw (or adam, sgd, rmsprop, adagrad, "
+                "adadelta)")
+        if self.num_gpus > 1 and self.device == "cpu":
+            raise ConfigError(
+                f"NUM_GPUS={self.num_gpus} ({where['NUM_GPUS']}) starts one process per GPU, "
+                f"but DEVICE=cpu ({where['DEVICE']}): set DEVICE=gpu, or NUM_GPUS=1")
+        if self.num_gpus > 1 and ":" in self.device:
+            raise ConfigError(
+                f"NUM_GPUS={self.num_gpus} ({where['NUM_GPUS']}) gives each process its own "
+                f"GPU, but DEVICE={self.device} ({where['DEVICE']}) pins one: set DEVICE=gpu")
         for flag, owner in (("NESTEROV", "sgd"), ("CENTERED", "rmsprop")):
             if getattr(self, flag.lower()) and opt != owner:
                 other = " (muon has MUON_NESTEROV)" if flag == "NESTEROV" else ""

@@ -9,28 +9,43 @@ be written, every split fits the batch layout, a resume checkpoint matches. A st
 from __future__ import annotations
 
 import json
+import signal
 import time
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from .. import data
 from ..engine.backend import get_backend, resolve_device
+from ..engine.comm import communicator
 from ..engine.precision import Precision
 from ..engine.profiler import Profiler
-from ..errors import TrainingError
+from ..engine.rendezvous import Rendezvous
+from ..engine.world import World
+from ..errors import ConfigError, TrainingError
 from ..model.gpt import build_model
 from ..reporting import logfile, report
 from ..reporting.trace import MAX_STEPS as TRACE_STEPS
 from ..reporting.trace import chrome_trace
 from . import outputs
 from .config import Config
+from .data_parallel import (
+    BucketedAllReduce,
+    ReduceScatter,
+    ShardedOptimizer,
+    check_same_config,
+    on_peer_failure,
+    process_group,
+    rank_device,
+)
 from .evaluate import SplitEvaluator, upload_split
 from .optimizers import make_optimizer
 from .record import TransferLedger, build_record
 from .resume import History, restore
 from .saver import RunCheckpoints
 from .signals import Stopped, StopSignals
-from .step import StepRunner, quiet_float_errors, use_graph
+from .step import Shards, StepRunner, quiet_float_errors, use_graph
 
 Say = Callable[[str], None]
 
@@ -46,51 +61,83 @@ class Trainer:
 
     def __init__(self, cfg: Config, say: Say = print, resume: str | None = None,
                  progress: Any = None, warn: Say | None = None,
-                 trace: str | None = None) -> None:
-        self.cfg, self.say, self.progress = cfg, say, progress
-        self.warn, self.trace = warn or say, trace
-        outputs.check_log_file(cfg.log_file)
-        if trace:
-            check_trace(trace, cfg)
-        self.device, self.fallback = resolve_device(cfg.device, cfg.strict_device, say,
-                                                    self.warn)
-        outputs.check_checkpoint_target(cfg.model_path_for(self.device))
+                 trace: str | None = None, rendezvous: Rendezvous | None = None,
+                 world: World | None = None) -> None:
+        self.world = world = world or World()
+        main = world.main  # only rank 0 talks, logs and writes checkpoints
+        self.cfg, self.say = cfg, say if main else _silent
+        self.progress = progress if main else None
+        self.warn, self.trace = warn or say, trace if main else None
+        if main:
+            outputs.check_log_file(cfg.log_file)
+        if self.trace:
+            check_trace(self.trace, cfg)
+        if rendezvous is not None:
+            check_same_config(rendezvous, world, cfg.to_dict())
+        self.device, self.fallback = resolve_device(
+            rank_device(cfg.device, world), cfg.strict_device or world.distributed, self.say,
+            self.warn)
+        if main:
+            outputs.check_checkpoint_target(cfg.model_path_for(self.device))
         self.backend = get_backend(self.device)
-        self.backend.configure(cfg.threads, cfg.cpu_jit, say, self.warn)
+        self.backend.configure(cfg.threads, cfg.cpu_jit, self.say, self.warn)
         self.precision = Precision.of(cfg.precision)
         self.backend.set_precision(self.precision)
+        self.comm = (communicator(self.backend, rendezvous, world.rank, world.size)
+                     if rendezvous is not None else None)
+        if rendezvous is not None:
+            rendezvous.watch(on_peer_failure(self.comm, world.rank, self.warn))
+        sharded = cfg.shard_optimizer and self.comm is not None
+        if cfg.shard_optimizer and not sharded:
+            self.warn("WARN: SHARD_OPTIMIZER=true in a single process: nothing to shard")
         self.corpus = data.load_corpus(cfg.dataset, cfg.data_dir or None)
-        data.check_layout(self.corpus, cfg.batch_size, cfg.seq_len)
+        streams = cfg.batch_size * cfg.grad_accum_steps * world.size  # a step's global batch
+        data.check_layout(self.corpus, streams, cfg.seq_len)
         self.model = build_model(cfg, len(self.corpus.vocab), self.device,
-                                 self.precision.storage)
-        self.train_stream = upload_split(self.backend, self.corpus.train, cfg.batch_size)
+                                 self.precision.storage, world.size if sharded else 1)
+        self.train_stream = upload_split(self.backend, self.corpus.train, streams)
         self.steps_per_epoch = data.num_batches(self.train_stream, cfg.seq_len)
         self.total_steps = cfg.num_epochs * self.steps_per_epoch
-        self.optimizer = make_optimizer(cfg, self.model.buffer, self.total_steps)
-        self.history = (restore(resume, cfg, self.corpus.vocab.itos, self.model.buffer,
-                                self.optimizer, self.warn) if resume else History())
+        buffer = self.model.buffer
+        sync: Any = None
+        if sharded:
+            self.optimizer: Any = ShardedOptimizer(
+                buffer, self.comm, lambda shard: make_optimizer(cfg, shard, self.total_steps))
+            sync = ReduceScatter(buffer, self.comm)
+        else:
+            self.optimizer = make_optimizer(cfg, buffer, self.total_steps)
+            if self.comm is not None:
+                sync = BucketedAllReduce(buffer, self.comm, int(cfg.bucket_mb * 2**20))
+        self.shards = Shards(world.rank, world.size, cfg.grad_accum_steps, self.comm, sync)
+        self.history = (restore(resume, cfg, self.corpus.vocab.itos, buffer, self.optimizer,
+                                self.warn, world.size) if resume else History())
         if resume:
-            say(f"Resumed from {resume} at step {self.pos.step} (epoch "
-                f"{self.pos.epoch + 1}, batch {self.pos.batch})")
+            self.say(f"Resumed from {resume} at step {self.pos.step} (epoch "
+                     f"{self.pos.epoch + 1}, batch {self.pos.batch})")
         self.test_ppl: float | None = None
         self.test_ppl_of: str | None = None  # which weights test_ppl measured
         self.early_stopped = ""  # why the run stopped early, once it has
         self._val_step = -1  # the step at which val_ppl was measured
         self.start_step = self.pos.step  # this process's steps are counted from here
-        self.profiler = (Profiler(self.backend, TRACE_STEPS if trace else 0)
+        self.profiler = (Profiler(self.backend, TRACE_STEPS if self.trace else 0)
                          if cfg.profile else None)
         self.runner = StepRunner(
             self.model, self.optimizer, self.train_stream, cfg.seq_len,
             log_interval=cfg.log_interval, profiler=self.profiler,
             profile_steps=cfg.profile_steps,
-            graph=use_graph(cfg.graph, self.backend.kind, self.warn), warn=self.warn)
+            graph=use_graph(cfg.graph, self.backend.kind, self.warn), warn=self.warn,
+            shards=self.shards)
         self.ledger = TransferLedger(self.backend)
         self.checkpoints = RunCheckpoints(
             cfg.model_path_for(self.device), cfg, self.device, self.model, self.optimizer,
-            self.corpus.vocab.to_array(), self.history, self.ledger.set_aside, self.warn)
+            self.corpus.vocab.to_array(), self.history, self.ledger.set_aside, self.warn,
+            world.size, writes=main)
         self.evaluator = SplitEvaluator(self.model, self.corpus, cfg.batch_size, cfg.seq_len,
-                                        cfg.eval_stride, progress, self.ledger.set_aside)
-        self.signals = StopSignals(say)
+                                        cfg.eval_stride, self.progress, self.ledger.set_aside)
+        self.signals = StopSignals(self.say)
+        # Processes must stop at the same step: a stop request waits for the next agreement
+        # (see _check_stop) instead of interrupting evaluation on one process only.
+        self.signals.deferred = world.distributed
         self._epoch_start = self._run_start = time.perf_counter()
         self._in_step = False  # a stop forced inside a step must not overwrite the checkpoint
 
@@ -109,7 +156,8 @@ class Trainer:
 
     # ---- the run -----------------------------------------------------------------------------
     def run(self) -> report.RunRecord | None:
-        """Train, evaluate, save, log. Returns the record (None if nothing was left to do);
+        """Train, evaluate, save, log. Returns the record (None if nothing was left to do, and
+        on every data-parallel process but rank 0);
         raises Stopped after an interrupted run and TrainingError after a failed one, both
         once the checkpoint and the log block are written."""
         if self.pos.step >= self.limit:
@@ -123,7 +171,8 @@ class Trainer:
                 self._train()
                 if self._val_step != self.pos.step:
                     self._validate()
-                self.test_ppl = self._test()
+                if self.world.main:  # the others have nothing to report
+                    self.test_ppl = self._test()
                 if self.early_stopped:
                     message = self.early_stopped
             except Stopped as exc:
@@ -142,14 +191,18 @@ class Trainer:
             raise TrainingError(message)
         return record
 
-    def _finish(self, status: str, message: str | None, train_time: float) -> report.RunRecord:
-        """Checkpoint (not after a divergence), record, console summary, log block."""
+    def _finish(self, status: str, message: str | None,
+                train_time: float) -> report.RunRecord | None:
+        """Checkpoint (not after a divergence), record, console summary, log block (rank 0;
+        the others only take part in gathering a sharded optimizer's state)."""
         ckpt = None
         if status == "interrupted" and self._in_step:
             message = (f"{message} (inside a step: the checkpoint was not written, the last "
                        "one stays)")
         elif status != "failed":
             ckpt = self.save()
+        if not self.world.main:
+            return None
         record = build_record(self, status, message, train_time, ckpt)
         block = report.format_block(record)
         log = outputs.write_with_fallback(
@@ -174,7 +227,8 @@ class Trainer:
                 self._step()
                 if cfg.eval_interval and pos.step % cfg.eval_interval == 0:
                     self._validate()
-                self.signals.check()
+                if self.comm is None or pos.step % cfg.log_interval == 0:
+                    self._check_stop()
                 if self.early_stopped:
                     break
             self.backend.synchronize()
@@ -188,7 +242,7 @@ class Trainer:
                 self._validate()
             with self.signals.deferring():
                 self.save()
-            self.signals.check()
+            self._check_stop()
 
     def _step(self) -> None:
         """One step, with stop signals deferred to its end; the losses are read back (and
@@ -203,6 +257,18 @@ class Trainer:
             self._drain_losses()
             if self.progress:
                 self.progress.update(self.pos, self.losses[-1], self._tokens_per_s())
+
+    def _check_stop(self) -> None:
+        """Stop here if asked to. In a data-parallel run every process must stop at the same
+        step, so the requests are summed over the processes first (here only every
+        LOG_INTERVAL steps and at epoch ends, to keep the host off the device)."""
+        if self.comm is not None:
+            xp = self.backend.xp
+            asked = xp.asarray(float(self.signals.requested is not None), dtype=np.float32)
+            self.comm.all_reduce(asked)
+            if float(self.backend.to_host(asked)) > 0 and self.signals.requested is None:
+                self.signals.requested = signal.SIGTERM  # another process was asked
+        self.signals.check()
 
     def _drain_losses(self) -> None:
         self.runner.drain(self.losses, self.pos.step, divergence_advice(self.cfg))
@@ -226,10 +292,16 @@ class Trainer:
             return self.evaluate("test")
 
     def _tokens_per_s(self) -> float:
-        """This process's throughput so far (read at a loss drain, i.e. after a sync)."""
+        """The run's throughput so far, every process's tokens (read at a loss drain, i.e.
+        after a sync)."""
         elapsed = time.perf_counter() - self._run_start - self.runner.phases["eval"]
         steps = self.pos.step - self.start_step
-        return steps * self.cfg.batch_size * self.cfg.seq_len / max(elapsed, 1e-9)
+        return steps * self.tokens_per_step / max(elapsed, 1e-9)
+
+    @property
+    def tokens_per_step(self) -> int:
+        """Tokens of one optimizer step over all processes."""
+        return self.cfg.batch_size * self.shards.count * self.cfg.seq_len
 
     def evaluate(self, split: str) -> float:
         """Perplexity over the whole split (exp of the mean per-token NLL)."""
@@ -284,8 +356,40 @@ def write_trace(path: str, prof: Profiler, backend: Any, device: str, say: Say,
             "ui.perfetto.dev or chrome://tracing)")
 
 
+def _silent(_message: str) -> None:
+    """What a data-parallel process other than rank 0 says: nothing (rank 0 speaks)."""
+
+
 def train(cfg: Config, say: Say = print, resume: str | None = None, progress: Any = None,
           warn: Say | None = None, trace: str | None = None) -> report.RunRecord | None:
-    """Train per `cfg`; returns the run record also appended to the log (None when a resumed
-    run had nothing left to do). `trace`: see Trainer."""
-    return Trainer(cfg, say, resume, progress, warn, trace).run()
+    """Train per `cfg`, as one process or as one of a data-parallel run's (the launcher's
+    environment says which); returns the run record also appended to the log (None when a
+    resumed run had nothing left to do, and on every process but rank 0). `trace`: see
+    Trainer."""
+    world = World.from_env()
+    check_world(cfg, world)
+    with process_group(world) as rendezvous:
+        trainer = Trainer(cfg, say, resume, progress, warn, trace, rendezvous, world)
+        clean = False
+        try:
+            record = trainer.run()
+            clean = True
+            return record
+        except Stopped:
+            clean = True  # every process stopped at the same step
+            raise
+        finally:
+            if trainer.comm is not None:
+                trainer.runner.release_graph()
+                trainer.comm.close(clean)
+
+
+def check_world(cfg: Config, world: World) -> None:
+    """NUM_GPUS asks for a launch; under a launcher already, it must agree with it."""
+    if not world.distributed and cfg.num_gpus > 1:
+        raise ConfigError(f"NUM_GPUS={cfg.num_gpus} needs one process per GPU: start it with "
+                          f"`rustyflow train --gpus {cfg.num_gpus}` (or torchrun, srun, mpirun)")
+    if world.distributed and cfg.num_gpus not in (1, world.size):
+        raise ConfigError(f"NUM_GPUS={cfg.num_gpus} but the launcher ({world.launcher}) "
+                          f"started {world.size} processes: drop NUM_GPUS (the launcher's "
+                          "WORLD_SIZE decides) or make them agree")

@@ -55,8 +55,9 @@ def build_record(trainer: Any, status: str, message: str | None, train_time: flo
     steps_here = max(trainer.pos.step - trainer.start_step, 0)
     steps_time = train_time - runner.phases["eval"]
     diverged = status == "failed"
-    tokens_per_s = (steps_here * cfg.batch_size * cfg.seq_len / steps_time
+    tokens_per_s = (steps_here * trainer.tokens_per_step / steps_time
                     if steps_time > 0 and steps_here and not diverged else None)
+    world, shards = trainer.world, trainer.shards
     avg_epoch = (sum(trainer.epoch_times) / len(trainer.epoch_times)
                  if trainer.epoch_times else None)
     step_time = steps_time / max(steps_here, 1)
@@ -86,6 +87,15 @@ def build_record(trainer: Any, status: str, message: str | None, train_time: flo
         "avg_epoch_time_s": avg_epoch,
         "no_extrapolation": diverged,
         "tokens_per_s": tokens_per_s,
+        "parallel": {
+            "world_size": world.size, "grad_accum_steps": shards.accum,
+            "effective_batch": cfg.batch_size * shards.count,
+            "shard_optimizer": cfg.shard_optimizer and world.distributed,
+            "launcher": world.launcher,
+            "tokens_per_s_per_rank": tokens_per_s / world.size if tokens_per_s else None,
+            "bucket_mb": cfg.bucket_mb,
+            "buckets": len(getattr(shards.sync, "buckets", ())),
+        },
         "val_ppl": trainer.val_ppl,
         "test_ppl": trainer.test_ppl,
         "test_ppl_of": trainer.test_ppl_of,

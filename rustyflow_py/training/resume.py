@@ -17,7 +17,7 @@ from .config import KEYS, Config
 from .optimizers import OPTIMIZER_KEYS, relevant_keys
 
 # CENTERED changes which state RMSprop keeps (as MOMENTUM 0 <-> > 0 does: restore names it).
-SHAPE_KEYS = ("DATASET", "SEQ_LEN", "BATCH_SIZE", "EMBED_DIM", "NUM_HEADS", "NUM_LAYERS",
+SHAPE_KEYS = ("DATASET", "SEQ_LEN", "EMBED_DIM", "NUM_HEADS", "NUM_LAYERS",
               "OPTIMIZER", "PRECISION", "CENTERED")
 MATH_KEYS = ("NUM_EPOCHS", "LEARNING_RATE", "DROPOUT", "EMBD_DROPOUT", "ATTN_DROPOUT",
              "RESID_DROPOUT", "WORD_DROPOUT", "WEIGHT_DECAY", "BETA1", "BETA2",
@@ -75,9 +75,19 @@ class History:
                 "stale_evals": self.stale_evals}
 
 
+def global_batch(config: dict[str, Any], world_size: int) -> tuple[int, str]:
+    """The streams of one optimizer step, and how they are made up."""
+    b, a = config["BATCH_SIZE"], config["GRAD_ACCUM_STEPS"]
+    return b * a * world_size, (f"BATCH_SIZE={b} x GRAD_ACCUM_STEPS={a} x {world_size} "
+                                f"process{'es' if world_size > 1 else ''}")
+
+
 def restore(path: str, cfg: Config, vocab: list[str], buffer: Any, optimizer: Any,
-           warn: Callable[[str], None]) -> History:
-    """Load `path` into `buffer` and `optimizer` after checking it fits; its history."""
+            warn: Callable[[str], None], world_size: int = 1) -> History:
+    """Load `path` into `buffer` and `optimizer` after checking it fits; its history.
+
+    The number of processes may change on a resume, as long as a step's global batch (its
+    streams, hence the data order) stays the same."""
     ckpt = checkpoint.Checkpoint(path, flag="--resume")
     mine = cfg.to_dict()
     # a checkpoint from before a key existed ran with its default
@@ -86,6 +96,14 @@ def restore(path: str, cfg: Config, vocab: list[str], buffer: Any, optimizer: An
     if shape:
         diff = ", ".join(f"{k}={saved.get(k)} (checkpoint) vs {mine[k]}" for k in shape)
         raise TrainingError(f"--resume {path}: the checkpoint does not match this run: {diff}")
+    (theirs, how), (ours, here) = (global_batch(saved, int(ckpt.meta.get("world_size", 1))),
+                                   global_batch(mine, world_size))
+    if theirs != ours:
+        raise TrainingError(
+            f"--resume {path}: the checkpoint's steps each took {theirs} token streams "
+            f"({how}), this run's take {ours} ({here}), so the data order would change: "
+            f"choose BATCH_SIZE, GRAD_ACCUM_STEPS and the process count so that their "
+            f"product is {theirs}")
     if list(ckpt.vocab) != vocab:
         raise TrainingError(f"--resume {path}: the checkpoint's vocabulary differs from the "
                             f"dataset's ({cfg.dataset})")

@@ -21,25 +21,31 @@ def best_path(path: str) -> str:
 
 class RunCheckpoints:
     """The checkpoints of one run. `set_aside` wraps their host copies so they do not count as
-    the training step's traffic."""
+    the training step's traffic. In a data-parallel run every process calls `save` (a sharded
+    optimizer gathers its state from all of them) and only the one that `writes` writes."""
 
     def __init__(self, path: str, cfg: Config, device: str, model: Any, optimizer: Any,
                  vocab: Any, history: History, set_aside: Callable[[], Any],
-                 warn: Callable[[str], None]) -> None:
+                 warn: Callable[[str], None], world_size: int = 1,
+                 writes: bool = True) -> None:
         self.path, self.best = path, best_path(path)
         self.cfg, self.device, self.model, self.optimizer = cfg, device, model, optimizer
         self.vocab, self.history, self.set_aside, self.warn = vocab, history, set_aside, warn
+        self.world_size, self.writes = world_size, writes
 
     def _meta(self) -> dict[str, Any]:
         return {"config": self.cfg.to_dict(), "device": self.device,
-                "train": self.history.to_meta()}
+                "world_size": self.world_size, "train": self.history.to_meta()}
 
     def save(self) -> str | None:
         """Weights, optimizer state, history, config and vocabulary: everything `--resume`
         needs. Returns where it went (None if nowhere could take it)."""
         meta = self._meta()
         with self.set_aside():
-            weights, state = self.model.buffer.state_dict(), self.optimizer.state_dict()
+            state = self.optimizer.state_dict()
+            if not self.writes:
+                return None
+            weights = self.model.buffer.state_dict()
             saved = outputs.write_with_fallback(
                 self.path, lambda p: checkpoint.save(p, weights, meta, self.vocab, state),
                 "checkpoint", self.warn)
@@ -50,6 +56,8 @@ class RunCheckpoints:
     def save_best(self) -> None:
         """The best weights so far (no optimizer state: this file is for evaluation and
         generation; --resume takes the regular checkpoint)."""
+        if not self.writes:
+            return
         meta = self._meta()
         with self.set_aside():
             weights = self.model.buffer.state_dict()

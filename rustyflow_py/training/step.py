@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import math
 import time
 from collections.abc import Callable
@@ -20,9 +21,10 @@ from typing import Any
 
 import numpy as np
 
+from ..engine.comm import Communicator
 from ..engine.graph import CapturedStep, GraphCaptureError
 from ..engine.profiler import Profiler
-from ..engine.tensor import Tensor
+from ..engine.tensor import Tensor, run_op
 from ..errors import TrainingError
 from ..model.gpt import GPT
 from ..model.optim import Optimizer
@@ -30,24 +32,51 @@ from ..model.optim import Optimizer
 PHASES = ("forward", "backward", "optimizer", "data", "eval")
 
 
+@dataclasses.dataclass
+class Shards:
+    """How a step's batch is split: `world` ranks x `accum` micro-steps each, this process
+    being `rank`; `sync` sums the gradient over the ranks after the last backward
+    (data_parallel.BucketedAllReduce or ReduceScatter; None in one process) and `comm` the
+    loss."""
+
+    rank: int = 0
+    world: int = 1
+    accum: int = 1
+    comm: Communicator | None = None
+    sync: Any = None
+
+    @property
+    def count(self) -> int:
+        """Shards of the global batch: one per micro-step of every rank."""
+        return self.world * self.accum
+
+
 class StepRunner:
     """Runs steps of `model` on `stream` and keeps their losses, timings and memory peak."""
 
     def __init__(self, model: GPT, optimizer: Optimizer, stream: Any, seq_len: int, *,
                  log_interval: int, profiler: Profiler | None, profile_steps: int,
-                 graph: bool, warn: Callable[[str], None]) -> None:
+                 graph: bool, warn: Callable[[str], None],
+                 shards: Shards | None = None) -> None:
         self.model, self.optimizer, self.stream, self.seq_len = model, optimizer, stream, seq_len
+        self.shards = shards or Shards()
         self.backend = model.buffer.backend
         self.profiler, self.profile_steps, self.graph = profiler, profile_steps, graph
         self.warn = warn
         # Dropout masks are drawn at (seed, steps done): the same counter the batch gather
         # reads, so every replay draws fresh masks and a resumed run draws the same ones.
         model.rng = dataclasses.replace(model.rng, step=optimizer.step_count)
-        xp, batch = self.backend.xp, stream.shape[0]
-        # Static batch buffers: each step gathers its batch into them on the device.
+        xp, dtype = self.backend.xp, model.buffer.flat.dtype
+        batch = stream.shape[0] // self.shards.count
+        # Static batch buffers: each micro-step gathers its rows into them on the device.
         self.x = xp.zeros((batch, seq_len), dtype=np.int32)
         self.y = xp.zeros_like(self.x)
-        self.ring = xp.zeros(log_interval, dtype=model.buffer.flat.dtype)  # step s at (s-1) % n
+        self.ring = xp.zeros(log_interval, dtype=dtype)  # step s at (s-1) % n
+        # Each shard's backward is seeded with 1/shards, so the summed gradient is the mean;
+        # its losses add up here (then over the ranks) into the step's mean loss.
+        n = self.shards.count
+        self.seed = xp.full((), 1.0 / n, dtype=dtype) if n > 1 else None
+        self.loss_sum = xp.zeros((), dtype=dtype)
         self.captured: CapturedStep | None = None
         self.phases = dict.fromkeys(PHASES, 0.0)
         self.profiled_wall = 0.0  # wall time of the profiled steps, including their sync
@@ -55,23 +84,52 @@ class StepRunner:
         self.steps_here = 0  # steps run by this runner (warm-up and profiling window)
 
     # ---- one step ----------------------------------------------------------------------------
-    def _body(self, timed: bool) -> None:
-        """One optimizer step on the device: gather the batch, forward, backward, update, and
-        put the loss in the ring. Reads nothing from the host, so it can be graph-captured."""
-        clock, opt, kernels = time.perf_counter, self.optimizer, self.backend.kernels
-        t0 = clock()
-        kernels.gather_batch(self.stream, opt.step_count, self.seq_len, self.x, self.y)
-        t1 = clock()
+    def _body(self, timed: bool, overlap: bool = True) -> None:
+        """One optimizer step on the device: for each of this process's micro-steps gather
+        its rows, forward and backward; sum the gradient over the ranks (overlapping the last
+        backward when `overlap`); update; put the loss in the ring. Reads nothing from the
+        host, so it can be graph-captured."""
+        clock, opt, kernels, sh = time.perf_counter, self.optimizer, self.backend.kernels, \
+            self.shards
+        times = dict.fromkeys(("data", "forward", "backward", "optimizer"), 0.0)
         self.model.buffer.zero_grad()
-        loss = self.model(Tensor(self.x), Tensor(self.y))
-        t2 = clock()
-        loss.backward()
+        for k in range(sh.accum):
+            t0 = clock()
+            shard = sh.rank * sh.accum + k
+            kernels.gather_batch(self.stream, opt.step_count, self.seq_len, self.x, self.y,
+                                 rank=shard, world_size=sh.count)
+            t1 = clock()
+            if sh.count > 1:  # each shard of the global batch draws dropout masks of its own
+                self.model.rng = dataclasses.replace(self.model.rng, shard=shard)
+            loss = self.model(Tensor(self.x), Tensor(self.y))
+            t2 = clock()
+            last = k == sh.accum - 1
+            hook = sh.sync.start(overlap) if last and sh.sync is not None else None
+            loss.backward(self.seed, on_leaf=hook)
+            if sh.count > 1:
+                if k == 0:
+                    self.loss_sum[...] = loss.data
+                else:
+                    self.loss_sum += loss.data
+            t3 = clock()
+            for phase, dt in zip(("data", "forward", "backward"), (t1 - t0, t2 - t1, t3 - t2),
+                                 strict=True):
+                times[phase] += dt
         t3 = clock()
+        if sh.sync is not None:
+            sh.sync.finish()
+        value = loss.data
+        if sh.count > 1:
+            if sh.comm is not None:
+                run_op("all_reduce_loss", "comm", "optimizer", sh.comm.all_reduce,
+                       self.loss_sum)
+            self.loss_sum *= 1.0 / sh.count
+            value = self.loss_sum
         opt.step()
-        kernels.store_at_step(self.ring, opt.step_count, loss.data)
+        kernels.store_at_step(self.ring, opt.step_count, value)
         if timed:
-            for phase, dt in zip(("data", "forward", "backward", "optimizer"),
-                                 (t1 - t0, t2 - t1, t3 - t2, clock() - t3), strict=True):
+            times["optimizer"] = clock() - t3
+            for phase, dt in times.items():
                 self.phases[phase] += dt
 
     def run(self, step: int) -> None:
@@ -85,7 +143,7 @@ class StepRunner:
         if self.profiler is not None and (not gpu or window):
             start = time.perf_counter()
             with self.profiler, self.backend.tracking_memory():
-                self._body(timed=True)
+                self._body(timed=True, overlap=False)
             self.window_host += time.perf_counter() - start
             self.profiler.step_end(step + 1)
             self.profiled_wall += time.perf_counter() - start
@@ -109,6 +167,13 @@ class StepRunner:
         self.captured = captured
         self.backend.release_cached_memory()  # the eager steps' temporaries; the graph has its own
         captured.replay()
+
+    def release_graph(self) -> None:
+        """Free the captured step. NCCL reclaims what a graph captured of its communicator
+        only when that graph is destroyed, and until then tearing the communicator down
+        waits (forever), so a data-parallel run drops its graph first."""
+        self.captured = None
+        gc.collect()
 
     # ---- losses ------------------------------------------------------------------------------
     def drain(self, losses: list[float], last: int, advice: str) -> None:

@@ -1,0 +1,225 @@
+"""Data-parallel scaling on one machine: tokens/s on 1 and N GPUs, loss equivalence, ZeRO-1
+memory, and the NCCL all-reduce time that projections to more GPUs start from.
+
+Every measurement runs the real trainer (`training.loop.Trainer`) in worker processes started
+by RustyFlow's own launcher, one per GPU, exactly as `rustyflow train --gpus N` does:
+- throughput: after warm-up and CUDA-graph capture, K replayed steps are timed, at the same
+  per-GPU batch on 1 and on N GPUs (weak scaling), so the speed-up is N x (1-GPU step time /
+  N-GPU step time);
+- the all-reduce: the whole flat gradient buffer, timed with CUDA events on its own;
+- equivalence (fp32): N GPUs x batch B, 1 GPU x batch N*B and 1 GPU x B with
+  GRAD_ACCUM_STEPS=N, same initial weights and global batches, per-step losses compared;
+- ZeRO-1: the same losses as plain data parallel, and each rank's optimizer-state bytes.
+
+    python benchmarks/scaling.py --gpus 2 --out benchmarks/results/scaling-h200x2.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # time the working tree's package, installed or not
+
+from rustyflow_py.engine.world import World  # noqa: E402
+from rustyflow_py.training.checkpoint import Checkpoint  # noqa: E402
+from rustyflow_py.training.config import Config  # noqa: E402
+from rustyflow_py.training.data_parallel import process_group  # noqa: E402
+from rustyflow_py.training.launch import launch  # noqa: E402
+from rustyflow_py.training.loop import Trainer  # noqa: E402
+
+SHAPES = {  # layers, heads, embed, seq_len, per-GPU batch: vs_pytorch.py's
+    "small": (6, 6, 384, 256, 32),
+    "medium": (12, 12, 768, 512, 16),
+}
+
+
+def shape_config(shape: str, precision: str, **extra: Any) -> dict[str, Any]:
+    layers, heads, embed, seq_len, batch = SHAPES[shape]
+    return {"NUM_LAYERS": layers, "NUM_HEADS": heads, "EMBED_DIM": embed, "SEQ_LEN": seq_len,
+            "BATCH_SIZE": batch, "PRECISION": precision, "DEVICE": "gpu", "PROFILE": False,
+            "LOG_INTERVAL": 50, **extra}
+
+
+# ---- the worker: one process of a measurement -----------------------------------------------
+def worker(spec: dict[str, Any]) -> None:
+    """Time spec["steps"] replayed steps after spec["warmup"]; rank 0 writes the result."""
+    world = World.from_env()
+    tmp = Path(spec["out"]).parent
+    with process_group(world) as rendezvous:
+        cfg = Config.from_dict({**spec["config"], "LOG_FILE": f"{tmp}/log.txt",
+                                "MODEL_PATH": f"{tmp}/m.npz"})
+        trainer = Trainer(cfg, lambda _m: None, rendezvous=rendezvous, world=world)
+        runner, backend = trainer.runner, trainer.backend
+        for step in range(spec["warmup"]):
+            runner.run(step)
+        times = []
+        for _ in range(spec["repeats"]):
+            _agree(trainer)
+            start = time.perf_counter()
+            for step in range(spec["warmup"], spec["warmup"] + spec["steps"]):
+                runner.run(step)
+            backend.synchronize()
+            times.append((time.perf_counter() - start) / spec["steps"])
+        result = {"step_s": min(times), "tokens_per_step": trainer.tokens_per_step,
+                  "graph": runner.captured is not None,
+                  "params": trainer.model.num_params(),
+                  "optimizer_state_bytes": _state_bytes(trainer.optimizer),
+                  "memory": runner.memory(),
+                  "allreduce_s": (_allreduce_time(trainer) if trainer.comm is not None
+                                  and backend.kind == "gpu" else None)}
+        if world.main:
+            Path(spec["out"]).write_text(json.dumps(result))
+        if trainer.comm is not None:
+            runner.release_graph()
+            trainer.comm.close(clean=True)
+
+
+def _agree(trainer: Trainer) -> None:
+    """Start the timed window together (a tiny all-reduce, then a sync)."""
+    if trainer.comm is not None:
+        flag = trainer.backend.xp.zeros((), dtype="float32")
+        trainer.comm.all_reduce(flag)
+    trainer.backend.synchronize()
+
+
+def _state_bytes(optimizer: Any) -> int:
+    inner = getattr(optimizer, "inner", optimizer)
+    return sum(int(getattr(inner, n).nbytes) for n in inner.state_names)
+
+
+def _allreduce_time(trainer: Trainer, reps: int = 20) -> float:
+    """One all-reduce of the whole flat gradient buffer, timed with CUDA events."""
+    backend, grad = trainer.backend, trainer.model.buffer.grad
+    for _ in range(3):
+        trainer.comm.all_reduce(grad)
+    start, end = backend.new_event(), backend.new_event()
+    backend.record(start)
+    for _ in range(reps):
+        trainer.comm.all_reduce(grad)
+    backend.record(end)
+    end.synchronize()
+    return backend.elapsed(start, end) / reps
+
+
+# ---- the driver ------------------------------------------------------------------------------
+def measure(gpus: int, config: dict[str, Any], warmup: int, steps: int, repeats: int,
+            tmp: Path) -> dict[str, Any]:
+    out = tmp / f"r{time.monotonic_ns()}.json"
+    spec = {"config": config, "warmup": warmup, "steps": steps, "repeats": repeats,
+            "out": str(out)}
+    code = launch([sys.executable, __file__, "--worker", json.dumps(spec)], gpus, grace=10)
+    if code != 0:
+        raise SystemExit(f"measurement failed (exit {code}): {config}")
+    return json.loads(out.read_text())
+
+
+def losses(gpus: int, config: dict[str, Any], steps: int, tmp: Path, name: str) -> list[float]:
+    """Per-step losses of a real `rustyflow train` run of `steps` steps."""
+    flags = [f"--{k.lower().replace('_', '-')}" + ("" if v is True else f"={v}")
+             for k, v in config.items() if k not in ("DEVICE", "PROFILE")]
+    model = tmp / f"{name}.npz"
+    cmd = [sys.executable, "-m", "rustyflow_py", "train", "--device", "gpu", "--no-profile",
+           f"--max-steps={steps}", "--log-interval=1", f"--log-file={tmp / 'log.txt'}",
+           f"--model-path={model}", *flags]
+    code = launch(cmd, gpus, grace=10)
+    if code != 0:
+        raise SystemExit(f"run failed (exit {code}): {shlex.join(cmd)}")
+    return Checkpoint(str(model).replace(".npz", "-gpu.npz")).meta["train"]["losses"]
+
+
+def max_rel(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) / abs(y) for x, y in zip(a, b, strict=True))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--gpus", type=int, default=2)
+    ap.add_argument("--shapes", default="small,medium")
+    ap.add_argument("--precision", default="tf32")
+    ap.add_argument("--steps", type=int, default=30, help="timed steps per repeat")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--curve-steps", type=int, default=50)
+    ap.add_argument("--out", default="scaling.md")
+    args = ap.parse_args()
+    if args.worker:
+        worker(json.loads(args.worker))
+        return
+    n, lines, results = args.gpus, [], {}
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        lines += [f"# Data-parallel scaling: 1 vs {n} GPUs", "",
+                  f"Command: `python benchmarks/scaling.py --gpus {n} --shapes {args.shapes} "
+                  f"--precision {args.precision} --steps {args.steps} --repeats "
+                  f"{args.repeats} --curve-steps {args.curve_steps}`", "",
+                  "## Throughput (same per-GPU batch; best of the repeats, graph replay)", "",
+                  "| shape | precision | GPUs | step ms | tokens/s | speed-up | efficiency "
+                  "| all-reduce of the gradient (ms) | peak GPU memory (GiB) |",
+                  "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+        for shape in filter(None, args.shapes.split(",")):
+            cfg = shape_config(shape, args.precision)
+            one = measure(1, cfg, 3, args.steps, args.repeats, tmp)
+            many = measure(n, cfg, 3, args.steps, args.repeats, tmp)
+            results[shape] = {"1": one, str(n): many}
+            for gpus, r in ((1, one), (n, many)):
+                tps = r["tokens_per_step"] / r["step_s"]
+                speed = tps / (one["tokens_per_step"] / one["step_s"])
+                ar = f"{r['allreduce_s'] * 1e3:.2f}" if r["allreduce_s"] else "-"
+                lines.append(f"| {shape} | {args.precision} | {gpus} | {r['step_s'] * 1e3:.2f} | "
+                             f"{tps:,.0f} | {speed:.2f}x | {speed / gpus:.1%} | {ar} | "
+                             f"{r['memory']['peak_bytes'] / 2**30:.2f} |")
+                print(lines[-1], flush=True)  # a cut-short run still shows what it measured
+        lines += ["", f"## Loss equivalence (fp32, {args.curve_steps} steps, seed shape x "
+                  "small batch: same initial weights, same global batches)", ""]
+        base = {"NUM_LAYERS": 2, "NUM_HEADS": 4, "EMBED_DIM": 128, "SEQ_LEN": 64,
+                "PRECISION": "fp32", "DEVICE": "gpu", "PROFILE": False}
+        b = 8
+        runs = {
+            f"{n} GPUs x BATCH_SIZE {b}": losses(n, {**base, "BATCH_SIZE": b},
+                                                 args.curve_steps, tmp, "dp"),
+            f"1 GPU x BATCH_SIZE {n * b}": losses(1, {**base, "BATCH_SIZE": n * b},
+                                                  args.curve_steps, tmp, "one"),
+            f"1 GPU x BATCH_SIZE {b} x GRAD_ACCUM_STEPS {n}": losses(
+                1, {**base, "BATCH_SIZE": b, "GRAD_ACCUM_STEPS": n}, args.curve_steps, tmp,
+                "accum"),
+            f"{n} GPUs x BATCH_SIZE {b}, SHARD_OPTIMIZER": losses(
+                n, {**base, "BATCH_SIZE": b, "SHARD_OPTIMIZER": True}, args.curve_steps, tmp,
+                "zero"),
+        }
+        ref_name = f"1 GPU x BATCH_SIZE {n * b}"
+        lines += ["| run | loss at step 1 | loss at last step | max relative difference "
+                  f"from `{ref_name}` |", "|---|---:|---:|---:|"]
+        for name, curve in runs.items():
+            lines.append(f"| {name} | {curve[0]:.6f} | {curve[-1]:.6f} | "
+                         f"{max_rel(curve, runs[ref_name]):.2e} |")
+        results["curves"] = runs
+        zero = measure(n, {**shape_config("small", args.precision), "SHARD_OPTIMIZER": "true"},
+                       3, 5, 1, tmp)
+        plain = results.get("small", {}).get(str(n)) or measure(
+            n, shape_config("small", args.precision), 3, 5, 1, tmp)
+        lines += ["", "## ZeRO-1 optimizer state per GPU (small shape, AdamW m and v)", "",
+                  f"- plain data parallel: {plain['optimizer_state_bytes'] / 2**20:.1f} MiB "
+                  "per GPU",
+                  f"- SHARD_OPTIMIZER=true: {zero['optimizer_state_bytes'] / 2**20:.1f} MiB "
+                  f"per GPU ({zero['optimizer_state_bytes'] / plain['optimizer_state_bytes']:.3f}"
+                  f" of it; 1/{n} = {1 / n:.3f}), step {zero['step_s'] * 1e3:.2f} ms vs "
+                  f"{plain['step_s'] * 1e3:.2f} ms"]
+        results["zero"] = zero
+    text = "\n".join(lines) + "\n"
+    Path(args.out).write_text(text)
+    Path(args.out).with_suffix(".json").write_text(json.dumps(results, indent=1))
+    print(text)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    main()

@@ -1,0 +1,244 @@
+"""Data parallelism: one process per device, each on its own rows of every step's batch.
+
+Every rank holds the whole model. After backward the gradients are summed over the ranks
+(each rank's backward is seeded with 1 / (ranks x micro-steps), so the sum is the global
+mean), in buckets of whole tensors from the parameter table: a bucket's all-reduce starts
+on a second stream as soon as backward has finished its last tensor, and overlaps the rest
+of backward. With SHARD_OPTIMIZER (ZeRO stage 1) the gradient is reduce-scattered instead,
+each rank updates only its shard of the parameters with only its shard of the optimizer
+state, and the updated shards are all-gathered. Everything is a kernel on a stream, so the
+whole step, collectives included, is still one CUDA graph.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import os
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+
+from ..engine.autograd import run_op
+from ..engine.backend import device_name
+from ..engine.comm import Communicator
+from ..engine.devices import gpu_unavailable_reason
+from ..engine.rendezvous import Rendezvous
+from ..engine.tensor import Tensor
+from ..engine.world import World
+from ..errors import ConfigError, RustyFlowError
+from ..model.optim import Optimizer
+from ..model.params import ParameterBuffer
+from .outputs import write_error_file
+
+
+class BucketedAllReduce:
+    """Sums the gradient over the ranks, bucket by bucket, as backward completes them.
+
+    `overlap`: the all-reduces run on a stream of their own, which the step's stream waits
+    for at the end of backward; without it (the profiled steps) they run on the step's
+    stream, where the profiler's events time them exactly.
+    """
+
+    def __init__(self, buffer: ParameterBuffer, comm: Communicator, bucket_bytes: int) -> None:
+        self.buffer, self.comm = buffer, comm
+        self.buckets = buffer.buckets(bucket_bytes)
+        self.bucket_of: dict[int, int] = {}  # id(parameter tensor) -> its bucket
+        self.counts = [0] * len(self.buckets)
+        for span in buffer.spans:
+            i = next(k for k, (a, b) in enumerate(self.buckets) if a <= span.offset < b)
+            self.bucket_of[id(buffer.params[span.name])] = i
+            self.counts[i] += 1
+        self.backend = buffer.backend
+        self.gpu = self.backend.kind == "gpu"
+        if self.gpu:
+            import cupy
+
+            self.side = cupy.cuda.Stream(non_blocking=True)
+            self.ready = [cupy.cuda.Event(disable_timing=True) for _ in self.buckets]
+            self.done = cupy.cuda.Event(disable_timing=True)
+        self.left: list[int] = []
+        self.overlap = False
+
+    def start(self, overlap: bool) -> Callable[[Tensor], None]:
+        """Arm for one backward; returns the hook backward calls as each leaf completes."""
+        self.left, self.overlap = list(self.counts), overlap and self.gpu
+        return self.leaf_ready
+
+    def leaf_ready(self, tensor: Tensor) -> None:
+        i = self.bucket_of.get(id(tensor))
+        if i is None:
+            return
+        self.left[i] -= 1
+        if self.left[i] == 0:
+            self._reduce(i)
+
+    def _reduce(self, i: int) -> None:
+        self.left[i] = -1  # launched
+        start, stop = self.buckets[i]
+        grad = self.buffer.grad[start:stop]
+        if not self.overlap:
+            run_op("all_reduce", "comm", "backward", self.comm.all_reduce, grad)
+            return
+        self.ready[i].record(self.backend.stream)  # the bucket's gradient is written
+        self.side.wait_event(self.ready[i])
+        self.comm.all_reduce(grad, self.side)
+
+    def finish(self) -> None:
+        """Reduce what backward never reached (unused tensors), then join the side stream."""
+        for i, left in enumerate(self.left):
+            if left >= 0:
+                self._reduce(i)
+        if self.overlap:
+            self.done.record(self.side)
+            self.backend.stream.wait_event(self.done)
+
+
+class ReduceScatter:
+    """ZeRO-1's gradient sync: one reduce-scatter of the whole (padded) gradient after
+    backward, leaving each rank the global sum of its own shard."""
+
+    def __init__(self, buffer: ParameterBuffer, comm: Communicator) -> None:
+        self.buffer, self.comm = buffer, comm
+
+    def start(self, overlap: bool) -> None:
+        return None
+
+    def finish(self) -> None:
+        run_op("reduce_scatter", "comm", "backward", self.comm.reduce_scatter,
+               self.buffer.grad_storage)
+
+
+@dataclasses.dataclass
+class Shard:
+    """The slice of a parameter buffer one rank's sharded optimizer sees: the interface an
+    elementwise optimizer reads (flat, grad, decay_size, backend)."""
+
+    flat: Any
+    grad: Any
+    decay_size: int
+    backend: Any
+    spans: tuple[Any, ...] = ()
+
+
+class ShardedOptimizer:
+    """ZeRO-1 around an elementwise optimizer built on this rank's Shard: it updates only the
+    shard, then the parameters are all-gathered. Checkpoints hold the full state (gathered
+    from every rank), so a sharded run resumes on any number of processes."""
+
+    def __init__(self, buffer: ParameterBuffer, comm: Communicator,
+                 make: Callable[[Any], Optimizer]) -> None:
+        self.buffer, self.comm, self.size = buffer, comm, buffer.flat.size
+        mine = comm.shard(buffer.storage)
+        self.lo = mine.start
+        n = mine.stop - mine.start
+        shard = Shard(buffer.storage[mine], buffer.grad_storage[mine],
+                      max(0, min(buffer.decay_size - self.lo, n)), buffer.backend)
+        self.inner = make(shard)
+        self.inner.sum_over_shards = comm.all_reduce
+
+    def __getattr__(self, name: str) -> Any:
+        # step_count, lr, grad_norm, schedule, state_names...: the inner optimizer's
+        return getattr(self.__dict__["inner"], name)
+
+    def step(self) -> None:
+        self.inner.step()
+        run_op("all_gather", "comm", "optimizer", self.comm.all_gather, self.buffer.storage)
+
+    def state_sizes(self) -> dict[str, int]:
+        sizes = self.inner.state_sizes()
+        return {k: (v if k == "step_count" else self.size) for k, v in sizes.items()}
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """The full state: every rank's shard, gathered (a collective: all ranks call it)."""
+        backend, xp = self.buffer.backend, self.buffer.backend.xp
+        state = {}
+        for name in self.inner.state_names:
+            part = getattr(self.inner, name)
+            full = xp.zeros(self.buffer.storage.size, part.dtype)
+            full[self.lo : self.lo + part.size] = part
+            self.comm.all_gather(full)
+            state[name] = backend.to_host(full[: self.size])
+        state["step_count"] = backend.to_host(self.inner.step_count)
+        return state
+
+    def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
+        backend = self.buffer.backend
+        for name in self.inner.state_names:
+            if name not in state:
+                raise ValueError(f"optimizer state lacks {name!r}: saved by another optimizer?")
+            part = getattr(self.inner, name)
+            full = np.zeros(self.buffer.storage.size, part.dtype)
+            full[: self.size] = np.asarray(state[name])
+            part[...] = backend.from_host(full[self.lo : self.lo + part.size])
+        self.inner.step_count[...] = backend.from_host(np.asarray(state["step_count"]))
+
+
+def rank_device(requested: str, world: World) -> str:
+    """The device this process trains on: in a data-parallel run, GPU LOCAL_RANK (DEVICE=gpu
+    or auto with a usable GPU; every process must resolve alike) or the CPU."""
+    if not world.distributed or requested == "cpu":
+        return requested
+    if requested == "auto" and gpu_unavailable_reason(world.local_rank) is not None:
+        return "cpu"
+    if ":" in requested and world.local_size > 1:
+        raise ConfigError(f"DEVICE={requested} pins every process to one GPU, but "
+                          f"{world.local_size} processes share this machine: set DEVICE=gpu "
+                          "(each process takes GPU LOCAL_RANK)")
+    return requested if ":" in requested else device_name("gpu", world.local_rank)
+
+
+@contextlib.contextmanager
+def process_group(world: World) -> Iterator[Rendezvous | None]:
+    """Join the run's other processes (None when alone). An error here tells them at once,
+    naming this rank, so none waits in a collective for a process that is gone; a stop
+    signal is no error (every process stops at the same step)."""
+    if not world.distributed:
+        yield None
+        return
+    rendezvous = Rendezvous.connect(world)
+    try:
+        yield rendezvous
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:
+        text = str(exc) if isinstance(exc, RustyFlowError) else f"{type(exc).__name__}: {exc}"
+        rendezvous.report_failure(text)
+        raise
+    finally:
+        rendezvous.close()
+
+
+# Settings that may differ between processes: where this machine keeps the data, and the
+# outputs only rank 0 writes.
+PER_PROCESS_KEYS = ("DATA_DIR", "LOG_FILE", "MODEL_PATH", "THREADS")
+
+
+def check_same_config(rendezvous: Rendezvous, world: World, config: dict[str, Any]) -> None:
+    """Every process must train the same run: compare each one's settings with the others'."""
+    config = {k: v for k, v in config.items() if k not in PER_PROCESS_KEYS}
+    mine = json.dumps(config, sort_keys=True, default=str).encode()
+    for rank, theirs in enumerate(rendezvous.all_gather(mine)):
+        if theirs != mine:
+            other = json.loads(theirs)
+            diff = [f"{k}={config.get(k)} here vs {other.get(k)}" for k in sorted(config)
+                    if config.get(k) != other.get(k)]
+            raise ConfigError(f"rank {world.rank} and rank {rank} are configured differently "
+                              f"({', '.join(diff[:5])}): start every process with the same "
+                              "config file, flags and environment")
+
+
+def on_peer_failure(comm: Any, rank: int, warn: Callable[[str], None]) -> Callable[[int, str],
+                                                                                    None]:
+    """What this process does when another one dies: say who and why, unblock NCCL, exit 1
+    (the last checkpoint was written atomically, so it stays intact)."""
+    def stop(peer: int, message: str) -> None:
+        write_error_file(f"stopped because rank {peer} failed: {message}")
+        warn(f"Error: rank {peer} failed: {message}; rank {rank} stops too (the last "
+             "checkpoint is intact: resume with --resume)")
+        if comm is not None:
+            comm.abort()
+        os._exit(1)
+    return stop

@@ -1,0 +1,798 @@
+"""Data-parallel training on the CPU: real worker processes talking over the socket transport.
+
+Every multi-process run here goes through `launch()` (the launcher a `rustyflow train --gpus N`
+uses, and the "external launcher" path torchrun would take), each worker running
+`python -m rustyflow_py train` on the CPU. The model (1 layer, 32 wide) and the corpus (a
+few thousand tokens of random words, written to a temp folder) are tiny, so a run takes about
+a second and the tests can afford to compare exactly what data parallelism promises:
+
+- N ranks x BATCH_SIZE B == 1 process x N*B == 1 process x B x GRAD_ACCUM_STEPS N, step by
+  step (fp32, to 1e-4), with and without ZeRO-1 (SHARD_OPTIMIZER), whose checkpoint holds the
+  full optimizer state;
+- a resume may change the number of processes when the global batch stays, and is refused
+  with the numbers when it does not;
+- a worker that fails, or is SIGKILLed, stops the run promptly with its rank named, and a
+  SIGTERM to the launcher leaves one interrupted log block and a resumable checkpoint;
+- the data sharding and the bucketed all-reduce, as units.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from rustyflow_py.cli import main
+from rustyflow_py.engine.backend import get_backend
+from rustyflow_py.engine.tensor import Tensor
+from rustyflow_py.model.gpt import GPT, GPTConfig
+from rustyflow_py.reporting.report import BLOCK_START, read_log
+from rustyflow_py.training.checkpoint import Checkpoint
+from rustyflow_py.training.config import KEYS, load_config
+from rustyflow_py.training.data_parallel import BucketedAllReduce
+from rustyflow_py.training.launch import free_port
+from rustyflow_py.training.loop import Trainer, check_world
+
+REPO = Path(__file__).resolve().parents[1]
+RUN_TIMEOUT = 120  # seconds for one launched run; a hang fails the test instead of blocking
+WORLD_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+              "MASTER_PORT", "RUSTYFLOW_LAUNCHER", "RUSTYFLOW_ERROR_FILE")
+MARK = "RUSTYFLOW_DP_TEST"  # in every process a test starts, so cleanup finds its own only
+
+# What every run shares. THREADS=1: up to four workers share two cores. BUCKET_MB is small
+# enough that the gradient of the ~15k-parameter model travels in several buckets.
+BASE = {
+    "SEQ_LEN": 16,
+    "EMBED_DIM": 32,
+    "NUM_HEADS": 2,
+    "NUM_LAYERS": 1,
+    "LEARNING_RATE": 0.01,
+    "WARMUP_STEPS": 0,
+    "LOG_INTERVAL": 1,
+    "PROFILE": False,
+    "DEVICE": "cpu",
+    "SEED": 1337,
+    "THREADS": 1,
+    "MAX_STEPS": 6,
+    "BUCKET_MB": 0.01,
+    "GRAD_CLIP": 0.5,  # below every step's gradient norm: a wrong (per-shard) norm would show
+}
+STEPS = 6
+
+# A launcher in a process of its own, so a test can signal it, time it out, and kill it.
+LAUNCHER = """\
+import json, sys
+from rustyflow_py.training.launch import launch
+sys.exit(launch(json.loads(sys.argv[1]), int(sys.argv[2]), grace=float(sys.argv[3])))
+"""
+
+
+def corpus_text() -> str:
+    """~3.4k tokens of random words from a 41-word vocabulary (42 with <eos>, so the model's
+    parameter count is not a multiple of 3 and a 3-way ZeRO shard needs padding)."""
+    rng = np.random.default_rng(0)
+    words = [f"w{i}" for i in range(41)]
+    return "".join(" ".join(rng.choice(words, int(rng.integers(4, 9)))) + "\n"
+                   for _ in range(450))
+
+
+# ------------------------------------------------------------------------------ processes
+
+
+def child_env(mark: str, **extra: str) -> dict[str, str]:
+    """This checkout's package, no config keys or launcher variables from our environment,
+    no GPU (every worker trains on the CPU), and the mark that cleanup looks for."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in KEYS and k not in WORLD_VARS and not k.startswith(("OMPI_", "SLURM_"))}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return {**env, "RUSTYFLOW_DISABLE_GPU": "1", MARK: mark, **extra}
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:  # gone, or not ours
+        return []
+
+
+def marked_pids(mark: str, rank: int | None = None) -> list[int]:
+    """The live processes started with `mark` (and RANK=`rank`, when given)."""
+    want = [f"{MARK}={mark}".encode()]
+    if rank is not None:
+        want.append(f"RANK={rank}".encode())
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            env = _environ(int(entry.name))
+            if all(w in env for w in want):
+                pids.append(int(entry.name))
+    return pids
+
+
+def kill_marked(mark: str) -> None:
+    """SIGKILL whatever a test left running (workers live in sessions of their own, so
+    killing the launcher does not take them along)."""
+    for pid in marked_pids(mark):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def train_command(config: Path, *flags: str) -> list[str]:
+    return [sys.executable, "-m", "rustyflow_py", "train", "--config", str(config), *flags]
+
+
+def start_launcher(command: list[str], workers: int, mark: str, *, grace: float = 20.0,
+                   out: Path | None = None, **env: str) -> subprocess.Popen[str]:
+    """`launch(command, workers)` in a subprocess; its output (and rank 0's) to `out`, else
+    piped."""
+    args = [sys.executable, "-c", LAUNCHER, json.dumps(command), str(workers), str(grace)]
+    kwargs: dict[str, Any] = {"stdin": subprocess.DEVNULL, "stderr": subprocess.STDOUT,
+                              "text": True, "env": child_env(mark, **env)}
+    if out is None:
+        return subprocess.Popen(args, stdout=subprocess.PIPE, **kwargs)
+    with open(out, "w") as stream:  # the child keeps its own copy
+        return subprocess.Popen(args, stdout=stream, **kwargs)
+
+
+def launch_run(command: list[str], workers: int, *, timeout: float = RUN_TIMEOUT,
+               **env: str) -> tuple[int, str, float]:
+    """Launch and wait: (exit status, the launcher's and rank 0's output, seconds)."""
+    mark = uuid.uuid4().hex
+    start = time.monotonic()
+    proc = start_launcher(command, workers, mark, **env)
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        output, _ = proc.communicate()
+        pytest.fail(f"the launched run did not end within {timeout} s:\n{output}")
+    finally:
+        kill_marked(mark)
+    return proc.returncode, output, time.monotonic() - start
+
+
+def wait_until(done: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+# ------------------------------------------------------------------------------ runs
+
+
+class Runs:
+    """The module's training runs, each made once on first use: `folder/<name>.env` is its
+    config, `folder/models/<name>-cpu.npz` its checkpoint, `folder/logs/<name>.txt` its log."""
+
+    SPECS: dict[str, tuple[int, dict[str, Any]]] = {
+        "dp2": (2, {"BATCH_SIZE": 4}),
+        "single8": (1, {"BATCH_SIZE": 8}),
+        "single8_9": (1, {"BATCH_SIZE": 8, "MAX_STEPS": 9}),
+        "accum": (1, {"BATCH_SIZE": 4, "GRAD_ACCUM_STEPS": 2}),
+        "zero2": (2, {"BATCH_SIZE": 4, "SHARD_OPTIMIZER": True}),
+        "dp3": (3, {"BATCH_SIZE": 2, "GRAD_ACCUM_STEPS": 2}),
+        "zero3": (3, {"BATCH_SIZE": 2, "GRAD_ACCUM_STEPS": 2, "SHARD_OPTIMIZER": True}),
+        "single12": (1, {"BATCH_SIZE": 12}),
+        "dp4": (4, {"BATCH_SIZE": 2}),
+    }
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        self.corpus = folder / "corpus.txt"
+        self.corpus.write_text(corpus_text())
+        self.done: dict[str, Checkpoint] = {}
+
+    def config(self, name: str, **keys: Any) -> Path:
+        """Write `name`.env: BASE, the corpus, this run's outputs, then `keys`."""
+        values = {**BASE, "DATASET": str(self.corpus),
+                  "LOG_FILE": str(self.folder / "logs" / f"{name}.txt"),
+                  "MODEL_PATH": str(self.folder / "models" / f"{name}.npz"), **keys}
+        path = self.folder / f"{name}.env"
+        path.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+        return path
+
+    def checkpoint_path(self, name: str) -> Path:
+        return self.folder / "models" / f"{name}-cpu.npz"
+
+    def log_path(self, name: str) -> Path:
+        return self.folder / "logs" / f"{name}.txt"
+
+    def train(self, name: str, workers: int, resume: Path | None = None,
+              **keys: Any) -> Checkpoint:
+        """Run `name` (in this process when `workers` is 1, else launched); its checkpoint."""
+        config = self.config(name, **keys)
+        if workers == 1:
+            cfg, warnings = load_config(config, environ={})
+            assert warnings == []
+            Trainer(cfg, lambda _: None, resume=str(resume) if resume else None).run()
+        else:
+            flags = ["--resume", str(resume)] if resume else []
+            status, output, _ = launch_run(train_command(config, *flags), workers)
+            assert status == 0, output
+        return Checkpoint(self.checkpoint_path(name))
+
+    def __getitem__(self, name: str) -> Checkpoint:
+        if name not in self.done:
+            workers, keys = self.SPECS[name]
+            self.done[name] = self.train(name, workers, **keys)
+        return self.done[name]
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Runs:
+    return Runs(tmp_path_factory.mktemp("dp"))
+
+
+@pytest.fixture(autouse=True)
+def no_config_in_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The in-process runs and the CLI see no config keys or launcher variables of ours."""
+    for key in (*KEYS, *WORLD_VARS):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("RUSTYFLOW_DISABLE_GPU", "1")
+
+
+def losses(ckpt: Checkpoint) -> list[float]:
+    return list(ckpt.meta["train"]["losses"])
+
+
+def assert_same_losses(got: Checkpoint, want: Checkpoint, steps: int = STEPS) -> None:
+    """Step by step to a relative 1e-4 (fp32 sums in another order differ in the last bits)."""
+    a, b = losses(got), losses(want)
+    assert len(a) >= steps and len(b) >= steps, (len(a), len(b))
+    np.testing.assert_allclose(a[:steps], b[:steps], rtol=1e-4, atol=0,
+                               err_msg=f"{got.path.name} vs {want.path.name}")
+
+
+def assert_same_weights(got: Checkpoint, want: Checkpoint) -> None:
+    """Loosely: Adam turns rounding noise in near-zero gradients (the attention's key bias
+    has none at all) into whole steps, so single elements differ by up to ~5e-5 here; a step
+    of LEARNING_RATE is 1e-2. Elementwise to 5e-4, and the whole model to 1e-4 in norm."""
+    assert got.weights.keys() == want.weights.keys()
+    where = f"{got.path.name} vs {want.path.name}"
+    for name, w in want.weights.items():
+        np.testing.assert_allclose(got.weights[name], w, rtol=0, atol=5e-4,
+                                   err_msg=f"{name}: {where}")
+    a = np.concatenate([got.weights[n].ravel() for n in sorted(want.weights)])
+    b = np.concatenate([want.weights[n].ravel() for n in sorted(want.weights)])
+    assert np.linalg.norm(a - b) <= 1e-4 * np.linalg.norm(b), where
+
+
+# ------------------------------------------------------------------------------ equivalence
+
+
+def test_two_ranks_equal_one_process_of_twice_the_batch_and_accumulation(runs: Runs) -> None:
+    dp2, single8, accum = runs["dp2"], runs["single8"], runs["accum"]
+    assert len(losses(dp2)) == STEPS
+    assert losses(dp2)[0] != losses(dp2)[-1]  # it trained: the comparison is not vacuous
+    assert_same_losses(dp2, single8)
+    assert_same_losses(accum, single8)
+    assert_same_weights(dp2, single8)
+    assert_same_weights(accum, single8)
+    assert dp2.meta["world_size"] == 2 and single8.meta["world_size"] == 1
+    # only rank 0 writes: one log block, one record, naming the two processes
+    assert runs.log_path("dp2").read_text().count(BLOCK_START) == 1
+    [record] = read_log(runs.log_path("dp2"))
+    assert record["status"] == "completed" and record["steps"] == STEPS
+    parallel = record["parallel"]
+    assert (parallel["world_size"], parallel["effective_batch"]) == (2, 8)
+    assert parallel["launcher"] == "rustyflow" and parallel["buckets"] > 1
+
+
+def test_three_ranks_with_accumulation_equal_one_process_of_the_whole_batch(
+        runs: Runs) -> None:
+    dp3, single12 = runs["dp3"], runs["single12"]
+    assert_same_losses(dp3, single12)
+    assert_same_weights(dp3, single12)
+    [record] = read_log(runs.log_path("dp3"))
+    assert record["parallel"]["effective_batch"] == 12
+    assert record["parallel"]["grad_accum_steps"] == 2
+
+
+def test_four_ranks_equal_one_process_of_the_whole_batch(runs: Runs) -> None:
+    assert_same_losses(runs["dp4"], runs["single8"])
+    assert_same_weights(runs["dp4"], runs["single8"])
+
+
+def test_zero1_trains_like_plain_data_parallel(runs: Runs) -> None:
+    zero2, dp2 = runs["zero2"], runs["dp2"]
+    assert_same_losses(zero2, dp2)
+    assert_same_weights(zero2, dp2)
+    [record] = read_log(runs.log_path("zero2"))
+    assert record["parallel"]["shard_optimizer"] is True
+
+
+def test_zero1_on_three_ranks_pads_the_shards_and_still_matches(runs: Runs) -> None:
+    zero3 = runs["zero3"]
+    params = sum(w.size for w in zero3.weights.values())
+    assert params % 3, "the model should not split evenly in 3: the padding is the point"
+    assert_same_losses(zero3, runs["single12"])
+    assert_same_weights(zero3, runs["dp3"])
+    for name, state in runs["dp3"].optimizer.items():
+        assert zero3.optimizer[name].shape == state.shape, name
+
+
+# ------------------------------------------------------------------------------ ZeRO-1 state
+
+
+def test_zero1_checkpoint_holds_the_full_optimizer_state(runs: Runs) -> None:
+    zero2, dp2, single8 = runs["zero2"], runs["dp2"], runs["single8"]
+    assert set(zero2.optimizer) == set(single8.optimizer) == {"m", "v", "step_count"}
+    for name, state in single8.optimizer.items():
+        assert zero2.optimizer[name].shape == state.shape, name
+        assert zero2.optimizer[name].dtype == state.dtype, name
+    assert int(zero2.optimizer["step_count"]) == STEPS
+    for name in ("m", "v"):
+        got, want = zero2.optimizer[name], dp2.optimizer[name]
+        assert np.count_nonzero(got) > 0.9 * got.size  # every shard's part, not only rank 0's
+        scale = np.abs(want).max()
+        assert np.abs(got - want).max() <= 1e-3 * scale, name
+
+
+def test_zero1_checkpoint_resumes_on_one_process_with_the_same_global_batch(
+        runs: Runs) -> None:
+    resumed = runs.train("zero2_to_1", 1, resume=runs.checkpoint_path("zero2"), BATCH_SIZE=8,
+                         MAX_STEPS=9)
+    assert len(losses(resumed)) == 9
+    assert losses(resumed)[:STEPS] == losses(runs["zero2"])
+    assert_same_losses(resumed, runs["single8_9"], steps=9)
+    assert_same_weights(resumed, runs["single8_9"])
+
+
+def test_one_process_checkpoint_resumes_on_two_zero1_ranks(runs: Runs) -> None:
+    """The other way: a full state loaded into shards (load_state_dict of ZeRO-1)."""
+    runs["single8"]
+    resumed = runs.train("one_to_zero2", 2, resume=runs.checkpoint_path("single8"),
+                         BATCH_SIZE=4, SHARD_OPTIMIZER=True, MAX_STEPS=9)
+    assert resumed.meta["world_size"] == 2
+    assert_same_losses(resumed, runs["single8_9"], steps=9)
+    assert_same_weights(resumed, runs["single8_9"])
+
+
+# ------------------------------------------------------------------------------ resume
+
+
+def test_resume_at_another_world_size_with_the_same_global_batch(runs: Runs) -> None:
+    resumed = runs.train("dp2_to_1", 1, resume=runs.checkpoint_path("dp2"), BATCH_SIZE=8,
+                         MAX_STEPS=9)
+    assert resumed.meta["world_size"] == 1
+    assert losses(resumed)[:STEPS] == losses(runs["dp2"])
+    assert_same_losses(resumed, runs["single8_9"], steps=9)
+    assert_same_weights(resumed, runs["single8_9"])
+
+
+def test_resume_with_another_global_batch_is_refused_naming_the_numbers(runs: Runs) -> None:
+    runs["dp2"]
+    config = runs.config("refused_1", BATCH_SIZE=4, MAX_STEPS=9)
+    result = CliRunner().invoke(main, ["train", "--config", str(config), "--resume",
+                                       str(runs.checkpoint_path("dp2"))])
+    assert result.exit_code == 1, result.output
+    text = " ".join(result.output.split())
+    assert "the checkpoint's steps each took 8 token streams" in text
+    assert "BATCH_SIZE=4 x GRAD_ACCUM_STEPS=1 x 2 processes" in text
+    assert "this run's take 4 (BATCH_SIZE=4 x GRAD_ACCUM_STEPS=1 x 1 process)" in text
+    assert "product is 8" in text
+    assert not runs.checkpoint_path("refused_1").exists()
+
+
+def test_resume_refused_on_more_ranks_stops_every_rank(runs: Runs) -> None:
+    runs["dp2"]
+    config = runs.config("refused_3", BATCH_SIZE=4, MAX_STEPS=9)
+    status, output, seconds = launch_run(
+        train_command(config, "--resume", str(runs.checkpoint_path("dp2"))), 3)
+    assert status == 1, output
+    text = " ".join(output.split())
+    assert "took 8 token streams" in text and "this run's take 12" in text, output
+    assert "x 3 processes" in text and "product is 8" in text, output
+    assert seconds < 60
+    assert not runs.checkpoint_path("refused_3").exists()
+
+
+# ------------------------------------------------------------------------------ failures
+
+
+def test_a_rank_configured_differently_fails_the_run_naming_the_key(runs: Runs) -> None:
+    config = runs.config("mismatch", BATCH_SIZE=4)
+    shell = 'if [ "$RANK" = 1 ]; then export LEARNING_RATE=0.02; fi; exec "$0" "$@"'
+    status, output, seconds = launch_run(["sh", "-c", shell, *train_command(config)], 2)
+    assert status == 1, output
+    assert seconds < 60
+    failed = [line for line in output.splitlines() if " failed (exit 1): " in line]
+    assert failed, output
+    line = failed[0]  # the first rank to fail: either one, each sees the difference
+    assert "configured differently" in line and "start every process with the same" in line
+    assert "rank 0" in line and "rank 1" in line
+    assert "LEARNING_RATE=" in line and "0.02" in line and "0.01" in line, line
+    assert not runs.checkpoint_path("mismatch").exists()
+    assert not runs.log_path("mismatch").exists()
+
+
+def test_a_rank_that_fails_after_the_rendezvous_stops_the_other(runs: Runs) -> None:
+    """Rank 1 runs in another folder, where DATASET (a relative path) names a text too short
+    for the batch: the config is the same everywhere, so rank 1 fails only after joining, in
+    check_layout; rank 0, already on its way to the first collective, is told and stops, and
+    the launcher names rank 1 and its error."""
+    elsewhere = runs.folder / "elsewhere"
+    elsewhere.mkdir(exist_ok=True)
+    (elsewhere / "corpus.txt").write_text("a b c\n" * 20)
+    config = runs.config("short_data", BATCH_SIZE=4, DATASET="corpus.txt")
+    shell = (f"cd {shlex.quote(str(runs.folder))} && "
+             'if [ "$RANK" = 1 ]; then cd elsewhere; fi; exec "$0" "$@"')
+    status, output, seconds = launch_run(["sh", "-c", shell, *train_command(config)], 2)
+    assert status == 1, output
+    assert seconds < 60
+    warning = next((line for line in output.splitlines() if " failed (exit 1): " in line), "")
+    assert "rank 1" in warning and "too few for BATCH_SIZE=8 streams" in warning, output
+    assert "did not stop within" not in output  # rank 0 stopped by itself
+    assert not runs.checkpoint_path("short_data").exists()
+
+
+def start_training(runs: Runs, name: str, mark: str, until: str,
+                   **keys: Any) -> tuple[subprocess.Popen[str], Path, Path]:
+    """A long launched run on 2 ranks (1000 epochs of ~23 steps), returned once `until`
+    has shown (a checkpoint's path, or a line of the output to wait for).
+    (launcher, checkpoint, the launcher's and rank 0's output file)"""
+    config = runs.config(name, BATCH_SIZE=4, NUM_EPOCHS=1000, MAX_STEPS=0, **keys)
+    out = runs.folder / f"{name}.out"
+    proc = start_launcher(train_command(config), 2, mark, out=out, grace=20.0)
+    ckpt = runs.checkpoint_path(name)
+
+    def shown() -> bool:
+        return ckpt.exists() if until == "checkpoint" else until in out.read_text()
+
+    wait_until(lambda: shown() or proc.poll() is not None, until)
+    assert proc.poll() is None, out.read_text()
+    return proc, ckpt, out
+
+
+@pytest.fixture
+def mark() -> Iterator[str]:
+    value = uuid.uuid4().hex
+    yield value
+    kill_marked(value)
+
+
+def test_a_sigkilled_worker_stops_the_run_and_leaves_the_checkpoint_intact(
+        runs: Runs, mark: str) -> None:
+    proc, ckpt, out = start_training(runs, "sigkill", mark, "checkpoint")
+    try:
+        [rank1] = marked_pids(mark, rank=1)
+        assert len(marked_pids(mark, rank=0)) == 1
+        os.kill(rank1, signal.SIGKILL)
+        killed = time.monotonic()
+        status = proc.wait(timeout=30)
+        seconds = time.monotonic() - killed
+    finally:
+        proc.kill()
+        proc.wait()
+    output = out.read_text()
+    assert status == 1, output
+    assert seconds < 30, output
+    assert "rank 1 was killed by SIGKILL" in output or \
+        "stopped because rank 1 failed" in output, output
+    assert "did not stop within" not in output, output  # rank 0 was not left hanging
+    assert not marked_pids(mark), "the launcher left a worker behind"
+    saved = Checkpoint(ckpt)  # atomically written: whole, whenever the kill landed
+    assert saved.meta["world_size"] == 2 and saved.meta["train"]["step"] > 0
+    assert all(np.isfinite(w).all() for w in saved.weights.values())
+
+
+def test_the_watchdog_stops_a_rank_whose_peer_was_sigkilled_without_a_launcher(
+        runs: Runs, mark: str) -> None:
+    """torchrun-style workers (no RustyFlow launcher to stop the others): rank 0 notices on
+    its own that rank 1 is gone, says so, and exits 1 instead of waiting forever."""
+    config = runs.config("watchdog", BATCH_SIZE=4, NUM_EPOCHS=1000, MAX_STEPS=0)
+    port = str(free_port())
+    workers = [subprocess.Popen(
+        train_command(config), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE, text=True,
+        env=child_env(mark, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank),
+                      MASTER_ADDR="127.0.0.1", MASTER_PORT=port))
+        for rank in range(2)]
+    try:
+        ckpt = runs.checkpoint_path("watchdog")
+        wait_until(lambda: ckpt.exists() or any(w.poll() is not None for w in workers),
+                   "the first checkpoint")
+        assert all(w.poll() is None for w in workers)
+        workers[1].kill()
+        killed = time.monotonic()
+        status = workers[0].wait(timeout=30)
+        seconds = time.monotonic() - killed
+        _, err = workers[0].communicate(timeout=10)
+    finally:
+        for w in workers:
+            w.kill()
+            w.wait()
+    assert status == 1, err
+    assert seconds < 30
+    # the watchdog ("rank 1 failed: exited without a word ... rank 0 stops too"), or the
+    # collective rank 0 was in when the connection broke ("lost rank 1"): whichever is first
+    assert ("Error: rank 1 failed" in err and "rank 0 stops too" in err) or \
+        "Error: rank 0 lost rank 1 during" in err, err
+    Checkpoint(ckpt)
+
+
+def test_sigterm_to_the_launcher_interrupts_once_and_resumes(runs: Runs, mark: str) -> None:
+    """ZeRO-1, so the interrupted save also gathers the optimizer's shards."""
+    proc, ckpt, out = start_training(runs, "sigterm", mark, "  step 2 (", SHARD_OPTIMIZER=True)
+    try:
+        proc.send_signal(signal.SIGTERM)
+        status = proc.wait(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    output = out.read_text()
+    assert status == 143, output
+    text = runs.log_path("sigterm").read_text()
+    assert text.count(BLOCK_START) == 1, text
+    [record] = read_log(runs.log_path("sigterm"))
+    assert record["status"] == "interrupted", record
+    saved = Checkpoint(ckpt)
+    stopped = saved.meta["train"]["step"]
+    assert stopped == record["steps"] == len(losses(saved)) > 0
+    assert saved.optimizer["m"].size == sum(w.size for w in saved.weights.values())
+
+    # resume on one process with the same global batch, a few steps further...
+    target = stopped + 3
+    resumed = runs.train("sigterm_resumed", 1, resume=ckpt, BATCH_SIZE=8, NUM_EPOCHS=1000,
+                         MAX_STEPS=target)
+    # ...and it is the run that was never interrupted
+    straight = runs.train("sigterm_straight", 1, BATCH_SIZE=8, NUM_EPOCHS=1000,
+                          MAX_STEPS=target)
+    assert len(losses(resumed)) == target
+    assert losses(resumed)[:stopped] == losses(saved)
+    # (this random-word corpus turns chaotic near step 43: rounding differences between any
+    # two batch layouts, even 1 x B8 and 1 x B4 x 2 micro-steps, then grow to 1e-2)
+    assert_same_losses(resumed, straight, steps=min(target, 40))
+    if target <= 40:
+        assert_same_weights(resumed, straight)
+
+
+# ------------------------------------------------------------------------------ the CLI
+
+
+def test_gpus_with_the_cpu_device_is_refused(runs: Runs) -> None:
+    config = runs.config("cli_cpu", BATCH_SIZE=4)
+    result = CliRunner().invoke(main, ["train", "--config", str(config), "--gpus", "2",
+                                       "--device", "cpu"])
+    assert result.exit_code == 1, result.output
+    assert "NUM_GPUS=2" in result.output and "DEVICE=cpu" in result.output
+    assert "starting" not in result.output  # nothing was launched
+
+
+def test_gpus_that_disagree_with_the_launchers_world_size_are_refused(
+        runs: Runs, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = runs.config("cli_world", BATCH_SIZE=4)
+    for key, value in {"RANK": "0", "WORLD_SIZE": "3", "LOCAL_RANK": "0",
+                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port())}.items():
+        monkeypatch.setenv(key, value)
+    result = CliRunner().invoke(main, ["train", "--config", str(config), "--gpus", "2",
+                                       "--device", "auto"])
+    assert result.exit_code == 1, result.output
+    text = " ".join(result.output.split())
+    assert "NUM_GPUS=2 but the launcher (torchrun) started 3 processes" in text, text
+
+
+def test_check_world_accepts_agreement_and_refuses_gpus_without_a_launcher(
+        runs: Runs) -> None:
+    from rustyflow_py.engine.world import World
+    from rustyflow_py.errors import ConfigError
+
+    cfg, _ = load_config(runs.config("world", BATCH_SIZE=4, DEVICE="auto", NUM_GPUS=3),
+                         environ={})
+    check_world(cfg, World(rank=1, size=3, launcher="rustyflow"))  # agrees: fine
+    with pytest.raises(ConfigError, match="NUM_GPUS=3 needs one process per GPU"):
+        check_world(cfg, World())
+
+
+def test_train_gpus_launches_the_workers_itself(runs: Runs) -> None:
+    """`rustyflow train --gpus 2` relaunches its own command line once per worker; with
+    DEVICE=auto and no usable GPU each worker trains on the CPU: the same run as dp2."""
+    runs["dp2"]
+    config = runs.config("cli_launch", BATCH_SIZE=4, DEVICE="auto")
+    mark = uuid.uuid4().hex
+    try:
+        result = subprocess.run(
+            [*train_command(config), "--gpus", "2"], stdin=subprocess.DEVNULL,
+            capture_output=True, text=True, timeout=RUN_TIMEOUT, env=child_env(mark))
+    finally:
+        kill_marked(mark)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "starting 2 workers" in result.stdout
+    ckpt = Checkpoint(runs.checkpoint_path("cli_launch"))
+    assert ckpt.meta["world_size"] == 2 and ckpt.meta["config"]["NUM_GPUS"] == 2
+    assert_same_losses(ckpt, runs["dp2"])
+
+
+# ------------------------------------------------------------------------------ units
+
+
+@pytest.mark.parametrize(("world", "accum"), [(1, 2), (2, 1), (2, 2), (3, 2), (4, 1)])
+def test_the_shards_of_a_step_partition_its_global_batch(world: int, accum: int) -> None:
+    backend = get_backend("cpu")
+    kernels, xp = backend.kernels, backend.xp
+    b, t, n = 2, 8, 60
+    rows = world * accum * b
+    stream = backend.from_host(
+        np.random.default_rng(1).integers(0, 1000, (rows, n)).astype(np.int32))
+    for s in (0, 3, 9):  # 9 wraps: 7 windows per epoch
+        step = xp.asarray(s, dtype=np.int32)
+        whole_x = xp.zeros((rows, t), np.int32)
+        whole_y = xp.zeros_like(whole_x)
+        kernels.gather_batch(stream, step, t, whole_x, whole_y)
+        parts_x, parts_y = {}, {}
+        for rank in range(world):
+            for k in range(accum):  # the step runner's numbering of its micro-steps
+                shard = rank * accum + k
+                x, y = xp.zeros((b, t), np.int32), xp.zeros((b, t), np.int32)
+                kernels.gather_batch(stream, step, t, x, y, rank=shard,
+                                     world_size=world * accum)
+                parts_x[shard], parts_y[shard] = backend.to_host(x), backend.to_host(y)
+        assert sorted(parts_x) == list(range(world * accum))
+        union_x = np.concatenate([parts_x[i] for i in sorted(parts_x)])
+        union_y = np.concatenate([parts_y[i] for i in sorted(parts_y)])
+        np.testing.assert_array_equal(union_x, backend.to_host(whole_x))
+        np.testing.assert_array_equal(union_y, backend.to_host(whole_y))
+        # no overlap: each shard's rows are distinct stream rows (the tokens are random)
+        assert len({r.tobytes() for r in union_x}) == rows
+        np.testing.assert_array_equal(union_x[:, 1:], union_y[:, :-1])
+
+
+def test_gather_batch_refuses_a_stream_of_another_world_size() -> None:
+    backend = get_backend("cpu")
+    stream = backend.from_host(np.zeros((6, 40), np.int32))
+    x = np.zeros((2, 8), np.int32)
+    with pytest.raises(ValueError, match="rank 0 of 2 with 2 rows each"):
+        backend.kernels.gather_batch(stream, np.asarray(0, np.int32), 8, x, x.copy(),
+                                     rank=0, world_size=2)
+
+
+class DoublingComm:
+    """A world-size-1 stand-in for a communicator whose "sum over ranks" doubles the array
+    in place, and which records which part of the gradient buffer each call reduced."""
+
+    def __init__(self, grad: np.ndarray, events: list[tuple[str, Any]]) -> None:
+        self.base, self.events = grad, events
+
+    def all_reduce(self, x: np.ndarray, stream: Any = None) -> None:
+        assert np.shares_memory(x, self.base)  # in place, on the buffer itself
+        start = (x.ctypes.data - self.base.ctypes.data) // x.itemsize
+        self.events.append(("reduce", (start, start + x.size)))
+        x *= 2
+
+
+def tiny_gpt(layers: int = 2) -> GPT:
+    return GPT(GPTConfig(vocab_size=50, seq_len=8, n_layer=layers, n_head=2, n_embd=16),
+               "cpu", seed=3)
+
+
+def backward_once(model: GPT, on_leaf: Callable[[Tensor], None] | None = None) -> None:
+    rng = np.random.default_rng(5)
+    x = rng.integers(0, 50, (3, 8)).astype(np.int32)
+    y = rng.integers(0, 50, (3, 8)).astype(np.int32)
+    model.buffer.zero_grad()
+    model(Tensor(x), Tensor(y)).backward(on_leaf=on_leaf)
+
+
+def bucket_owner(buffer: Any, buckets: list[tuple[int, int]]) -> dict[str, int]:
+    """Each tensor's bucket, asserting that it lies wholly inside exactly one."""
+    owner = {}
+    for span in buffer.spans:
+        [i] = [k for k, (lo, hi) in enumerate(buckets)
+               if lo <= span.offset and span.offset + span.size <= hi]
+        owner[span.name] = i
+    return owner
+
+
+def recorded_backward(model: GPT, sync: BucketedAllReduce, events: list[tuple[str, Any]],
+                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """One backward with `sync` armed, recording into `events`, in order: ("grad", name) as
+    backward adds a gradient into a parameter, ("leaf", name) as backward reports that
+    parameter complete, and (from DoublingComm) ("reduce", span) for every all-reduce."""
+    name_of = {id(t): name for name, t in model.buffer.params.items()}
+    real_accumulate = Tensor._accumulate
+
+    def accumulate(self: Tensor, g: Any) -> None:
+        if id(self) in name_of:
+            events.append(("grad", name_of[id(self)]))
+        real_accumulate(self, g)
+
+    hook = sync.start(overlap=True)
+
+    def on_leaf(t: Tensor) -> None:
+        if id(t) in name_of:
+            events.append(("leaf", name_of[id(t)]))
+        hook(t)
+
+    with monkeypatch.context() as m:
+        m.setattr(Tensor, "_accumulate", accumulate)
+        backward_once(model, on_leaf)
+
+
+def test_bucketed_all_reduce_reduces_each_bucket_once_when_its_tensors_are_complete(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    reference = tiny_gpt()
+    backward_once(reference)
+    want = reference.buffer.grad.copy()
+
+    model = tiny_gpt()
+    buffer = model.buffer
+    events: list[tuple[str, Any]] = []
+    sync = BucketedAllReduce(buffer, DoublingComm(buffer.grad, events), bucket_bytes=4096)
+    buckets = sync.buckets
+
+    # the buckets tile the buffer with whole tensors, each tensor in exactly one
+    assert len(buckets) > 3
+    assert buckets[0][0] == 0 and buckets[-1][1] == buffer.flat.size
+    assert all(a[1] == b[0] for a, b in zip(buckets, buckets[1:], strict=False))
+    owner = bucket_owner(buffer, buckets)
+    assert sorted(set(owner.values())) == list(range(len(buckets)))
+
+    for _ in range(2):  # armed afresh for every backward
+        events.clear()
+        recorded_backward(model, sync, events, monkeypatch)
+        during = len(events)
+        sync.finish()
+        assert len(events) == during  # backward reached every tensor: nothing left to finish
+
+        reduced = [span for kind, span in events if kind == "reduce"]
+        assert sorted(reduced) == buckets  # each bucket exactly once
+        np.testing.assert_allclose(buffer.grad, 2 * want, rtol=1e-6, atol=1e-9)
+
+        for i, (kind, what) in enumerate(events):
+            if kind == "reduce":  # right after its last tensor is reported complete...
+                k = buckets.index(what)
+                complete = {name for kind2, name in events[:i] if kind2 == "leaf"}
+                assert {n for n, b in owner.items() if b == k} <= complete
+                assert events[i - 1][0] == "leaf" and owner[events[i - 1][1]] == k
+            if kind == "grad":  # ...and never before a gradient lands in it
+                assert ("reduce", buckets[owner[what]]) not in events[:i], what
+
+
+def test_bucketed_all_reduce_starts_the_last_layers_buckets_during_backward(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    model = tiny_gpt()
+    events: list[tuple[str, Any]] = []
+    sync = BucketedAllReduce(model.buffer, DoublingComm(model.buffer.grad, events), 4096)
+    owner = bucket_owner(model.buffer, sync.buckets)
+    recorded_backward(model, sync, events, monkeypatch)
+    sync.finish()
+    last_layer = ({owner[n] for n in owner if n.startswith("h.1.")}
+                  - {owner[n] for n in owner if not n.startswith("h.1.")})
+    assert last_layer, "expected a bucket holding only the last layer's tensors"
+    first_layer_grad = next(i for i, (kind, name) in enumerate(events)
+                            if kind == "grad" and name.startswith("h.0."))
+    for k in last_layer:  # reduced before backward has reached the first layer
+        assert events.index(("reduce", sync.buckets[k])) < first_layer_grad
+    # and every tensor is reported complete as soon as the op that gave it its last gradient
+    # is done (that op may still give its sibling, a weight's bias, its gradient first)
+    for name in owner:
+        last_grad = max(i for i, e in enumerate(events) if e == ("grad", name))
+        later = [other for kind, other in events[last_grad + 1 : events.index(("leaf", name))]
+                 if kind == "grad" and other.rsplit(".", 1)[0] != name.rsplit(".", 1)[0]]
+        assert not later, (name, later)
+
+
+def test_bucketed_all_reduce_finish_reduces_buckets_backward_never_reached() -> None:
+    model = tiny_gpt(layers=1)
+    events: list[tuple[str, Any]] = []
+    sync = BucketedAllReduce(model.buffer, DoublingComm(model.buffer.grad, events), 4096)
+    model.buffer.grad[...] = 1.0
+    sync.start(overlap=False)  # and no backward at all (every tensor unused)
+    sync.finish()
+    assert sorted(span for _, span in events) == sync.buckets
+    np.testing.assert_array_equal(model.buffer.grad, 2.0)

@@ -1,0 +1,78 @@
+"""Data parallelism on real GPUs (NCCL, CUDA-graph replay): skipped without the GPUs it needs.
+
+The CPU suite (test_data_parallel.py) covers the same logic over the socket transport; these
+run it where it matters: NCCL collectives captured in the step's graph, the bucket all-reduce
+overlapping backward on a second stream, ZeRO-1's reduce-scatter/all-gather.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import real_data_dir
+
+from rustyflow_py.engine.devices import gpu_count
+from rustyflow_py.training.checkpoint import Checkpoint
+from rustyflow_py.training.launch import launch
+
+GPUS = gpu_count()
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(real_data_dir() is None, reason="needs WikiText-2 (RUSTYFLOW_DATA_DIR)"),
+]
+two_gpus = pytest.mark.skipif(GPUS < 2, reason=f"needs 2 GPUs, this machine has {GPUS}")
+one_gpu = pytest.mark.skipif(GPUS < 1, reason="needs a GPU")
+
+TINY = ["--num-layers=2", "--num-heads=2", "--embed-dim=64", "--seq-len=32",
+        "--max-steps=12", "--log-interval=1", "--learning-rate=0.003", "--warmup-steps=0",
+        "--precision=fp32", "--profile-steps=2"]
+
+
+def run(tmp: Path, name: str, gpus: int, *flags: str) -> list[float]:
+    """Per-step losses of a `rustyflow train` run on `gpus` GPUs."""
+    model = tmp / f"{name}.npz"
+    cmd = [sys.executable, "-m", "rustyflow_py", "train", "--device=gpu", *TINY,
+           f"--log-file={tmp / 'log.txt'}", f"--model-path={model}", *flags]
+    assert launch(cmd, gpus, grace=10) == 0
+    return Checkpoint(str(tmp / f"{name}-gpu.npz")).meta["train"]["losses"]
+
+
+def close(a: list[float], b: list[float], rel: float = 1e-4) -> bool:
+    return len(a) == len(b) and all(abs(x - y) <= rel * abs(y)
+                                    for x, y in zip(a, b, strict=True))
+
+
+@one_gpu
+def test_accumulation_matches_the_big_batch_on_one_gpu(tmp_path: Path) -> None:
+    big = run(tmp_path, "big", 1, "--batch-size=8")
+    accum = run(tmp_path, "accum", 1, "--batch-size=4", "--grad-accum-steps=2")
+    assert close(accum, big), (accum, big)
+
+
+@two_gpus
+def test_two_gpus_match_one_gpu_with_twice_the_batch(tmp_path: Path) -> None:
+    one = run(tmp_path, "one", 1, "--batch-size=8")
+    two = run(tmp_path, "two", 2, "--batch-size=4")
+    two_small_buckets = run(tmp_path, "buckets", 2, "--batch-size=4", "--bucket-mb=0.05")
+    zero = run(tmp_path, "zero", 2, "--batch-size=4", "--shard-optimizer")
+    zero_accum = run(tmp_path, "zacc", 2, "--batch-size=2", "--grad-accum-steps=2",
+                     "--shard-optimizer")
+    for curve in (two, two_small_buckets, zero, zero_accum):
+        assert close(curve, one), (curve, one)
+    log = (tmp_path / "log.txt").read_text()
+    assert "Communication time" in log  # the profiled steps timed the collectives
+
+
+@two_gpus
+def test_a_sharded_checkpoint_resumes_on_one_gpu(tmp_path: Path) -> None:
+    straight = run(tmp_path, "straight", 1, "--batch-size=8")
+    model = tmp_path / "half.npz"
+    cmd = [sys.executable, "-m", "rustyflow_py", "train", "--device=gpu", *TINY,
+           "--max-steps=6", "--batch-size=4", "--shard-optimizer",
+           f"--log-file={tmp_path / 'log.txt'}", f"--model-path={model}"]
+    assert launch(cmd, 2, grace=10) == 0
+    ckpt = tmp_path / "half-gpu.npz"
+    resumed = run(tmp_path, "half", 1, "--batch-size=8", f"--resume={ckpt}")
+    assert close(resumed, straight), (resumed, straight)
