@@ -120,7 +120,6 @@ class Shard:
     grad: Any
     decay_size: int
     backend: Any
-    spans: tuple[Any, ...] = ()
 
 
 class ShardedOptimizer:
