@@ -54,6 +54,20 @@ def test_device_masks_equal_numpys_bit_for_bit(device: str, dtype: Any,
         np.testing.assert_array_equal(got, host_mask(shape, 0.3, 1337, site, step, dtype))
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+def test_applying_a_mask_inline_equals_multiplying_by_it(device: str, dtype: Any) -> None:
+    """dropout_apply draws the bits where it multiplies (no mask array on the GPU); its
+    result is x times the mask, bit for bit, on a strided view too (the gradient's)."""
+    backend = get_backend(device)
+    x = np.random.default_rng(0).standard_normal((3, 8, 40)).astype(dtype)
+    for view in (lambda a: a, lambda a: a.transpose(1, 0, 2)):
+        xs = view(x)
+        got = backend.to_host(backend.kernels.dropout_apply(
+            view(backend.from_host(x)), 0.3, 1337, 5, step_at(backend, 9)))
+        want = xs * host_mask(xs.shape, 0.3, 1337, 5, 9, dtype)
+        np.testing.assert_array_equal(got, want)
+
+
 def test_masks_are_fresh_per_step_site_and_seed() -> None:
     base = host_mask((4096,), 0.5, 1, 0, 0)
     for other in (host_mask((4096,), 0.5, 1, 0, 1), host_mask((4096,), 0.5, 1, 1, 0),

@@ -22,6 +22,7 @@ from rustyflow_py.engine.tensor import Tensor
 from rustyflow_py.training.config import KEYS
 
 TOL = 1e-2  # float16 rounds each stored value by up to ~5e-4
+BF16_TOL = 3e-2  # bfloat16 by up to ~4e-3
 RNG = np.random.default_rng(0)
 F16, F32, F64 = np.dtype(np.float16), np.dtype(np.float32), np.dtype(np.float64)
 
@@ -46,10 +47,22 @@ def test_policies() -> None:
         (F32, F32, F32, "tf32")
     assert (fp64.storage, fp64.compute, fp64.accumulate, fp64.matmul_compute) == \
         (F64, F64, F64, "fp64")
+    fp16 = Precision.of("fp16")
+    assert (fp16.storage, fp16.compute, fp16.accumulate, fp16.matmul_compute) == \
+        (F32, F16, F32, "fp32")
+    assert fp16.mixed and fp16.loss_scaling and not fp32.mixed and not tf32.loss_scaling
+    with pytest.raises(ValueError, match="'bf32'.*fp32, tf32, bf16, fp16, fp64"):
+        Precision.of("bf32")
+
+
+def test_bf16_policy() -> None:
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    bf16 = Precision.of("bf16")
+    assert (bf16.storage, bf16.compute, bf16.accumulate, bf16.matmul_compute) == \
+        (F32, np.dtype(ml_dtypes.bfloat16), F32, "fp32")
+    assert bf16.mixed and not bf16.loss_scaling and is_16bit(bf16.compute)
     assert {Precision.of(n).name for n in KEYS["PRECISION"].choices} == \
         set(KEYS["PRECISION"].choices)
-    with pytest.raises(ValueError, match="'bf16'.*fp32, tf32, fp64"):
-        Precision.of("bf16")
 
 
 def test_accumulate_dtype() -> None:
@@ -68,16 +81,55 @@ def _run(device: str, fn: Callable[..., Tensor], arrays: list[np.ndarray], grad:
 
 
 def check_fp16(device: str, fn: Callable[..., Tensor], arrays: list[np.ndarray],
-               grad: np.ndarray) -> None:
-    """fn in float16 against float64 on the same float16 values: the output and every
-    gradient stay float16 and within TOL."""
-    out16, grads16 = _run(device, fn, arrays, grad, F16)
+               grad: np.ndarray, half: np.dtype = F16) -> None:
+    """fn in float16 (or `half`: bfloat16) against float64 on the same 16-bit values: the
+    output and every gradient stay 16-bit and within TOL (BF16_TOL)."""
+    arrays, grad = [a.astype(half) for a in arrays], grad.astype(half)
+    tol = TOL if half == F16 else BF16_TOL
+    out16, grads16 = _run(device, fn, arrays, grad, half)
     out64, grads64 = _run(device, fn, arrays, grad, F64)
-    assert out16.dtype == F16
-    assert rel_err(out16, out64) < TOL, f"output: {rel_err(out16, out64):.2e}"
+    assert out16.dtype == half
+    assert rel_err(out16, out64) < tol, f"output: {rel_err(out16, out64):.2e}"
     for i, (g16, g64) in enumerate(zip(grads16, grads64, strict=True)):
-        assert g16.dtype == F16, f"input {i}: gradient of {g16.dtype}"
-        assert rel_err(g16, g64) < TOL, f"input {i}: {rel_err(g16, g64):.2e}"
+        assert g16.dtype == half, f"input {i}: gradient of {g16.dtype}"
+        assert rel_err(g16, g64) < tol, f"input {i}: {rel_err(g16, g64):.2e}"
+
+
+def bf16_dtype() -> np.dtype:
+    return np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+
+
+GPU_ONLY = pytest.mark.skipif(gpu_unavailable_reason() is not None,
+                              reason="bfloat16 kernels are the GPU's (mixed precision)")
+
+
+@GPU_ONLY
+@pytest.mark.gpu
+def test_bf16_kernels_against_float64() -> None:
+    """The same kernels (LayerNorm, bias + GELU, attention, LM head + cross-entropy) on
+    bfloat16 data, as PRECISION=bf16 runs them, against float64 on the same values."""
+    bf16 = bf16_dtype()
+    for inputs in (layernorm_wide_rows, layernorm_many_rows):
+        arrays, grad = inputs()
+        check_fp16("gpu", ops.layer_norm, arrays, grad, bf16)
+    arrays, grad = gelu_inputs()
+    check_fp16("gpu", ops.gelu, arrays, grad, bf16)
+    qkv = RNG.standard_normal((2, 32, 96)).astype(np.float32)
+    check_fp16("gpu", lambda t: ops.causal_self_attention(t, 8), [qkv],
+               RNG.standard_normal((2, 32, 32)).astype(np.float32), bf16)
+    h, w = (np.asarray(a, bf16) for a in (RNG.standard_normal((16, 32)),
+                                          0.3 * RNG.standard_normal((128, 32))))
+    targets = RNG.integers(0, 128, 16)
+    results = {}
+    for dtype in (bf16, F64):
+        th, tw = (Tensor(a.astype(dtype), requires_grad=True, device="gpu") for a in (h, w))
+        loss = ops.lm_head_cross_entropy(th, tw, Tensor(targets, device="gpu"))
+        loss.backward()
+        results[dtype] = [loss.numpy(), th.backend.to_host(th.grad),
+                          tw.backend.to_host(tw.grad)]
+    assert [a.dtype for a in results[bf16]] == [F32, bf16, bf16]
+    for ours, ref in zip(results[bf16], results[F64], strict=True):
+        assert rel_err(ours, ref) < BF16_TOL
 
 
 def layernorm_wide_rows() -> tuple[list[np.ndarray], np.ndarray]:

@@ -97,6 +97,10 @@ class Randomness:
         stream = site + (self.shard << 20 if per_shard else 0)
         return kernels.dropout_mask(shape, dtype, p, self.seed, stream, self.step)
 
+    def apply(self, kernels: Any, x: Any, p: float, site: int) -> Any:
+        """x times this step's mask of `site` (kernels.dropout_apply: no mask array)."""
+        return kernels.dropout_apply(x, p, self.seed, site + (self.shard << 20), self.step)
+
 
 class Dropout(Function):
     """Inverted dropout: zero with probability p, scale survivors by 1/(1-p)."""
@@ -107,11 +111,11 @@ class Dropout(Function):
     site: int
 
     def forward(self, x: Any) -> Any:
-        self.scale = self.rng.mask(self.kernels, x.shape, x.dtype, self.p, self.site)
-        return x * self.scale
+        return self.rng.apply(self.kernels, x, self.p, self.site)
 
     def backward(self, grad: Any) -> Sequence[Any]:
-        return (grad * self.scale,)
+        """The same mask again (same seed, site, step and element order): none is kept."""
+        return (self.rng.apply(self.kernels, grad, self.p, self.site),)
 
 
 class Gelu(Function):
@@ -280,6 +284,11 @@ class CausalSelfAttention(Function):
             return probs
         return self.kernels.causal_softmax_recompute(att, self.lse, self.scale)
 
+    def _drop(self, x: Any) -> Any:
+        """x (B, H, T, T) times the probabilities' dropout mask, drawn inline."""
+        assert self.rng is not None
+        return self.rng.apply(self.kernels, x, self.dropout, self.site)
+
     def _recompute(self, qkv: Any) -> bool:
         _, t, e3 = qkv.shape
         return self.n_head * t > 2 * e3  # H*T > 6*E
@@ -289,11 +298,9 @@ class CausalSelfAttention(Function):
         q, k, v = self._heads(qkv)
         self.scale = 1.0 / math.sqrt(q.shape[-1])
         probs = used = self._probs(q, k, "forward")
-        self.keep = None
-        if self.dropout > 0.0 and self.rng is not None:
-            self.keep = self.rng.mask(self.kernels, probs.shape, probs.dtype, self.dropout,
-                                      self.site)
-            used = probs * self.keep
+        self.dropped = self.dropout > 0.0 and self.rng is not None
+        if self.dropped:
+            used = self._drop(probs)
         y = self.matmul(used, v, "forward")  # (B, H, T, D)
         self.qkv = qkv
         self.saved = None if self._recompute(qkv) else (q, k, v, probs, used)
@@ -304,7 +311,7 @@ class CausalSelfAttention(Function):
         if self.saved is None:
             q, k, v = self._heads(self.qkv)
             probs = self._probs(q, k, phase)
-            used = probs * self.keep if self.keep is not None else probs
+            used = self._drop(probs) if self.dropped else probs
         else:
             q, k, v, probs, used = self.saved
         b, h, t, d = q.shape
@@ -312,8 +319,8 @@ class CausalSelfAttention(Function):
         dqkv = xp.empty((b, t, 3, h, d), dtype=grad.dtype)
         dqkv[:, :, 2] = self.matmul(xp.swapaxes(used, -1, -2), gy, phase).transpose(0, 2, 1, 3)
         dused = self.matmul(gy, xp.swapaxes(v, -1, -2), phase)  # (B, H, T, T)
-        if self.keep is not None:
-            dused *= self.keep
+        if self.dropped:
+            dused = self._drop(dused)
         datt = self.kernels.causal_softmax_backward(dused, probs, self.scale)
         dqkv[:, :, 0] = self.matmul(datt, k, phase).transpose(0, 2, 1, 3)
         dqkv[:, :, 1] = self.matmul(xp.swapaxes(datt, -1, -2), q, phase).transpose(0, 2, 1, 3)

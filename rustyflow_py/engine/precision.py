@@ -10,8 +10,11 @@ log-sum-exps, per-row losses).
 
 Kernels see only arrays, so they derive the accumulation type from the storage type of their
 inputs with `accumulate_dtype`: float64 for float64, float32 for float32 and for the 16-bit
-floats. Today `storage == compute` in every policy (fp32 and tf32 differ only in the GEMM mode,
-fp64 is for gradient checks); mixed precision adds policies whose `compute` is 16-bit.
+floats. fp32 and tf32 differ only in the GEMM mode, fp64 is for gradient checks. bf16 and fp16
+are mixed precision (PyTorch autocast's split): parameters, gradients and optimizer state stay
+float32 and the forward runs on a 16-bit copy of the parameters refreshed once per step, so
+activations and GEMM inputs are 16-bit while GEMMs and reductions accumulate in float32. fp16's
+narrow exponent range needs loss scaling (`loss_scaling`); bfloat16 has float32's range.
 """
 
 from __future__ import annotations
@@ -44,18 +47,44 @@ class Precision:
     @classmethod
     def of(cls, name: str) -> Precision:
         """The policy PRECISION=`name` selects."""
+        if name == "bf16":
+            return cls("bf16", _F32, bfloat16(), "fp32", _F32)
         try:
             return _POLICIES[name]
         except KeyError:
             raise ValueError(f"unknown precision {name!r}: expected one of "
-                             f"{', '.join(_POLICIES)}") from None
+                             f"{', '.join(NAMES)}") from None
+
+    @property
+    def mixed(self) -> bool:
+        """Whether the forward runs on a compute copy of the parameters."""
+        return self.compute != self.storage
+
+    @property
+    def loss_scaling(self) -> bool:
+        """Whether gradients need dynamic loss scaling (float16's range is narrow)."""
+        return self.compute == np.float16
 
 
 _POLICIES = {
     "fp32": Precision("fp32", _F32, _F32, "fp32", _F32),
     "tf32": Precision("tf32", _F32, _F32, "tf32", _F32),
     "fp64": Precision("fp64", _F64, _F64, "fp64", _F64),
+    "fp16": Precision("fp16", _F32, np.dtype(np.float16), "fp32", _F32),
 }
+NAMES = ("fp32", "tf32", "bf16", "fp16", "fp64")
+GPU_ONLY = ("bf16", "fp16")  # mixed precision: the CPU kernels have no 16-bit GEMMs worth it
+
+
+def bfloat16() -> np.dtype:
+    """NumPy's bfloat16 (from ml_dtypes, which CuPy uses for it too), imported on first use:
+    only mixed-precision GPU runs need it."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        raise ImportError("PRECISION=bf16 needs the ml_dtypes package (pip install "
+                          "ml_dtypes, or the project's gpu extra)") from None
+    return np.dtype(ml_dtypes.bfloat16)
 
 
 def is_16bit(dtype: Any) -> bool:

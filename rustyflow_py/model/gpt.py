@@ -134,10 +134,10 @@ class GPT:
 
     def __init__(
         self, cfg: GPTConfig, device: str = "cpu", seed: int = 0, dtype: Any = np.float32,
-        pad_to: int = 1,
+        pad_to: int = 1, compute: Any = None,
     ) -> None:
         self.cfg = cfg
-        self.buffer = ParameterBuffer(init_weights(cfg, seed), device, dtype, pad_to)
+        self.buffer = ParameterBuffer(init_weights(cfg, seed), device, dtype, pad_to, compute)
         self.p = self.buffer.params
         # each block's parameters by their name inside it, looked up once, not every step
         self.layers = [{n[len(f"h.{i}."):]: t for n, t in self.p.items()
@@ -159,7 +159,7 @@ class GPT:
         c = self.cfg
         xp = self.buffer.backend.xp
         shape = (c.n_layer, batch, c.n_head, c.seq_len, c.n_embd // c.n_head)
-        keys = xp.zeros(shape, dtype=self.buffer.flat.dtype)  # (L, B, H, SEQ_LEN, D)
+        keys = xp.zeros(shape, dtype=self.buffer.compute_dtype)  # (L, B, H, SEQ_LEN, D)
         return KVCache(keys, xp.zeros_like(keys))
 
     def __call__(
@@ -237,11 +237,11 @@ class GPT:
 
 
 def build_model(shape: ModelShape, vocab_size: int, device: str = "cpu",
-                dtype: Any = np.float32, pad_to: int = 1) -> GPT:
+                dtype: Any = np.float32, pad_to: int = 1, compute: Any = None) -> GPT:
     """The GPT a run configuration describes, initialised from its seed: what training builds,
-    and what a checkpoint's weights are loaded into for evaluation and generation. `pad_to`:
-    see ParameterBuffer."""
+    and what a checkpoint's weights are loaded into for evaluation and generation. `pad_to`
+    and `compute`: see ParameterBuffer."""
     cfg = GPTConfig(vocab_size, shape.seq_len, shape.num_layers, shape.num_heads,
                     shape.embed_dim, shape.dropout, shape.embd_dropout, shape.attn_dropout,
                     shape.resid_dropout, shape.word_dropout)
-    return GPT(cfg, device, shape.seed, dtype, pad_to)
+    return GPT(cfg, device, shape.seed, dtype, pad_to, compute)

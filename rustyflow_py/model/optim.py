@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..engine.tensor import run_op
+from .loss_scale import LossScaler
 from .params import ParameterBuffer
 
 
@@ -53,24 +54,34 @@ class Optimizer:
         # Set when `buffer` is one shard of the gradient (a sharded optimizer): sums a 0-d
         # array over the shards in place, so the norm (and its clip) stays global.
         self.sum_over_shards: Any = None
+        self.loss_scaler: LossScaler | None = None  # float16 runs (see loss_scale.py)
 
     def clip_scale(self) -> Any:
-        """Global grad-norm (kept for logging) and the factor that clips it to grad_clip."""
+        """Global grad-norm (kept for logging) and the factor the update multiplies gradients
+        by: the one that clips the norm to grad_clip, folded with the loss scaler's 1/scale
+        (negative: skip the step) in a float16 run; None when there is nothing to apply."""
         g = self.buffer.grad
         norm = run_op("grad_norm", "other", "optimizer", self.kernels.l2_norm, g)
         if self.sum_over_shards is not None:
             square = self.xp.array(norm * norm)  # a fresh, writable 0-d array
             self.sum_over_shards(square)
             norm = self.xp.sqrt(square)
-        self.grad_norm[...] = norm
-        if self.grad_clip <= 0:
-            return None
-        return self.xp.minimum(1.0, self.grad_clip / (self.grad_norm + 1e-6))
+        scaler = self.loss_scaler
+        self.grad_norm[...] = norm if scaler is None else scaler.unscaled(norm)
+        clip = (self.xp.minimum(1.0, self.grad_clip / (self.grad_norm + 1e-6))
+                if self.grad_clip > 0 else None)
+        return clip if scaler is None else scaler.factor(self.grad_norm, clip)
 
     def step(self) -> None:
         self.step_count += 1
-        self.lr[...] = self.schedule(self.step_count, self.xp)
+        self._set_lr()
         self._update(self.clip_scale())
+        if self.loss_scaler is not None:
+            self.loss_scaler.update(self.grad_norm)
+        self.buffer.sync_compute()
+
+    def _set_lr(self) -> None:
+        self.lr[...] = self.schedule(self.step_count, self.xp)
 
     def _update(self, scale: Any) -> None:
         raise NotImplementedError
@@ -79,6 +90,8 @@ class Optimizer:
         to_host = self.buffer.backend.to_host
         state = {name: to_host(getattr(self, name)) for name in self.state_names}
         state["step_count"] = to_host(self.step_count)
+        if self.loss_scaler is not None:
+            state.update(self.loss_scaler.state_dict(to_host))
         return state
 
     def state_sizes(self) -> dict[str, int]:
@@ -92,6 +105,8 @@ class Optimizer:
             if name not in state:
                 raise ValueError(f"optimizer state lacks {name!r}: saved by another optimizer?")
             getattr(self, name)[...] = from_host(np.asarray(state[name]))
+        if self.loss_scaler is not None:
+            self.loss_scaler.load_state_dict(state, from_host)
 
 
 class AdamW(Optimizer):
@@ -320,14 +335,14 @@ class Muon(Optimizer):
             group.decays.append(weight_decay if s.decayed else 0.0)
             at += s.size
 
-    def step(self) -> None:
-        self.step_count += 1
-        self.lr[...] = self.schedule(self.step_count, self.xp)
+    def _set_lr(self) -> None:
+        super()._set_lr()
         self.muon_lr[...] = self.muon_schedule(self.step_count, self.xp)
-        self._update(self.clip_scale())
 
     def _update(self, scale: Any) -> None:
-        b, k = self.buffer, self.kernels
+        b, k, lr = self.buffer, self.kernels, self.muon_lr
+        if self.loss_scaler is not None:  # a skipped step (scale < 0) moves no hidden matrix
+            lr = self.xp.where(scale < 0, np.float32(0.0), lr)
         for start, stop, off in self.ranges:
             n = stop - start
             run_op("adamw", "other", "optimizer", k.adamw, b.flat[start:stop],
@@ -342,7 +357,7 @@ class Muon(Optimizer):
                        self.ns_steps, self.ns_eps, self._matmul)
             for i, (p, decay) in enumerate(zip(group.params, group.decays, strict=True)):
                 run_op("muon_apply", "other", "optimizer", k.muon_apply, p, group.slot(x, i),
-                       self.muon_lr, decay, group.factor)
+                       lr, decay, group.factor)
 
     def _matmul(self, a: Any, b: Any, *, transpose_b: bool = False, out: Any = None) -> Any:
         """Newton-Schulz's GEMMs, timed as matmuls of the optimizer phase."""

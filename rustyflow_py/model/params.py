@@ -5,6 +5,12 @@ where each tensor lives in it. The optimizer, the grad-norm and zero_grad are th
 pass over memory (one kernel on the GPU), a checkpoint is one transfer, and anything done per
 tensor or per group of tensors reads its offsets from the table instead of recomputing them.
 Decayed tensors (2-D and up) are packed first, so weight decay is a single boundary index.
+
+Mixed precision adds a third allocation: a 16-bit copy of the parameters that the forward
+reads, refreshed from the float32 master once per step (one cast kernel). The model's tensors
+are views of that copy, but their gradients are views of the float32 gradient buffer, so every
+contribution to a parameter's gradient is summed in float32 and the optimizer never sees a
+16-bit value.
 """
 
 from __future__ import annotations
@@ -39,11 +45,13 @@ class ParameterBuffer:
     `spans` lists the tensors in buffer order; the `decay_size` elements at the front belong
     to the decayed ones. `storage` and `grad_storage` are the allocations behind `flat` and
     `grad`, padded with zeros to a multiple of `pad_to` elements: a sharded optimizer splits
-    them into equal shards, one per process.
+    them into equal shards, one per process. With a `compute` dtype other than `dtype`, the
+    tensors in `params` are views of `compute_flat`, that dtype's copy of `flat`
+    (`sync_compute` refreshes it).
     """
 
     def __init__(self, weights: dict[str, np.ndarray], device: str, dtype: Any,
-                 pad_to: int = 1) -> None:
+                 pad_to: int = 1, compute: Any = None) -> None:
         backend = get_backend(device)
         names = sorted(weights, key=lambda n: weights[n].ndim < 2)  # stable: decayed first
         spans, offset = [], 0
@@ -58,13 +66,27 @@ class ParameterBuffer:
         self.storage = backend.from_host(host)
         self.grad_storage = backend.xp.zeros_like(self.storage)
         self.flat, self.grad = self.storage[:offset], self.grad_storage[:offset]
+        compute = np.dtype(dtype if compute is None else compute)
+        self.compute_flat = (self.flat if compute == self.flat.dtype
+                             else backend.xp.empty(offset, dtype=compute))
+        self.backend = backend
+        self.sync_compute()
         self.params: dict[str, Tensor] = {}
         for s in self.spans:
-            t = Tensor(self.flat[s.offset : s.offset + s.size].reshape(s.shape),
+            t = Tensor(self.compute_flat[s.offset : s.offset + s.size].reshape(s.shape),
                        requires_grad=True, name=s.name)
             t.grad = self.grad[s.offset : s.offset + s.size].reshape(s.shape)
             self.params[s.name] = t
-        self.backend = backend
+
+    @property
+    def compute_dtype(self) -> np.dtype:
+        """The dtype the forward computes in (the parameters' own unless mixed precision)."""
+        return self.compute_flat.dtype
+
+    def sync_compute(self) -> None:
+        """Cast the master parameters into the compute copy (after every update)."""
+        if self.compute_flat is not self.flat:
+            self.compute_flat[...] = self.flat
 
     def zero_grad(self) -> None:
         self.grad_storage.fill(0)
@@ -110,3 +132,4 @@ class ParameterBuffer:
         for s in self.spans:
             host[s.offset : s.offset + s.size] = np.asarray(weights[s.name]).ravel()
         self.flat[...] = self.backend.from_host(host)
+        self.sync_compute()

@@ -106,6 +106,7 @@ class RunRecord(TypedDict, total=False):
     no_extrapolation: bool  # a diverged run: no epoch time is estimated from it
     tokens_per_s: float | None  # the total over all processes of a data-parallel run
     parallel: ParallelRecord | None  # missing in older blocks: one process
+    loss_scale: dict[str, Any] | None  # fp16 runs: {"scale": final, "skipped": steps}
     val_ppl: float | None
     test_ppl: float | None
     test_ppl_of: str | None  # whose weights: "best (step N)" or "final (step N)"
@@ -314,6 +315,16 @@ def _parallel_lines(r: Record) -> list[str]:
                   f"{_fmt(p.get('tokens_per_s_per_rank'), ',.0f')} per process"]
 
 
+def _loss_scale_lines(r: Record) -> list[str]:
+    """fp16's dynamic loss scaling: where the scale ended and how many steps it skipped."""
+    ls = r.get("loss_scale")
+    if not isinstance(ls, dict):
+        return []
+    return [f"Loss scaling: final scale {_fmt(ls.get('scale'), 'g')} | "
+            f"{_fmt(ls.get('skipped'), ',')} of {_fmt(r.get('steps'), ',')} steps skipped "
+            "(inf/NaN gradients: update not applied, scale halved)"]
+
+
 def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
     """Plain aligned text columns: stable without a TTY, and diffable in the log."""
     widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(headers)]
@@ -515,6 +526,7 @@ def format_block(record: Record) -> str:
         f"tokens/s: {_fmt(r.get('tokens_per_s'), ',.0f')}{_total_note(r)} | "
         f"steps: {_fmt(r.get('steps'), ',')}",
         *_parallel_lines(r),
+        *_loss_scale_lines(r),
         "",
         *_profile_lines(r),
         "",

@@ -201,8 +201,9 @@ KEYS: dict[str, Key] = dict([
        lo=0, hi=1),
     _k("SEED", "int", 1337, "random seed for initialisation, dropout and sampling", lo=0,
        hi=2**32 - 1),
-    _k("PRECISION", "choice", "fp32", "fp32, tf32 (GPU matmuls only) or fp64",
-       choices=("fp32", "tf32", "fp64")),
+    _k("PRECISION", "choice", "fp32", "fp32, tf32 (GPU matmuls only), bf16 or fp16 (GPU "
+       "mixed precision; fp16 with dynamic loss scaling) or fp64",
+       choices=("fp32", "tf32", "bf16", "fp16", "fp64")),
     _k("DEVICE", "device", "auto", "auto (GPU 0 when usable), cpu, gpu or gpu:N"),
     _k("STRICT_DEVICE", "bool", False, "true: DEVICE=gpu without a usable GPU is an error, "
        "not a CPU fallback"),

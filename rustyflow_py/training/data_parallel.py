@@ -121,6 +121,9 @@ class Shard:
     decay_size: int
     backend: Any
 
+    def sync_compute(self) -> None:
+        """Nothing: the whole buffer's compute copy is refreshed after the all-gather."""
+
 
 class ShardedOptimizer:
     """ZeRO-1 around an elementwise optimizer built on this rank's Shard: it updates only the
@@ -142,9 +145,18 @@ class ShardedOptimizer:
         # step_count, lr, grad_norm, schedule, state_names...: the inner optimizer's
         return getattr(self.__dict__["inner"], name)
 
+    @property
+    def loss_scaler(self) -> Any:
+        return self.inner.loss_scaler
+
+    @loss_scaler.setter
+    def loss_scaler(self, scaler: Any) -> None:
+        self.inner.loss_scaler = scaler
+
     def step(self) -> None:
         self.inner.step()
         run_op("all_gather", "comm", "optimizer", self.comm.all_gather, self.buffer.storage)
+        self.buffer.sync_compute()
 
     def state_sizes(self) -> dict[str, int]:
         sizes = self.inner.state_sizes()
@@ -161,6 +173,8 @@ class ShardedOptimizer:
             self.comm.all_gather(full)
             state[name] = backend.to_host(full[: self.size])
         state["step_count"] = backend.to_host(self.inner.step_count)
+        if self.inner.loss_scaler is not None:
+            state.update(self.inner.loss_scaler.state_dict(backend.to_host))
         return state
 
     def load_state_dict(self, state: dict[str, np.ndarray]) -> None:
@@ -173,6 +187,8 @@ class ShardedOptimizer:
             full[: self.size] = np.asarray(state[name])
             part[...] = backend.from_host(full[self.lo : self.lo + part.size])
         self.inner.step_count[...] = backend.from_host(np.asarray(state["step_count"]))
+        if self.inner.loss_scaler is not None:
+            self.inner.loss_scaler.load_state_dict(state, backend.from_host)
 
 
 def rank_device(requested: str, world: World) -> str:

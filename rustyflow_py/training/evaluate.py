@@ -30,7 +30,9 @@ def load_model(path: str, device: str) -> tuple[GPT, Checkpoint, Config]:
     except ConfigError as exc:
         raise CheckpointError(f"{path}: its stored configuration is invalid ({exc})") from None
     vocab = len(ckpt.vocab)
-    model = build_model(cfg, vocab, device, Precision.of(cfg.precision).storage)
+    precision = Precision.of(cfg.precision)  # mixed precision is GPU-only: fp32 on the CPU
+    model = build_model(cfg, vocab, device, precision.storage,
+                        compute=precision.compute if device != "cpu" else None)
     try:
         model.buffer.load_state_dict(ckpt.weights)
     except ValueError as exc:

@@ -19,12 +19,13 @@ import numpy as np
 from .. import data
 from ..engine.backend import get_backend, resolve_device
 from ..engine.comm import communicator
-from ..engine.precision import Precision
+from ..engine.precision import GPU_ONLY, Precision
 from ..engine.profiler import Profiler
 from ..engine.rendezvous import Rendezvous
 from ..engine.world import World
 from ..errors import ConfigError, TrainingError
 from ..model.gpt import build_model
+from ..model.loss_scale import LossScaler
 from ..reporting import logfile, report
 from ..reporting.trace import MAX_STEPS as TRACE_STEPS
 from ..reporting.trace import chrome_trace
@@ -82,6 +83,7 @@ class Trainer:
         self.backend = get_backend(self.device)
         self.backend.configure(cfg.threads, cfg.cpu_jit, self.say, self.warn)
         self.precision = Precision.of(cfg.precision)
+        check_precision(cfg.precision, self.backend.kind, self.fallback)
         self.backend.set_precision(self.precision)
         self.comm = (communicator(self.backend, rendezvous, world.rank, world.size)
                      if rendezvous is not None else None)
@@ -94,7 +96,8 @@ class Trainer:
         streams = cfg.batch_size * cfg.grad_accum_steps * world.size  # a step's global batch
         data.check_layout(self.corpus, streams, cfg.seq_len)
         self.model = build_model(cfg, len(self.corpus.vocab), self.device,
-                                 self.precision.storage, world.size if sharded else 1)
+                                 self.precision.storage, world.size if sharded else 1,
+                                 compute=self.precision.compute)
         self.train_stream = upload_split(self.backend, self.corpus.train, streams)
         self.steps_per_epoch = data.num_batches(self.train_stream, cfg.seq_len)
         self.total_steps = cfg.num_epochs * self.steps_per_epoch
@@ -108,6 +111,8 @@ class Trainer:
             self.optimizer = make_optimizer(cfg, buffer, self.total_steps)
             if self.comm is not None:
                 sync = BucketedAllReduce(buffer, self.comm, int(cfg.bucket_mb * 2**20))
+        if self.precision.loss_scaling:
+            self.optimizer.loss_scaler = LossScaler(self.backend.xp)
         self.shards = Shards(world.rank, world.size, cfg.grad_accum_steps, self.comm, sync)
         self.history = (restore(resume, cfg, self.corpus.vocab.itos, buffer, self.optimizer,
                                 self.warn, world.size) if resume else History())
@@ -393,3 +398,11 @@ def check_world(cfg: Config, world: World) -> None:
         raise ConfigError(f"NUM_GPUS={cfg.num_gpus} but the launcher ({world.launcher}) "
                           f"started {world.size} processes: drop NUM_GPUS (the launcher's "
                           "WORLD_SIZE decides) or make them agree")
+
+
+def check_precision(precision: str, kind: str, fallback: str | None) -> None:
+    """Mixed precision is for the GPU; on the CPU (asked for, or fallen back to) say so."""
+    if precision in GPU_ONLY and kind != "gpu":
+        why = f" (the GPU is unusable: {fallback})" if fallback else ""
+        raise ConfigError(f"PRECISION={precision} is GPU-only (mixed precision){why}: train "
+                          f"with DEVICE=gpu, or use PRECISION=fp32 on the CPU")

@@ -7,6 +7,7 @@ process's: a resumed run counts its own steps over its own time, so tokens/s sta
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
@@ -96,6 +97,7 @@ def build_record(trainer: Any, status: str, message: str | None, train_time: flo
             "bucket_mb": cfg.bucket_mb,
             "buckets": len(getattr(shards.sync, "buckets", ())),
         },
+        "loss_scale": _loss_scale(trainer),
         "val_ppl": trainer.val_ppl,
         "test_ppl": trainer.test_ppl,
         "test_ppl_of": trainer.test_ppl_of,
@@ -104,13 +106,19 @@ def build_record(trainer: Any, status: str, message: str | None, train_time: flo
         "best_checkpoint": trainer.best_path if trainer.history.best_step is not None else None,
         "early_stopped": bool(trainer.early_stopped),
         "eval_protocol": protocol(cfg.seq_len, cfg.eval_stride),
-        "final_loss": trainer.losses[-1] if trainer.losses else None,
+        "final_loss": next((x for x in reversed(trainer.losses) if math.isfinite(x)), None),
         "checkpoint": ckpt,
         "message": message,
         "profile": (_profile(trainer, steps_done, step_time)
                     if trainer.profiler is not None else None),
         "curves": _curves(trainer),
     }
+
+
+def _loss_scale(trainer: Any) -> dict[str, Any] | None:
+    """A float16 run's final loss scale and how many steps it skipped; None otherwise."""
+    scaler = trainer.optimizer.loss_scaler
+    return None if scaler is None else scaler.state(trainer.backend.to_host)
 
 
 def _curves(trainer: Any) -> dict[str, Any]:
@@ -123,7 +131,8 @@ def _curves(trainer: Any) -> dict[str, Any]:
     return {
         "limit": MAX_POINTS,
         "losses": len(losses),
-        "loss": [[s, _digits(losses[s - 1])] for s in steps],
+        "loss": [[s, _digits(losses[s - 1])] for s in steps
+                 if math.isfinite(losses[s - 1])],  # (an fp16 step skipped for overflow)
         "lr": [[s, _digits(float(schedule(s)))] for s in steps],
         "val_ppl": [[int(s), _digits(v)] for s, v in sample(trainer.history.val_curve)],
     }

@@ -72,6 +72,9 @@ class StepRunner:
         self.x = xp.zeros((batch, seq_len), dtype=np.int32)
         self.y = xp.zeros_like(self.x)
         self.ring = xp.zeros(log_interval, dtype=dtype)  # step s at (s-1) % n
+        # fp16: whether each step was skipped for overflowing gradients (its loss may be inf
+        # without the run having diverged: the scale halves and training goes on)
+        self.skips = xp.zeros_like(self.ring) if optimizer.loss_scaler is not None else None
         # Each shard's backward is seeded with 1/shards, so the summed gradient is the mean;
         # its losses add up here (then over the ranks) into the step's mean loss.
         n = self.shards.count
@@ -105,7 +108,8 @@ class StepRunner:
             t2 = clock()
             last = k == sh.accum - 1
             hook = sh.sync.start(overlap) if last and sh.sync is not None else None
-            loss.backward(self.seed, on_leaf=hook)
+            scaler = opt.loss_scaler
+            loss.backward(self.seed if scaler is None else scaler.seed(sh.count), on_leaf=hook)
             if sh.count > 1:
                 if k == 0:
                     self.loss_sum[...] = loss.data
@@ -127,6 +131,8 @@ class StepRunner:
             value = self.loss_sum
         opt.step()
         kernels.store_at_step(self.ring, opt.step_count, value)
+        if self.skips is not None:
+            kernels.store_at_step(self.skips, opt.step_count, opt.loss_scaler.overflow)
         if timed:
             times["optimizer"] = clock() - t3
             for phase, dt in times.items():
@@ -179,15 +185,17 @@ class StepRunner:
     def drain(self, losses: list[float], last: int, advice: str) -> None:
         """Append the losses of the steps after len(losses) up to `last` (at most one ring
         apart), read back in one transfer; a non-finite one stops the run, naming its step and
-        `advice`, with the losses before it kept."""
+        `advice`, with the losses before it kept, unless loss scaling skipped that step."""
         first = len(losses) + 1
         if last < first:
             return
         ring = self.backend.to_host(self.ring)
+        skips = self.backend.to_host(self.skips) if self.skips is not None else None
         n = len(ring)
         for step in range(first, last + 1):
             value = float(ring[(step - 1) % n])
-            if not math.isfinite(value):
+            skipped = skips is not None and skips[(step - 1) % n] > 0
+            if not math.isfinite(value) and not skipped:
                 raise TrainingError(f"loss is {value} at step {step}: training diverged; "
                                     f"{advice}")
             losses.append(value)

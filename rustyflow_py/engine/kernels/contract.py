@@ -238,3 +238,9 @@ class Kernels(Protocol):
         step, i) is at least p (kernels/philox.py). `step` is a 0-d int32 device counter.
         Every backend returns the same bits for the same arguments."""
         ...
+
+    def dropout_apply(self, x: Any, p: float, seed: int, site: int, step: Any) -> Any:
+        """x * dropout_mask(x.shape, x.dtype, p, seed, site, step), a fresh array, where a
+        backend can without forming the mask (the GPU draws the bits inline): backward
+        applies it again to the gradient instead of keeping a mask."""
+        ...

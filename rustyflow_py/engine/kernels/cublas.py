@@ -5,8 +5,8 @@ when its workspace is preset (no allocation inside the graph), so RustyFlow keep
 handle bound to the backend's stream with a fixed workspace and calls
 cublasGemmStridedBatchedEx for every matmul. Row-major arrays are handled by computing
 C^T = B^T A^T in cuBLAS's column-major convention; transposed views are passed as op=T, so
-`h @ W.T` (the tied LM head) needs no copy. A, B and C share one type, float32, float64 or
-float16; float16 products accumulate in fp32.
+`h @ W.T` (the tied LM head) needs no copy. A, B and C share one type, float32, float64,
+float16 or bfloat16; 16-bit products accumulate in fp32.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ import numpy as np
 from ..precision import MatmulCompute
 
 _OP_N, _OP_T = 0, 1
-# The cudaDataType of each operand dtype (A, B and C share it): CUDA_R_32F, _64F, _16F.
-_CUDA_TYPES = {np.dtype(np.float32): 0, np.dtype(np.float64): 1, np.dtype(np.float16): 2}
+# The cudaDataType of each operand dtype (A, B and C share it): CUDA_R_32F, _64F, _16F,
+# _16BF (bfloat16 is ml_dtypes', matched by name so this module imports without it).
+_CUDA_TYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 14}
 _COMPUTE_32F, _COMPUTE_64F, _COMPUTE_32F_FAST_TF32 = 68, 70, 77
 _GEMM_DEFAULT = -1
 _WORKSPACE_BYTES = 32 * 2**20
@@ -104,7 +105,7 @@ class Cublas:
         into `out` (C-contiguous, the result's shape and dtype) when given.
 
         strict=True keeps full fp32 even when TF32 is on (for reductions written as GEMMs)."""
-        if a.dtype != b.dtype or a.dtype not in _CUDA_TYPES:
+        if a.dtype != b.dtype or a.dtype.name not in _CUDA_TYPES:
             return self.xp.matmul(a, b, out=out)
         if a.ndim > 2 and b.ndim > 2 and a.shape[:-2] != b.shape[:-2]:
             return self.xp.matmul(a, b, out=out)
@@ -127,7 +128,7 @@ class Cublas:
         b, stride_b = self._batch_stride(b)
         a, op_a, lda = self._operand(a)
         b, op_b, ldb = self._operand(b)
-        dtype = _CUDA_TYPES[a.dtype]
+        dtype = _CUDA_TYPES[a.dtype.name]
         double = a.dtype == np.float64
         tf32 = self.matmul_compute == "tf32" and a.dtype == np.float32 and not strict
         # 16-bit operands accumulate in fp32 (COMPUTE_32F, fp32 alpha and beta)

@@ -200,6 +200,7 @@ extern "C" __global__ void lamb_moments(const real* g, const real* p, real* m, r
     __shared__ acc s1[32], s2[32];
     int c = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     acc t = (acc)step[0], sc = (acc)scale[0];
+    if (sc < 0) return;  // a skipped step (fp16 overflow); lamb_apply skips it too
     acc bc1 = -expm1(t * lb1), bc2 = sqrt(-expm1(t * lb2));  // 1 - b**t, lb = log(b)
     acc sw = 0, su = 0;
     for (long long i = lo[c] + threadIdx.x; i < hi[c]; i += blockDim.x) {
@@ -239,7 +240,8 @@ extern "C" __global__ void lamb_trust(const acc* pw, const acc* pu, const int* f
     "lamb_apply": r"""
 extern "C" __global__ void lamb_apply(real* p, const real* u, const acc* trust, const int* seg,
                                       const long long* lo, const long long* hi,
-                                      const float* lr) {
+                                      const float* lr, const float* scale) {
+    if (scale[0] < 0) return;
     int c = blockIdx.x;
     acc f = (acc)lr[0] * trust[seg[c]];
     for (long long i = lo[c] + threadIdx.x; i < hi[c]; i += blockDim.x)
@@ -257,6 +259,14 @@ _CTYPE = {
     np.dtype(np.float64): ("double", "double", ""),
     np.dtype(np.float16): ("__half", "float", "#include <cuda_fp16.h>"),
 }
+
+
+def _ctype(dtype: np.dtype) -> tuple[str, str, str]:
+    """_CTYPE's row for `dtype`; bfloat16 (ml_dtypes) is looked up by name, so this module
+    imports without it."""
+    if dtype.name == "bfloat16":
+        return "__nv_bfloat16", "float", "#include <cuda_bf16.h>"
+    return _CTYPE[dtype]
 # The acc of an ElementwiseKernel's T: float, or double for double (CuPy names its 16-bit
 # types itself, so they take the default).
 _ACC_TRAIT = """
@@ -270,7 +280,7 @@ _WARPS_PER_BLOCK = 8
 def _kernel(name: str, dtype: np.dtype) -> Any:
     import cupy
 
-    real, acc, header = _CTYPE[dtype]
+    real, acc, header = _ctype(dtype)
     code = f"{header}\ntypedef {real} real;\ntypedef {acc} acc;\n{_WARP_REDUCE}\n{_SOURCES[name]}"
     return cupy.RawKernel(code, name)
 
@@ -304,6 +314,18 @@ def _elementwise() -> dict[str, Any]:
             mask = bits >= thresh ? (T)scale : (T)0.0f;
             """,
             "rf_dropout_mask", preamble=PHILOX_CUDA),
+        # The same draw applied to x on the fly: no mask array is written or read.
+        "dropout_apply": cupy.ElementwiseKernel(
+            "T x, int32 step, uint32 seed, uint32 site, uint32 thresh, float64 scale", "T y",
+            """
+            unsigned long long j = (unsigned long long)i >> 2;
+            unsigned int bits = rf_philox_word((unsigned int)j, (unsigned int)(j >> 32),
+                                               (unsigned int)step, 0u, seed, site,
+                                               (int)(i & 3)) >> 8;
+            typedef rf_acc<T>::type A;
+            y = bits >= thresh ? (T)((A)x * (A)(T)scale) : (T)0.0f;
+            """,
+            "rf_dropout_apply", preamble=PHILOX_CUDA + _ACC_TRAIT),
     }
 
 
@@ -472,3 +494,9 @@ class CudaKernels(CudaOptimizer, XpKernels):
                                        np.uint32(philox.keep_threshold(p)),
                                        np.float64(1.0 / (1.0 - p)), mask)
         return mask
+
+    def dropout_apply(self, x: Any, p: float, seed: int, site: int, step: Any) -> Any:
+        """x times the mask above in one launch, the bits drawn inline."""
+        return _elementwise()["dropout_apply"](
+            x, step, np.uint32(seed & 0xFFFFFFFF), np.uint32(site),
+            np.uint32(philox.keep_threshold(p)), np.float64(1.0 / (1.0 - p)))

@@ -1,7 +1,9 @@
 """CUDA optimizer kernels (CuPy): each optimizer's update over the whole flat buffer in as
 few launches as it can (one ElementwiseKernel for the elementwise ones; three RawKernels for
 LAMB's per-tensor trust ratios; batched GEMMs for Muon's Newton-Schulz), reading the learning
-rate, step and clip factor from device memory so the step stays inside the CUDA graph.
+rate, step and clip factor from device memory so the step stays inside the CUDA graph. A
+negative factor means "skip this step" (a float16 run whose gradients overflowed,
+model/loss_scale.py): the kernels then leave parameters and state untouched.
 
 A mixin of CudaKernels (cuda.py): it uses that class's `_k` (the RawKernels compiled from
 cuda.py's sources, LAMB's among them) and `xp`.
@@ -32,6 +34,7 @@ def _optimizer_kernels() -> dict[str, Any]:
             "float32 lb2, float32 eps, float32 wd, int64 decay",
             "T p, T m, T v",
             """
+            if (scale < 0) return;  // skipped (fp16 overflow: loss_scale.py)
             T gs = g * (T)scale;
             if (i < decay) p *= (T)(1 - lr * wd);
             m = (T)(1 - c1) * m + (T)c1 * gs;
@@ -46,6 +49,7 @@ def _optimizer_kernels() -> dict[str, Any]:
             "float32 lb2, float32 eps, float32 wd, int64 decay",
             "T p, T m, T v",
             """
+            if (scale < 0) return;  // skipped (fp16 overflow: loss_scale.py)
             T gs = g * (T)scale;
             if (i < decay) gs += (T)wd * p;
             m = (T)(1 - c1) * m + (T)c1 * gs;
@@ -58,6 +62,7 @@ def _optimizer_kernels() -> dict[str, Any]:
             "T g, float32 lr, float32 scale, float32 mu, bool nesterov, float32 wd, int64 decay",
             "T p, T vel",
             """
+            if (scale < 0) return;  // skipped (fp16 overflow: loss_scale.py)
             T gs = g * (T)scale;
             if (i < decay) gs += (T)wd * p;
             T d = gs;
@@ -69,6 +74,7 @@ def _optimizer_kernels() -> dict[str, Any]:
             "T g, float32 lr, float32 scale, float32 eps, float32 wd, int64 decay",
             "T p, T ssum",
             """
+            if (scale < 0) return;  // skipped (fp16 overflow: loss_scale.py)
             T gs = g * (T)scale;
             if (i < decay) gs += (T)wd * p;
             ssum += gs * gs;
@@ -80,6 +86,7 @@ def _optimizer_kernels() -> dict[str, Any]:
             "int64 decay",
             "T p, T sq, T dacc",
             """
+            if (scale < 0) return;  // skipped (fp16 overflow: loss_scale.py)
             T gs = g * (T)scale;
             if (i < decay) gs += (T)wd * p;
             sq = (T)rho * sq + (T)crho * (gs * gs);
@@ -93,6 +100,7 @@ def _optimizer_kernels() -> dict[str, Any]:
         "muon_momentum": cupy.ElementwiseKernel(
             "T g, float32 scale, float32 mu, float32 cmu, bool nesterov", "T buf, T upd",
             """
+            if (scale < 0) return;  // skipped (fp16 overflow: loss_scale.py)
             T gs = g * (T)scale;
             buf += (T)cmu * (gs - buf);
             upd = nesterov ? gs + (T)mu * (buf - gs) : buf;
@@ -126,7 +134,8 @@ def _rmsprop(centered: bool, with_momentum: bool) -> Any:
         "T g, float32 lr, float32 scale, float32 alpha, float32 calpha, float32 eps, "
         "float32 mu, float32 wd, int64 decay", outs,
         f"""
-        T gs = g * (T)scale;
+        if (scale < 0) return;  // skipped (fp16 overflow: loss_scale.py)
+            T gs = g * (T)scale;
         if (i < decay) gs += (T)wd * p;
         sq = (T)alpha * sq + (T)calpha * (gs * gs);
         {avg}
@@ -259,7 +268,8 @@ class CudaOptimizer:
         self._k("lamb_trust", p.dtype)(((t.count + 127) // 128,), (128,),
                                        (pw, pu, t.first, trust, np.int32(t.count)))
         self._k("lamb_apply", p.dtype, u)((t.chunks,), (256,),
-                                          (p, u, trust, t.seg, t.lo, t.hi, lr))
+                                          (p, u, trust, t.seg, t.lo, t.hi, lr,
+                                           self._scale(scale)))
 
     # ---- Muon ---------------------------------------------------------------------------------
     def muon_momentum(

@@ -206,7 +206,9 @@ class XpKernels(StepKernels):
 
     # ---- embedding backward: rows of g added into the (V, E) gradient ---------------------------
     def scatter_add_rows(self, dst: Any, idx: Any, rows: Any) -> None:
-        self.xp.add.at(dst, idx.ravel(), rows.reshape(-1, dst.shape[-1]))
+        """(Mixed precision: 16-bit rows into a float32 gradient, converted first.)"""
+        rows = rows.reshape(-1, dst.shape[-1]).astype(dst.dtype, copy=False)
+        self.xp.add.at(dst, idx.ravel(), rows)
 
 
 
