@@ -5,9 +5,17 @@ with the same step: zero grad, forward, backward, clip the global grad norm to 1
 For every shape and precision it times RustyFlow (eager, and CUDA-graph replay on the GPU; on the
 CPU also eager with CPU_JIT=off, the pure-NumPy kernels, when numba is installed) and
 PyTorch (eager, and torch.compile mode="reduce-overhead" by default on the GPU), then trains
-both for --curve-steps steps on WikiText-2 and reports how far the loss curves drift apart.
+both for --curve-steps steps on WikiText-2 at each --curve-precisions precision and reports how
+far the loss curves drift apart, against a bound per precision.
 On the CPU each timing runs in a worker process of its own, so the peak RSS it reports is that
 framework's alone; on the GPU everything runs in this process, memory freed between runs.
+
+Precisions: fp32 everywhere; on the GPU also tf32 (TF32 GEMMs), and the mixed precisions bf16
+and fp16. There RustyFlow keeps float32 master weights, gradients and AdamW state and runs
+forward and backward on a 16-bit copy of the weights (GEMMs accumulate in fp32); fp16 adds
+dynamic loss scaling. PyTorch keeps its fp32 model and runs forward + loss under
+torch.autocast at the same 16-bit dtype, backward outside it, fp16 with a GradScaler: the
+usual way to train in 16 bits in each framework, compared at the same precision.
 
     python benchmarks/vs_pytorch.py --device cpu --out benchmarks/results/cpu-<machine>.md
     python benchmarks/vs_pytorch.py --device gpu --out benchmarks/results/<gpu>.md
@@ -16,8 +24,10 @@ framework's alone; on the GPU everything runs in this process, memory freed betw
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import gc
+import inspect
 import json
 import math
 import os
@@ -42,7 +52,11 @@ sys.path.insert(0, str(ROOT))  # time the working tree's package, installed or n
 
 from rustyflow_py import data  # noqa: E402
 from rustyflow_py.engine import backend, devices  # noqa: E402
-from rustyflow_py.engine.backend import get_backend, gpu_unavailable_reason  # noqa: E402
+from rustyflow_py.engine.backend import (  # noqa: E402
+    get_backend,
+    gpu_unavailable_reason,
+    set_threads,
+)
 from rustyflow_py.engine.memory import PeakMemory  # noqa: E402
 from rustyflow_py.engine.precision import Precision  # noqa: E402
 from rustyflow_py.engine.tensor import Tensor  # noqa: E402
@@ -62,6 +76,13 @@ DEFAULT_STEPS = {  # (warm-up, timed) steps per shape: a 2-core CPU takes ~10 s 
     "gpu": {"seed": (10, 50), "small": (10, 40), "medium": (5, 20)},
 }
 MiB, GiB = 2**20, 2**30
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+GPU_ONLY = ("tf32", "bf16", "fp16")  # TF32 is a GPU GEMM mode; the 16-bit paths are GPU-only
+CURVE_BOUNDS = {"fp32": 0.01, "bf16": 0.02, "fp16": 0.02}  # max relative loss difference
+INIT_LOSS_SCALE = 2.0**16  # fp16: LossScaler's and GradScaler's initial scale
+# PyTorch's fp32-matmul mode under autocast: TF32 allowed, as in the tf32 rows. Autocast runs
+# every GEMM of this model (Linear, attention, the tied head) in 16 bits, so none is left.
+AUTOCAST_MATMUL = "high"
 
 StepFn = Callable[[Any, Any], Any]  # step(x, y) -> the loss, left on the device
 
@@ -103,18 +124,21 @@ def synthetic_batch(cfg: GPTConfig, batch: int) -> tuple[np.ndarray, np.ndarray]
 
 
 # ---- HOOK: the RustyFlow training step that is timed ---------------------------------------------
-def rustyflow_step_fn(model: GPT, optimizer: AdamW, mode: str) -> StepFn:
+def rustyflow_step_fn(model: GPT, optimizer: AdamW, mode: str, scaler: Any = None) -> StepFn:
     """RustyFlow's training step from its public API, as Trainer.step runs it.
 
-    "eager" runs zero_grad -> forward -> backward -> optimizer.step (clip + AdamW) each call.
-    "graph" captures that same step once as a CUDA graph (rustyflow_py.engine.graph.CapturedStep)
-    and replays it; NotAvailable when this tree has no graph support or the capture fails.
+    "eager" runs zero_grad -> forward -> backward -> optimizer.step (clip + AdamW) each call;
+    with an fp16 loss `scaler` (attached to the optimizer, which unscales and skips on
+    overflow) backward is seeded with the scale, a device array, so the step stays
+    capturable. "graph" captures that same step once as a CUDA graph
+    (rustyflow_py.engine.graph.CapturedStep) and replays it; NotAvailable when this tree has
+    no graph support or the capture fails.
     """
 
     def eager(x: Any, y: Any) -> Any:
         model.buffer.zero_grad()
         loss = model(Tensor(x), Tensor(y))
-        loss.backward()
+        loss.backward(None if scaler is None else scaler.seed(1))
         optimizer.step()
         return loss.data
 
@@ -125,6 +149,48 @@ def rustyflow_step_fn(model: GPT, optimizer: AdamW, mode: str) -> StepFn:
     if model.device != "gpu":
         raise NotAvailable("CUDA graphs need the GPU")
     return GraphStep(eager, model.buffer.backend)
+
+
+def rustyflow_precision(name: str) -> Precision:
+    """The policy `name`, or NotAvailable when this tree does not have it (yet)."""
+    try:
+        return Precision.of(name)
+    except ValueError as exc:
+        raise NotAvailable(str(exc)) from None
+
+
+def rustyflow_training(
+    cfg: GPTConfig, device: str, precision: str, total_steps: int
+) -> tuple[GPT, AdamW, Any]:
+    """GPT + AdamW at `precision`, and the loss scaler (None unless the policy scales the loss).
+
+    fp32/tf32 build the model as always. bf16/fp16 keep float32 master weights, gradients and
+    optimizer state (`storage`) and run forward/backward on a 16-bit copy (`compute`) that
+    the optimizer refreshes at the end of every step; fp16 also scales the loss.
+    """
+    p = rustyflow_precision(precision)
+    sched = Schedule(LR, WARMUP, total_steps, MIN_RATIO)
+    if p.compute == p.storage:
+        model = GPT(cfg, device, SEED)  # initialised with init_weights(cfg, SEED)
+        return model, AdamW(model.buffer, sched, grad_clip=CLIP), None
+    if "compute" not in inspect.signature(GPT).parameters:
+        raise NotAvailable("this tree's GPT has no 16-bit compute copy")
+    model = GPT(cfg, device, SEED, dtype=p.storage, compute=p.compute)
+    opt = AdamW(model.buffer, sched, grad_clip=CLIP)
+    scaler = None
+    if p.loss_scaling:
+        try:
+            from rustyflow_py.model.loss_scale import LossScaler
+        except ImportError as exc:
+            raise NotAvailable(f"no loss scaling in this tree ({exc})") from None
+        scaler = LossScaler(model.buffer.backend.xp)
+        opt.loss_scaler = scaler
+    return model, opt, scaler
+
+
+def host_float(backend: Any, array: Any) -> float:
+    """A 0-d device array as a Python float (via float32: a bfloat16 host array included)."""
+    return float(np.asarray(backend.to_host(array)).astype(np.float32))
 
 
 class GraphStep:
@@ -166,9 +232,15 @@ class GraphStep:
         return self.captured.pool_bytes() if self.captured is not None else 0
 
 
-def pytorch_step_fn(model: Any, optimizer: Any, mode: str) -> StepFn:
+def pytorch_step_fn(model: Any, optimizer: Any, mode: str, precision: str = "fp32",
+                    scaler: Any = None) -> StepFn:
     """The same step in PyTorch; "compile" compiles the model (forward + backward) with
-    mode="reduce-overhead" (CUDA graphs on the GPU), the clip and fused AdamW stay eager."""
+    mode="reduce-overhead" (CUDA graphs on the GPU), the clip and fused AdamW stay eager.
+
+    bf16/fp16 run forward + loss under torch.autocast, backward outside it (autocast's
+    recipe); fp16's GradScaler scales the loss, and unscales the gradients before the clip so
+    the clip sees true norms, then steps (skipping on overflow) and updates its scale.
+    """
     import torch
 
     params = list(model.parameters())
@@ -178,18 +250,35 @@ def pytorch_step_fn(model: Any, optimizer: Any, mode: str) -> StepFn:
         forward = torch.compile(model, mode="reduce-overhead")
     elif mode != "eager":
         raise ValueError(f"unknown PyTorch mode {mode!r}")
+    amp = autocast_dtype(precision)
 
     def step(x: Any, y: Any) -> Any:
         if mode == "compile":
             torch.compiler.cudagraph_mark_step_begin()
         optimizer.zero_grad(set_to_none=True)
-        loss = forward(x, y)
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, CLIP)
-        optimizer.step()
+        with (contextlib.nullcontext() if amp is None
+              else torch.autocast("cuda", dtype=amp)):
+            loss = forward(x, y)
+        if scaler is None:
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, CLIP)
+            optimizer.step()
+        else:
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+            torch.nn.utils.clip_grad_norm_(params, CLIP)
+            scaler.step(optimizer)  # fused AdamW: skips on overflow without a host sync
+            scaler.update()
         return loss
 
     return step
+
+
+def autocast_dtype(precision: str) -> Any:
+    """The torch dtype PyTorch autocasts to at `precision`; None for fp32/tf32 (no autocast)."""
+    import torch
+
+    return {"bf16": torch.bfloat16, "fp16": torch.float16}.get(precision)
 
 
 def torch_model(cfg: GPTConfig, device: str) -> tuple[Any, Any]:
@@ -203,11 +292,23 @@ def torch_model(cfg: GPTConfig, device: str) -> tuple[Any, Any]:
     return model, make_adamw(model, LR, fused=True)
 
 
+def torch_training(cfg: GPTConfig, device: str, precision: str) -> tuple[Any, Any, Any]:
+    """The PyTorch model (fp32 at every precision), its AdamW, and fp16's GradScaler (its
+    defaults are RustyFlow's LossScaler's: 2**16, x2 per 2000 clean steps, x0.5 on overflow)."""
+    import torch
+
+    model, opt = torch_model(cfg, device)
+    return model, opt, torch.amp.GradScaler("cuda") if precision == "fp16" else None
+
+
 def set_torch_precision(device: str, precision: str) -> None:
     import torch
 
-    torch.set_float32_matmul_precision("high" if device == "gpu" and precision == "tf32"
-                                       else "highest")
+    if device != "gpu" or precision == "fp32":
+        mode = "highest"
+    else:
+        mode = "high" if precision == "tf32" else AUTOCAST_MATMUL
+    torch.set_float32_matmul_precision(mode)
 
 
 # ---- timing -----------------------------------------------------------------------------------
@@ -244,18 +345,20 @@ def free_gpu_memory() -> None:
 
 def measure_rustyflow(job: Job) -> dict[str, Any]:
     backend = get_backend(job.device)
-    backend.set_precision(Precision.of(job.precision))
+    backend.set_precision(rustyflow_precision(job.precision))
     if job.device == "cpu":
-        backend.set_threads(job.threads)
+        set_threads(job.threads)
         backend.kernels.set_jit("off" if job.mode == "numpy" else "auto")
     base = rss_bytes()
     cfg, batch = gpt_config(job.shape)
     x, y = (backend.from_host(a) for a in synthetic_batch(cfg, batch))
-    model = GPT(cfg, job.device, SEED)  # initialised with init_weights(cfg, SEED)
-    opt = AdamW(model.buffer, Schedule(LR, WARMUP, 10**6, MIN_RATIO), grad_clip=CLIP)
-    step = rustyflow_step_fn(model, opt, job.mode)
+    model, opt, scaler = rustyflow_training(cfg, job.device, job.precision, 10**6)
+    step = rustyflow_step_fn(model, opt, job.mode, scaler)
     times, loss = time_steps(step, x, y, job, backend.synchronize)
-    out: dict[str, Any] = {"times": times, "loss": float(backend.to_host(loss))}
+    out: dict[str, Any] = {"times": times, "loss": host_float(backend, loss)}
+    if scaler is not None:
+        state = scaler.state(backend.to_host)
+        out["scaler"] = f"scale {state['scale']:g}, {state['skipped']} skipped"
     if job.device == "gpu":
         if isinstance(step, GraphStep):
             peak = step.peak
@@ -287,12 +390,14 @@ def measure_pytorch(job: Job) -> dict[str, Any]:
     cfg, batch = gpt_config(job.shape)
     dev = "cuda" if cuda else "cpu"
     x, y = (torch.from_numpy(a.astype(np.int64)).to(dev) for a in synthetic_batch(cfg, batch))
-    model, opt = torch_model(cfg, job.device)
-    step = pytorch_step_fn(model, opt, job.mode)
+    model, opt, scaler = torch_training(cfg, job.device, job.precision)
+    step = pytorch_step_fn(model, opt, job.mode, job.precision, scaler)
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     warm = dataclasses.replace(job, warmup=max(job.warmup, 3)) if job.mode == "compile" else job
     times, loss = time_steps(step, x, y, warm, sync)
     out: dict[str, Any] = {"times": times, "loss": float(loss.item())}
+    if scaler is not None:
+        out["scaler"] = torch_scaler_text(scaler, warm.warmup + warm.steps)
     if cuda:
         out["memory"] = (f"{torch.cuda.max_memory_allocated() / GiB:.2f} GiB allocated, "
                          f"{torch.cuda.max_memory_reserved() / GiB:.2f} reserved")
@@ -300,6 +405,15 @@ def measure_pytorch(job: Job) -> dict[str, Any]:
     else:
         out["memory"], out["peak_bytes"] = rss_text(base), rss_bytes()
     return out
+
+
+def torch_scaler_text(scaler: Any, steps: int) -> str:
+    """GradScaler's scale after `steps` steps, and how many it skipped: GradScaler keeps no
+    count, but with fewer steps than its growth interval every halving was one skip."""
+    scale = scaler.get_scale()
+    if steps >= scaler.get_growth_interval():
+        return f"scale {scale:g}"
+    return f"scale {scale:g}, {round(math.log2(INIT_LOSS_SCALE / scale))} skipped"
 
 
 def rss_bytes() -> int:
@@ -340,46 +454,79 @@ def measure_in_worker(job: Job) -> dict[str, Any]:
 
 
 # ---- loss-curve agreement -----------------------------------------------------------------------
-def loss_curves(device: str, shape: str, steps: int, data_dir: str | None) -> dict[str, Any]:
-    """Train both from the same weights on the same WikiText-2 batches, fp32, same schedule."""
-    import torch
-    from torch_gpt import cosine_lr
+Batches = list[tuple[np.ndarray, np.ndarray]]
 
+
+def curve_batches(shape: str, steps: int, data_dir: str | None) -> tuple[GPTConfig, Batches]:
+    """The first `steps` WikiText-2 training batches in order (wrapping), shared by every
+    precision and both frameworks."""
     corpus = data.load_corpus("wikitext-2", data_dir)
     cfg, batch = gpt_config(shape, len(corpus.vocab))
     stream = data.batchify(corpus.train.astype(np.int32), batch)
     n = data.num_batches(stream, cfg.seq_len)
-    batches = [tuple(np.ascontiguousarray(a) for a in data.get_batch(stream, i % n, cfg.seq_len))
-               for i in range(steps)]
+    return cfg, [tuple(np.ascontiguousarray(a) for a in data.get_batch(stream, i % n, cfg.seq_len))
+                 for i in range(steps)]
 
-    backend = get_backend(device)
-    backend.set_precision(Precision.of("fp32"))
-    model = GPT(cfg, device, SEED)
-    opt = AdamW(model.buffer, Schedule(LR, WARMUP, steps, MIN_RATIO), grad_clip=CLIP)
-    step = rustyflow_step_fn(model, opt, "eager")
-    ours = [float(backend.to_host(step(backend.from_host(x), backend.from_host(y))))
-            for x, y in batches]
-    del model, opt, step
 
-    set_torch_precision(device, "fp32")
-    dev = "cuda" if device == "gpu" else "cpu"
-    ref, ref_opt = torch_model(cfg, device)
-    ref_step = pytorch_step_fn(ref, ref_opt, "eager")
-    theirs = []
-    for s, (x, y) in enumerate(batches, start=1):
-        for group in ref_opt.param_groups:
-            group["lr"] = cosine_lr(s, LR, WARMUP, steps, MIN_RATIO)
-        xt, yt = (torch.from_numpy(a.astype(np.int64)).to(dev) for a in (x, y))
-        theirs.append(float(ref_step(xt, yt).item()))
-
-    rel = [abs(a - b) / abs(b) for a, b in zip(ours, theirs, strict=True)]
+def loss_curves(device: str, shape: str, cfg: GPTConfig, batches: Batches,
+                precision: str) -> dict[str, Any]:
+    """Train both from the same weights on the same batches with the same schedule at
+    `precision` (PyTorch under autocast for bf16/fp16), and the worst relative gap."""
+    ours, our_scaler = rustyflow_curve(device, cfg, batches, precision)
+    if device == "gpu":
+        free_gpu_memory()
+    theirs, their_scaler = pytorch_curve(device, cfg, batches, precision)
+    rel = [abs(a - b) / abs(b) if math.isfinite(a) and math.isfinite(b) else math.inf
+           for a, b in zip(ours, theirs, strict=True)]  # a NaN loss never passes
     worst = int(np.argmax(rel))
-    return {"shape": shape, "steps": steps, "rustyflow": ours, "pytorch": theirs,
-            "max_rel": rel[worst], "worst_step": worst + 1}
+    return {"shape": shape, "steps": len(batches), "precision": precision, "rustyflow": ours,
+            "pytorch": theirs, "max_rel": rel[worst], "worst_step": worst + 1,
+            "bound": CURVE_BOUNDS[precision], "scalers": (our_scaler, their_scaler)}
 
 
-def plot_curves(curve: dict[str, Any], path: Path) -> str:
-    """PNG of both loss curves; says why not when matplotlib is missing."""
+def rustyflow_curve(device: str, cfg: GPTConfig, batches: Batches,
+                    precision: str) -> tuple[list[float], str | None]:
+    """RustyFlow's loss per step, and its loss scaler's state after the run (fp16)."""
+    backend = get_backend(device)
+    backend.set_precision(rustyflow_precision(precision))
+    model, opt, scaler = rustyflow_training(cfg, device, precision, len(batches))
+    step = rustyflow_step_fn(model, opt, "eager", scaler)
+    losses = [host_float(backend, step(backend.from_host(x), backend.from_host(y)))
+              for x, y in batches]
+    if scaler is None:
+        return losses, None
+    state = scaler.state(backend.to_host)
+    return losses, f"scale {state['scale']:g}, {state['skipped']} skipped"
+
+
+def pytorch_curve(device: str, cfg: GPTConfig, batches: Batches,
+                  precision: str) -> tuple[list[float], str | None]:
+    """PyTorch's loss per step (each step's LR from RustyFlow's schedule in Python floats),
+    and its GradScaler's state after the run (fp16; the loss is read every step anyway, so
+    the skips are counted exactly)."""
+    import torch
+    from torch_gpt import cosine_lr
+
+    set_torch_precision(device, precision)
+    dev = "cuda" if device == "gpu" else "cpu"
+    model, opt, scaler = torch_training(cfg, device, precision)
+    step = pytorch_step_fn(model, opt, "eager", precision, scaler)
+    losses, skipped = [], 0
+    last = scaler.get_scale() if scaler is not None else 0.0
+    for s, (x, y) in enumerate(batches, start=1):
+        for group in opt.param_groups:
+            group["lr"] = cosine_lr(s, LR, WARMUP, len(batches), MIN_RATIO)
+        xt, yt = (torch.from_numpy(a.astype(np.int64)).to(dev) for a in (x, y))
+        losses.append(float(step(xt, yt).item()))
+        if scaler is not None:
+            scale = scaler.get_scale()
+            skipped, last = skipped + (scale < last), scale
+    return losses, None if scaler is None else f"scale {last:g}, {skipped} skipped"
+
+
+def plot_curves(curves: list[dict[str, Any]], path: Path) -> str:
+    """PNG of both loss curves, one panel per precision; says why not when matplotlib is
+    missing."""
     try:
         import matplotlib
 
@@ -387,13 +534,16 @@ def plot_curves(curve: dict[str, Any], path: Path) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         return "no plot (matplotlib is not installed)"
-    fig, ax = plt.subplots(figsize=(7, 4))
-    steps = range(1, curve["steps"] + 1)
-    ax.plot(steps, curve["pytorch"], label="PyTorch", linewidth=2)
-    ax.plot(steps, curve["rustyflow"], label="RustyFlow", linestyle="--")
-    ax.set(xlabel="step", ylabel="training loss",
-           title=f"WikiText-2, {describe_shape(curve['shape'])}, same initial weights")
-    ax.legend()
+    fig, axes = plt.subplots(1, len(curves), figsize=(7 * len(curves), 4), squeeze=False,
+                             sharey=True)
+    for ax, curve in zip(axes[0], curves, strict=True):
+        steps = range(1, curve["steps"] + 1)
+        ax.plot(steps, curve["pytorch"], label="PyTorch", linewidth=2)
+        ax.plot(steps, curve["rustyflow"], label="RustyFlow", linestyle="--")
+        ax.set(xlabel="step", ylabel="training loss", title=f"{curve['precision']}: max rel. "
+               f"diff {curve['max_rel']:.2e} (bound {curve['bound']:.0%})")
+        ax.legend()
+    fig.suptitle(f"WikiText-2, {describe_shape(curves[0]['shape'])}, same initial weights")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -428,8 +578,9 @@ def versions(device: str) -> str:
 
 
 def render(args: argparse.Namespace, rows: list[tuple[Job, dict[str, Any]]],
-           curve: dict[str, Any] | str | None, plot_note: str) -> str:
+           curves: list[dict[str, Any] | str], plot_note: str) -> str:
     threads = args.threads or os.cpu_count()
+    compiled = any(j.mode == "compile" for j, _ in rows)
     lines = [
         f"# RustyFlow vs PyTorch — {args.device.upper()}",
         "",
@@ -440,50 +591,106 @@ def render(args: argparse.Namespace, rows: list[tuple[Job, dict[str, Any]]],
         f"- Versions: {versions(args.device)}",
         "- Step: zero grad, forward, backward, grad-norm clip 1.0, AdamW (PyTorch: fused); "
         f"same initial weights (`init_weights(cfg, {SEED})`), random tokens, vocabulary {VOCAB}",
+        *precision_notes(set(args.precisions) | set(args.curve_precisions)),
         "- ms/step: median of the timed windows (min–max in brackets), after warm-up, device "
-        "synchronised before each clock read; ratio = ms/step ÷ PyTorch eager's (lower is "
-        "better for RustyFlow)",
+        "synchronised before each clock read; ratio = ms/step ÷ PyTorch eager's"
+        + (" (or compile's)" if compiled else "") + " at the same shape and precision (lower "
+        "is better for RustyFlow)",
         "",
         "| shape | precision | framework/mode | ms/step | tokens/s | ratio vs PyTorch eager "
-        "| peak mem |",
-        "|---|---|---|---:|---:|---:|---|",
+        + ("| ratio vs PyTorch compile " if compiled else "") + "| peak mem |",
+        "|---|---|---|---:|---:|---:|" + ("---:|" if compiled else "") + "---|",
     ]
-    eager = {(j.shape, j.precision): statistics.median(r["times"]) for j, r in rows
-             if j.framework == "pytorch" and j.mode == "eager" and r["status"] == "ok"}
-    eager_mem = {(j.shape, j.precision): r.get("peak_bytes") for j, r in rows
-                 if j.framework == "pytorch" and j.mode == "eager" and r["status"] == "ok"}
+    eager, eager_mem = reference(rows, "eager")
+    comp, _ = reference(rows, "compile")
     for job, res in rows:
         head = f"| {describe_shape(job.shape)} | {job.precision} | {job.framework} {job.mode} |"
         if res["status"] != "ok":
-            lines.append(f"{head} — | — | — | {res['status']} |")
+            lines.append(f"{head} — | — | — |{' — |' if compiled else ''} {res['status']} |")
             continue
         t = res["times"]
         ms = statistics.median(t) * 1e3
         cfg, batch = gpt_config(job.shape)
-        ref = eager.get((job.shape, job.precision))
-        ratio = f"{ms / (ref * 1e3):.2f}" if ref else "—"
-        mem_ref = eager_mem.get((job.shape, job.precision))
+        key = (job.shape, job.precision)
+        ratios = [f"{ms / (ref[key] * 1e3):.2f}" if key in ref else "—"
+                  for ref in ([eager, comp] if compiled else [eager])]
+        mem_ref = eager_mem.get(key)
         mem = res["memory"] + (f" ({res['peak_bytes'] / mem_ref:.2f}x PyTorch eager)"
                                if mem_ref and res.get("peak_bytes") else "")
         lines.append(f"{head} {ms:.1f} ({min(t) * 1e3:.1f}–{max(t) * 1e3:.1f}) | "
-                     f"{batch * cfg.seq_len / (ms / 1e3):,.0f} | {ratio} | {mem} |")
+                     f"{batch * cfg.seq_len / (ms / 1e3):,.0f} | {' | '.join(ratios)} | {mem} |")
     if rows:
         counts = dict.fromkeys((j.shape, j.warmup, j.steps, j.windows) for j, _ in rows)
         lines += ["", "Warm-up / timed steps / windows: " + "; ".join(
             f"{s} {w} / {n} / {k}" for s, w, n, k in counts) + "."]
-    lines += ["", "## Loss-curve agreement", ""]
-    if isinstance(curve, dict):
-        rf, pt = curve["rustyflow"][-1], curve["pytorch"][-1]
-        ok = "yes" if curve["max_rel"] <= 0.01 else "**no**"
+    scaled = [f"{describe_shape(j.shape)} {j.framework} {j.mode}: {r['scaler']}"
+              for j, r in rows if r.get("scaler")]
+    if scaled:
+        lines += ["", f"fp16 loss scale after the timed steps (initial {INIT_LOSS_SCALE:g}): "
+                  + "; ".join(scaled) + "."]
+    return "\n".join(lines + ["", "## Loss-curve agreement", "",
+                              *render_curves(curves, plot_note)]) + "\n"
+
+
+def precision_notes(names: set[str]) -> list[str]:
+    """Header lines saying what each precision in the run means in each framework."""
+    notes = []
+    if "tf32" in names:
+        notes.append("- tf32: RustyFlow PRECISION=tf32 (cuBLAS TF32 compute for fp32 GEMMs); "
+                     "PyTorch `set_float32_matmul_precision(\"high\")`")
+    if names & {"bf16", "fp16"}:
+        tf32 = "TF32 allowed" if AUTOCAST_MATMUL == "high" else "no TF32"
+        notes.append(
+            "- bf16/fp16: RustyFlow `Precision.of(...)`: fp32 master weights, gradients and "
+            "AdamW state, forward and backward on a 16-bit copy of the weights, GEMMs "
+            "accumulating in fp32; fp16 adds dynamic loss scaling (`LossScaler`: 2^16, x2 "
+            "per 2000 clean steps, x0.5 and skip on overflow). PyTorch: fp32 model, forward + "
+            "loss under `torch.autocast(\"cuda\", dtype=bfloat16/float16)` (its op lists keep "
+            "embeddings, the residual stream, LayerNorm and the loss in fp32), backward "
+            "outside it; fp16 with `torch.amp.GradScaler(\"cuda\")` (same scale rules), "
+            "`unscale_` before the clip; fp32 matmul mode under autocast: "
+            f"`set_float32_matmul_precision(\"{AUTOCAST_MATMUL}\")` ({tf32}, as in the "
+            "tf32 rows; autocast runs every GEMM of this model in 16 bits)")
+    return notes
+
+
+def reference(rows: list[tuple[Job, dict[str, Any]]],
+              mode: str) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], Any]]:
+    """PyTorch `mode`'s median step time and peak bytes per (shape, precision)."""
+    ok = [(j, r) for j, r in rows
+          if j.framework == "pytorch" and j.mode == mode and r["status"] == "ok"]
+    return ({(j.shape, j.precision): statistics.median(r["times"]) for j, r in ok},
+            {(j.shape, j.precision): r.get("peak_bytes") for j, r in ok})
+
+
+def render_curves(curves: list[dict[str, Any] | str], plot_note: str) -> list[str]:
+    """One table row per precision: the worst relative gap, where, its bound, and the finals."""
+    done = [c for c in curves if isinstance(c, dict)]
+    if not done:
+        return [str(c) for c in curves] or ["not run (--curve-steps 0)"]
+    first = done[0]
+    lines = [
+        f"{describe_shape(first['shape'])}, {first['steps']} steps on WikiText-2 train "
+        f"batches, LR {LR} (warm-up {WARMUP}, cosine to {MIN_RATIO:.0%}), same weights and "
+        "batches in both frameworks, PyTorch under autocast for bf16/fp16; max rel. diff = "
+        f"max over steps of |l_rf − l_pt| / |l_pt|; {plot_note}.",
+        "",
+        "| precision | max rel. diff (step) | bound | within bound | final loss RustyFlow "
+        "| final loss PyTorch | fp16 loss scale RustyFlow / PyTorch |",
+        "|---|---:|---:|---|---:|---:|---|",
+    ]
+    for c in curves:
+        if isinstance(c, str):
+            lines.append(f"| {c} | | | | | | |")
+            continue
+        ok = "yes" if c["max_rel"] <= c["bound"] else "**no**"
+        ours, theirs = c["scalers"]
+        scale = f"{ours} / {theirs}" if ours or theirs else "—"
         lines.append(
-            f"{describe_shape(curve['shape'])}, {curve['steps']} steps on WikiText-2 train "
-            f"batches, fp32, LR {LR} (warm-up {WARMUP}, cosine to {MIN_RATIO:.0%}), same "
-            f"weights and batches: max |l_rf − l_pt| / |l_pt| = {curve['max_rel']:.2e} "
-            f"(step {curve['worst_step']}); final loss RustyFlow {rf:.4f}, PyTorch {pt:.4f}; "
-            f"within 1 %: {ok}; {plot_note}.")
-    else:
-        lines.append(curve or "not run (--curve-steps 0)")
-    return "\n".join(lines) + "\n"
+            f"| {c['precision']} | {c['max_rel']:.2e} (step {c['worst_step']}) | "
+            f"{c['bound']:.0e} ({c['bound']:.0%}) | {ok} | {c['rustyflow'][-1]:.4f} | "
+            f"{c['pytorch'][-1]:.4f} | {scale} |")
+    return lines
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -499,11 +706,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
     p.add_argument("--shapes", help="comma-separated: seed,small,medium (cpu default: "
                    "seed,small; gpu: all three)")
-    p.add_argument("--precisions", help="fp32,tf32 (tf32 is GPU-only; gpu default: both)")
+    p.add_argument("--precisions", help="comma-separated: fp32,tf32,bf16,fp16 (tf32, bf16 "
+                   "and fp16 are GPU-only; cpu default: fp32; gpu: all four)")
     p.add_argument("--steps", type=int, help="timed steps per run (default per shape)")
     p.add_argument("--warmup", type=int, help="untimed steps first (default per shape)")
     p.add_argument("--windows", type=int, default=5, help="timed windows (median reported)")
     p.add_argument("--curve-steps", type=int, default=200, help="0 skips the loss curves")
+    bounds = ", ".join(f"{k} {v * 100:g}%%" for k, v in CURVE_BOUNDS.items())  # %% for argparse
+    p.add_argument("--curve-precisions", help=f"comma-separated: fp32,bf16,fp16 (bounds: "
+                   f"{bounds}; bf16 and fp16 are GPU-only; cpu default: fp32; gpu: fp32,bf16)")
     p.add_argument("--curve-shape", default="seed", choices=tuple(SHAPES))
     p.add_argument("--data-dir", help="folder holding wikitext-2/ (default: "
                    "$RUSTYFLOW_DATA_DIR, ./data, else download)")
@@ -520,15 +731,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     gpu = args.device == "gpu"
     args.shapes = (args.shapes or ("seed,small,medium" if gpu else "seed,small")).split(",")
-    args.precisions = (args.precisions or ("fp32,tf32" if gpu else "fp32")).split(",")
+    args.precisions = (args.precisions or (",".join(PRECISIONS) if gpu else "fp32")).split(",")
+    args.curve_precisions = (args.curve_precisions
+                             or ("fp32,bf16" if gpu else "fp32")).split(",")
     if args.compile is None:
         args.compile = gpu
     for name in args.shapes:
         if name not in SHAPES:
             p.error(f"unknown shape {name!r}: expected {', '.join(SHAPES)}")
-    for name in args.precisions:
-        if name not in ("fp32", "tf32") or (name == "tf32" and not gpu):
-            p.error(f"precision {name!r}: expected fp32{', tf32' if gpu else ' on the CPU'}")
+    for flag, names, known in (("--precisions", args.precisions, PRECISIONS),
+                               ("--curve-precisions", args.curve_precisions, CURVE_BOUNDS)):
+        for name in names:
+            if name not in known:
+                p.error(f"{flag}: unknown precision {name!r}: expected {', '.join(known)}")
+            if name in GPU_ONLY and not gpu:
+                p.error(f"{flag}: {name} is GPU-only (use --device gpu); the CPU runs fp32")
     if args.plot is None and args.out is not None:
         args.plot = args.out.with_suffix(".png")
     return args
@@ -550,6 +767,33 @@ def plan(args: argparse.Namespace) -> list[Job]:
     return jobs
 
 
+def run_curves(args: argparse.Namespace) -> list[dict[str, Any] | str]:
+    """The loss curves at each --curve-precisions precision: a result, or the reason there
+    is none (a failed precision must not lose the others, nor the timing table)."""
+    if args.device == "cpu":
+        import torch
+
+        torch.set_num_threads(set_threads(args.threads))
+    try:
+        cfg, batches = curve_batches(args.curve_shape, args.curve_steps, args.data_dir)
+    except data.DataError as exc:
+        return [f"not run: {exc}"]
+    curves: list[dict[str, Any] | str] = []
+    for precision in args.curve_precisions:
+        print(f"[vs_pytorch] loss curves: {precision}, {args.curve_steps} steps ...",
+              file=sys.stderr, flush=True)
+        if args.device == "gpu":
+            free_gpu_memory()
+        try:
+            curves.append(loss_curves(args.device, args.curve_shape, cfg, batches, precision))
+        except NotAvailable as exc:
+            curves.append(f"{precision}: not available: {exc}")
+        except Exception as exc:
+            traceback.print_exc()
+            curves.append(f"{precision}: failed: {type(exc).__name__}: {exc}")
+    return curves
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
@@ -567,22 +811,11 @@ def main(argv: list[str] | None = None) -> int:
               + (f", {statistics.median(result['times']) * 1e3:.1f} ms/step"
                  if result["status"] == "ok" else ""), file=sys.stderr, flush=True)
         rows.append((job, result))
-    curve: dict[str, Any] | str | None = None
-    plot_note = ""
-    if args.curve_steps > 0:
-        print(f"[vs_pytorch] loss curves: {args.curve_steps} steps ...", file=sys.stderr,
-              flush=True)
-        if args.device == "cpu":
-            import torch
-
-            torch.set_num_threads(backend.set_threads(args.threads))
-        try:
-            curve = loss_curves(args.device, args.curve_shape, args.curve_steps, args.data_dir)
-        except data.DataError as exc:
-            curve = f"not run: {exc}"
-        if isinstance(curve, dict):
-            plot_note = plot_curves(curve, args.plot) if args.plot else "no plot (no --plot)"
-    text = render(args, rows, curve, plot_note)
+    curves = run_curves(args) if args.curve_steps > 0 else []
+    done = [c for c in curves if isinstance(c, dict)]
+    plot_note = ("" if not done else plot_curves(done, args.plot) if args.plot
+                 else "no plot (no --plot)")
+    text = render(args, rows, curves, plot_note)
     print(text)
     if args.out:
         write_atomic(args.out, text)

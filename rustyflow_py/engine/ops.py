@@ -91,15 +91,20 @@ class Randomness:
     step: Any
     shard: int = 0
 
+    def stream(self, site: int, per_shard: bool = True) -> int:
+        """The Philox key word of a call site (and of this shard, unless one mask serves
+        the whole step)."""
+        return site + (self.shard << 20 if per_shard else 0)
+
     def mask(self, kernels: Any, shape: tuple[int, ...], dtype: Any, p: float,
              site: int, per_shard: bool = True) -> Any:
         """1/(1-p) where kept, 0 where dropped (kernels.dropout_mask)."""
-        stream = site + (self.shard << 20 if per_shard else 0)
-        return kernels.dropout_mask(shape, dtype, p, self.seed, stream, self.step)
+        return kernels.dropout_mask(shape, dtype, p, self.seed, self.stream(site, per_shard),
+                                    self.step)
 
     def apply(self, kernels: Any, x: Any, p: float, site: int) -> Any:
         """x times this step's mask of `site` (kernels.dropout_apply: no mask array)."""
-        return kernels.dropout_apply(x, p, self.seed, site + (self.shard << 20), self.step)
+        return kernels.dropout_apply(x, p, self.seed, self.stream(site), self.step)
 
 
 class Dropout(Function):
@@ -257,11 +262,14 @@ class LayerNorm(Function):
 class CausalSelfAttention(Function):
     """Causal multi-head attention core on a fused QKV tensor: (B, T, 3E) -> (B, T, E).
 
-    Scale, mask and softmax are one fused kernel; the batched matmuls are timed as matmuls of
-    their own. At long sequence lengths the (B, H, T, T) probabilities would dominate
-    activation memory, so when they outweigh a quarter of a block's other activations
-    (H*T > 6*E) only each row's log-sum-exp is kept and backward recomputes them with one more
-    matmul; below that they are kept, which is faster.
+    Where the backend has a fused kernel for the dtype and head size (the GPU's flash-style
+    attention: tf32 and 16-bit runs), the whole op is that kernel and T x T is never formed;
+    its matrix products are then timed inside "attention", not as matmuls. Otherwise it is
+    materialised: scale, mask and softmax are one fused kernel, and the batched matmuls are
+    timed as matmuls of their own. At long sequence lengths the (B, H, T, T) probabilities
+    would dominate activation memory, so when they outweigh a quarter of a block's other
+    activations (H*T > 6*E) only each row's log-sum-exp is kept and backward recomputes them
+    with one more matmul; below that they are kept, which is faster.
     """
 
     name = "attention"
@@ -284,6 +292,24 @@ class CausalSelfAttention(Function):
             return probs
         return self.kernels.causal_softmax_recompute(att, self.lse, self.scale)
 
+    def _fused_backward(self, grad: Any) -> Any:
+        q, k, v, y = self.saved
+        b, h, t, d = q.shape
+        gy = self.xp.ascontiguousarray(grad.reshape(b, t, h, d).transpose(0, 2, 1, 3))
+        grads = self.kernels.attention_backward(q, k, v, y, gy, self.lse, self.scale,
+                                                self._mask())  # 3 x (B, H, T, D)
+        dqkv = self.xp.empty((b, t, 3, h, d), dtype=grad.dtype)
+        for i, g in enumerate(grads):
+            dqkv[:, :, i] = g.transpose(0, 2, 1, 3)
+        return dqkv.reshape(b, t, 3 * h * d)
+
+    def _mask(self) -> tuple[float, int, int, Any] | None:
+        """The fused kernel's dropout: the (p, seed, stream, step) dropout_mask would take."""
+        if not self.dropped:
+            return None
+        assert self.rng is not None
+        return self.dropout, self.rng.seed, self.rng.stream(self.site), self.rng.step
+
     def _drop(self, x: Any) -> Any:
         """x (B, H, T, T) times the probabilities' dropout mask, drawn inline."""
         assert self.rng is not None
@@ -297,8 +323,13 @@ class CausalSelfAttention(Function):
         b, t, e3 = qkv.shape
         q, k, v = self._heads(qkv)
         self.scale = 1.0 / math.sqrt(q.shape[-1])
-        probs = used = self._probs(q, k, "forward")
         self.dropped = self.dropout > 0.0 and self.rng is not None
+        self.fused = self.kernels.fused_attention(q.dtype, q.shape[-1], t)
+        if self.fused:  # one kernel, T x T never formed; backward recomputes from the lse
+            y, self.lse = self.kernels.attention_forward(q, k, v, self.scale, self._mask())
+            self.saved = (q, k, v, y)
+            return y.transpose(0, 2, 1, 3).reshape(b, t, e3 // 3)  # (B, T, E)
+        probs = used = self._probs(q, k, "forward")
         if self.dropped:
             used = self._drop(probs)
         y = self.matmul(used, v, "forward")  # (B, H, T, D)
@@ -308,6 +339,8 @@ class CausalSelfAttention(Function):
 
     def backward(self, grad: Any) -> Sequence[Any]:
         xp, phase = self.xp, "backward"
+        if self.fused:
+            return (self._fused_backward(grad),)
         if self.saved is None:
             q, k, v = self._heads(self.qkv)
             probs = self._probs(q, k, phase)

@@ -204,6 +204,9 @@ KEYS: dict[str, Key] = dict([
     _k("PRECISION", "choice", "fp32", "fp32, tf32 (GPU matmuls only), bf16 or fp16 (GPU "
        "mixed precision; fp16 with dynamic loss scaling) or fp64",
        choices=("fp32", "tf32", "bf16", "fp16", "fp64")),
+    _k("ATTENTION", "choice", "auto", "GPU attention: auto (the fused flash-style kernel for "
+       "tf32, bf16 and fp16 runs) or materialized (T x T scores and batched GEMMs)",
+       choices=("auto", "materialized")),
     _k("DEVICE", "device", "auto", "auto (GPU 0 when usable), cpu, gpu or gpu:N"),
     _k("STRICT_DEVICE", "bool", False, "true: DEVICE=gpu without a usable GPU is an error, "
        "not a CPU fallback"),
@@ -316,6 +319,7 @@ class Config:
     min_lr_ratio: float = _D["MIN_LR_RATIO"]
     seed: int = _D["SEED"]
     precision: str = _D["PRECISION"]
+    attention: str = _D["ATTENTION"]
     device: str = _D["DEVICE"]
     strict_device: bool = _D["STRICT_DEVICE"]
     graph: str = _D["GRAPH"]

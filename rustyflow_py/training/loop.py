@@ -85,6 +85,7 @@ class Trainer:
         self.precision = Precision.of(cfg.precision)
         check_precision(cfg.precision, self.backend.kind, self.fallback)
         self.backend.set_precision(self.precision)
+        self.backend.kernels.set_attention(cfg.attention)
         self.comm = (communicator(self.backend, rendezvous, world.rank, world.size)
                      if rendezvous is not None else None)
         if rendezvous is not None:

@@ -230,6 +230,30 @@ class Kernels(Protocol):
         and a 0-d value (the loss)."""
         ...
 
+    # ---- fused attention (a backend without it says so) -------------------------------------
+    def set_attention(self, mode: str) -> None:
+        """ATTENTION: "auto" lets fused_attention say yes where it can, "materialized" makes
+        it say no."""
+        ...
+
+    def fused_attention(self, dtype: Any, head_dim: int, seq_len: int) -> bool:
+        """Whether attention_forward/backward take q, k, v of this dtype and shape; when
+        not, attention is materialised (batched GEMMs around the causal softmax)."""
+        ...
+
+    def attention_forward(self, q: Any, k: Any, v: Any, scale: float,
+                          dropout: tuple[float, int, int, Any] | None) -> tuple[Any, Any]:
+        """Causal attention of q, k, v (B, H, T, D) without forming T x T: (o (B, H, T, D),
+        the softmax's row log-sum-exps (B, H, T), float32). `dropout` is (p, seed, stream,
+        step): the probabilities' mask dropout_mask would draw for (B, H, T, T)."""
+        ...
+
+    def attention_backward(self, q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any,
+                           scale: float, dropout: tuple[float, int, int, Any] | None
+                           ) -> tuple[Any, Any, Any]:
+        """(dq, dk, dv) of attention_forward for upstream do, from its o and lse."""
+        ...
+
     # ---- randomness ------------------------------------------------------------------------------
     def dropout_mask(self, shape: tuple[int, ...], dtype: Any, p: float, seed: int, site: int,
                      step: Any) -> Any:

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..precision import accumulate_dtype
-from . import philox
+from . import cuda_attention, philox
 from .cublas import Cublas
 from .cuda_optim import CudaOptimizer
 from .philox import PHILOX_CUDA
@@ -329,6 +329,10 @@ def _elementwise() -> dict[str, Any]:
     }
 
 
+def _drop(dropout: tuple[float, int, int, Any] | None) -> cuda_attention.Dropout | None:
+    return None if dropout is None else cuda_attention.Dropout(*dropout)
+
+
 def _grid(rows: int) -> tuple[tuple[int], tuple[int]]:
     return ((rows + _WARPS_PER_BLOCK - 1) // _WARPS_PER_BLOCK,), (32 * _WARPS_PER_BLOCK,)
 
@@ -484,6 +488,26 @@ class CudaKernels(CudaOptimizer, XpKernels):
     def store_at_step(self, ring: Any, step: Any, value: Any) -> None:
         value = self.xp.ascontiguousarray(value, dtype=ring.dtype)
         self._k("store_at_step", ring.dtype)((1,), (1,), (ring, step, value, np.int32(len(ring))))
+
+    # ---- fused attention (kernels/cuda_attention.py) -------------------------------------------
+    def fused_attention(self, dtype: Any, head_dim: int, seq_len: int) -> bool:
+        """Its float32 products run on tf32 tensor cores, so an fp32 run keeps the
+        materialised path; ATTENTION=materialized turns it off (set_attention)."""
+        if self.attention == "materialized":
+            return False
+        if np.dtype(dtype) == np.float32 and self.cublas.matmul_compute != "tf32":
+            return False
+        return cuda_attention.supports(dtype, head_dim, seq_len)
+
+    def attention_forward(self, q: Any, k: Any, v: Any, scale: float,
+                          dropout: tuple[float, int, int, Any] | None) -> tuple[Any, Any]:
+        return cuda_attention.flash_attention_forward(q, k, v, scale, _drop(dropout))
+
+    def attention_backward(self, q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any,
+                           scale: float, dropout: tuple[float, int, int, Any] | None
+                           ) -> tuple[Any, Any, Any]:
+        return cuda_attention.flash_attention_backward(q, k, v, o, do, lse, scale,
+                                                       _drop(dropout))
 
     # ---- randomness -----------------------------------------------------------------------------
     def dropout_mask(self, shape: tuple[int, ...], dtype: Any, p: float, seed: int, site: int,

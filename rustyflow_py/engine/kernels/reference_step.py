@@ -231,5 +231,21 @@ class StepKernels:
                      step: Any) -> Any:
         return philox.dropout_mask(self.xp, shape, dtype, p, seed, site, step)
 
+    attention = "auto"
+
+    def set_attention(self, mode: str) -> None:
+        self.attention = mode
+
+    def fused_attention(self, dtype: Any, head_dim: int, seq_len: int) -> bool:
+        return False  # attention is materialised here (a GPU kernel fuses it)
+
+    def attention_forward(self, q: Any, k: Any, v: Any, scale: float,
+                          dropout: Any) -> tuple[Any, Any]:
+        raise NotImplementedError("no fused attention on this backend (fused_attention)")
+
+    def attention_backward(self, q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any,
+                           scale: float, dropout: Any) -> tuple[Any, Any, Any]:
+        raise NotImplementedError("no fused attention on this backend (fused_attention)")
+
     def dropout_apply(self, x: Any, p: float, seed: int, site: int, step: Any) -> Any:
         return x * self.dropout_mask(x.shape, x.dtype, p, seed, site, step)

@@ -1,0 +1,315 @@
+"""Fused flash attention (kernels/cuda_attention.py) against materialised attention in float64:
+forward o and lse, backward dq, dk, dv, with and without dropout, the dropout bits against
+kernels/philox.py's mask, and that no T x T buffer is allocated. The GPU tests skip cleanly
+without CUDA; the register-layout check and the source/limit checks run on the CPU."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rustyflow_py.engine.backend import gpu_unavailable_reason
+from rustyflow_py.engine.kernels import cuda_attention as fa
+from rustyflow_py.engine.kernels import philox
+
+_GPU_REASON = gpu_unavailable_reason()
+needs_gpu = pytest.mark.skipif(_GPU_REASON is not None, reason=str(_GPU_REASON))
+
+DTYPES = ("float32", "float16", "bfloat16")
+# max |got - want| / max |want|. float32 runs on tf32 tensor cores (10-bit mantissa); 16-bit
+# inputs are compared with a reference computed from the same rounded inputs.
+TOL = {"float32": 3e-3, "float16": 5e-3, "bfloat16": 3e-2}
+# absolute, on log-sum-exps of order log(T); 16-bit inputs are exact in the reference
+LSE_TOL = {"float32": 5e-3, "float16": 1e-4, "bfloat16": 1e-4}
+SEED, STREAM = 1234, 5
+
+
+@pytest.fixture(scope="module")
+def cp() -> Any:
+    return pytest.importorskip("cupy")
+
+
+def _np_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        return np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    return np.dtype(name)
+
+
+def _inputs(cp: Any, dtype: str, shape: tuple[int, ...], seed: int) -> tuple[list, list]:
+    """q, k, v, do on the device in `dtype`, and the same (rounded) values in float64."""
+    rng = np.random.default_rng(seed)
+    host = [rng.standard_normal(shape).astype(np.float32).astype(_np_dtype(dtype))
+            for _ in range(4)]
+    return ([cp.asarray(x) for x in host],
+            [cp.asarray(x.astype(np.float64)) for x in host])
+
+
+def _host64(a: Any) -> np.ndarray:
+    return a.get().astype(np.float64)
+
+
+def _reference(cp: Any, q: Any, k: Any, v: Any, do: Any, scale: float,
+               mask: Any | None) -> tuple:
+    """o, lse, dq, dk, dv of o = (softmax_causal(scale q k^T) * mask) v, all materialised."""
+    t = q.shape[2]
+    s = scale * (q @ k.swapaxes(-1, -2))  # (B, H, T, T)
+    causal = cp.tril(cp.ones((t, t), dtype=bool))
+    s = cp.where(causal, s, -cp.inf)
+    m = s.max(axis=-1, keepdims=True)
+    e = cp.exp(s - m)
+    z = e.sum(axis=-1, keepdims=True)
+    p = e / z  # (B, H, T, T)
+    lse = (m + cp.log(z))[..., 0]  # (B, H, T)
+    used = p if mask is None else p * mask
+    o = used @ v  # (B, H, T, D)
+    dp = do @ v.swapaxes(-1, -2)  # (B, H, T, T)
+    if mask is not None:
+        dp = dp * mask
+    di = (do * o).sum(axis=-1, keepdims=True)  # (B, H, T, 1)
+    ds = p * (dp - di) * scale
+    return o, lse, ds @ k, ds.swapaxes(-1, -2) @ q, used.swapaxes(-1, -2) @ do
+
+
+def _rel_err(got: Any, want: Any) -> float:
+    g, w = _host64(got), _host64(want)
+    return float(np.abs(g - w).max() / np.abs(w).max())
+
+
+CASES = [(t, d) for t in (64, 256, 100) for d in (64, 32)] + [(512, 64), (130, 128)]
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("p", [0.0, 0.1])
+@pytest.mark.parametrize("t,d", CASES)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_matches_materialised_attention(cp: Any, dtype: str, t: int, d: int,
+                                        p: float) -> None:
+    b, h = 2, 3
+    (q, k, v, do), ref_in = _inputs(cp, dtype, (b, h, t, d), seed=t * 1000 + d)
+    scale = 1.0 / math.sqrt(d)
+    step = cp.asarray(7, dtype=np.int32)
+    drop = fa.Dropout(p, SEED, STREAM, step) if p else None
+    mask = (philox.dropout_mask(cp, (b, h, t, t), np.float64, p, SEED, STREAM, step)
+            if p else None)
+    o, lse = fa.flash_attention_forward(q, k, v, scale, drop)
+    dq, dk, dv = fa.flash_attention_backward(q, k, v, o, do, lse, scale, drop)
+    want = _reference(cp, *ref_in, scale, mask)
+    assert o.shape == q.shape and o.dtype == q.dtype
+    assert lse.shape == (b, h, t) and lse.dtype == np.float32
+    lse_err = float(np.abs(_host64(lse) - _host64(want[1])).max())
+    assert lse_err < LSE_TOL[dtype], f"lse: {lse_err:.2e}"
+    for name, got, ref in zip(("o", "dq", "dk", "dv"), (o, dq, dk, dv),
+                              (want[0], *want[2:]), strict=True):
+        assert got.shape == q.shape and got.dtype == q.dtype, name
+        err = _rel_err(got, ref)
+        assert err < TOL[dtype], f"{name}: {err:.2e} (tolerance {TOL[dtype]:.0e})"
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("t", [61, 64])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_dropout_bits_match_philox_mask(cp: Any, dtype: str, t: int) -> None:
+    """With q = k = 0 every visible key has probability 1/(i+1), and with v_j the unit vector
+    e_j the output reads the mask off: o[i, j] = keep(i, j) / ((i+1)(1-p)) for j <= i."""
+    b, h, d, p = 2, 3, 64, 0.25
+    q = cp.zeros((b, h, t, d), dtype=dtype)
+    v = cp.zeros((b, h, t, d), dtype=dtype)
+    v[..., cp.arange(t), cp.arange(t)] = 1
+    step = cp.asarray(11, dtype=np.int32)
+    o, lse = fa.flash_attention_forward(q, q, v, 0.125, fa.Dropout(p, SEED, STREAM, step))
+    rows = np.arange(1, t + 1, dtype=np.float64)[:, None]
+    kept = np.rint(_host64(o)[..., :t] * rows * (1 - p))  # (B, H, T, T)
+    want = philox.dropout_mask(np, (b, h, t, t), np.float64, p, SEED, STREAM,
+                               np.asarray(11, dtype=np.int32)) * (1 - p)
+    want = np.rint(want) * np.tril(np.ones((t, t)))
+    np.testing.assert_array_equal(kept, want)
+    np.testing.assert_allclose(_host64(lse), np.broadcast_to(np.log(rows[:, 0]), (b, h, t)),
+                               atol=1e-5)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_dropout_follows_the_device_step(cp: Any) -> None:
+    """The same step redraws the same mask bit for bit (forward and the deterministic
+    backward); a new step value, written on the device, draws another."""
+    b, h, t, d = 2, 3, 130, 64
+    (q, k, v, do), _ = _inputs(cp, "float16", (b, h, t, d), seed=3)
+    step = cp.asarray(3, dtype=np.int32)
+    drop = fa.Dropout(0.3, SEED, STREAM, step)
+
+    def run() -> tuple:
+        o, lse = fa.flash_attention_forward(q, k, v, 0.125, drop)
+        return (o, *fa.flash_attention_backward(q, k, v, o, do, lse, 0.125, drop))
+
+    first, again = run(), run()
+    for a, b_ in zip(first, again, strict=True):
+        assert bool(cp.array_equal(a, b_))
+    step.fill(4)
+    other = run()
+    assert not bool(cp.array_equal(first[0], other[0]))
+    assert not bool(cp.array_equal(first[1], other[1]))
+    step.fill(3)
+    assert bool(cp.array_equal(first[0], run()[0]))
+    no_drop, _ = fa.flash_attention_forward(q, k, v, 0.125)
+    assert not bool(cp.array_equal(first[0], no_drop))
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_no_t_by_t_buffer(cp: Any) -> None:
+    """Every byte forward and backward request from CuPy's pool, summed (an upper bound on
+    their peak), stays far below one T x T float32 buffer."""
+    b, h, t, d = 1, 1, 2048, 64
+    (q, k, v, do), _ = _inputs(cp, "float16", (b, h, t, d), seed=9)
+    step = cp.asarray(1, dtype=np.int32)
+    drop = fa.Dropout(0.1, SEED, STREAM, step)
+    o, lse = fa.flash_attention_forward(q, k, v, 0.125, drop)  # compile outside the count
+    fa.flash_attention_backward(q, k, v, o, do, lse, 0.125, drop)
+    pool = cp.get_default_memory_pool()
+    requested: list[int] = []
+
+    def counting(size: int) -> Any:
+        requested.append(size)
+        return pool.malloc(size)
+
+    cp.cuda.set_allocator(counting)
+    try:
+        o, lse = fa.flash_attention_forward(q, k, v, 0.125, drop)
+        grads = fa.flash_attention_backward(q, k, v, o, do, lse, 0.125, drop)
+        cp.cuda.get_current_stream().synchronize()
+    finally:
+        cp.cuda.set_allocator(pool.malloc)
+    assert requested, "the allocator hook saw nothing"
+    assert sum(requested) < t * t * 4 // 8, requested
+    assert max(requested) <= t * d * 4, requested
+    for a in (o, lse, *grads):
+        assert bool(cp.isfinite(a.astype(np.float32)).all())
+
+
+# ---- CPU: the register layouts of cuda_attention.py against the PTX ISA tables -------------
+# _ptx_* transcribe the PTX ISA's "Matrix Fragments for mma.m16n8k16 with floating point
+# type" and "... mma.m16n8k8" (.tf32): lane l, g = l >> 2, t = l % 4. _load_a, _load_b and
+# _c_to_a mirror the CUDA functions of the same names. The simulated mma places each lane's
+# register elements where the tables say the hardware reads them, so a loader that fed an
+# element to the wrong place would change the product.
+def _ptx_a(kind: str, lane: int, i: int) -> tuple[int, int]:
+    """(row, k) of A element a_i of `lane`: f16 = m16n8k16 (a0..a7), tf32 = m16n8k8."""
+    g, t = lane >> 2, lane % 4
+    if kind == "f16":
+        return (g if i in (0, 1, 4, 5) else g + 8), 2 * t + (i & 1) + (8 if i >= 4 else 0)
+    return (g if i in (0, 2) else g + 8), (t if i < 2 else t + 4)
+
+
+def _ptx_b(kind: str, lane: int, i: int) -> tuple[int, int]:
+    """(k, n) of B element b_i of `lane`."""
+    g, t = lane >> 2, lane % 4
+    if kind == "f16":
+        return 2 * t + (i & 1) + (8 if i >= 2 else 0), g
+    return (t if i == 0 else t + 4), g
+
+
+def _ptx_c(lane: int, i: int) -> tuple[int, int]:
+    """(row, col) of C/D element c_i of `lane` (both shapes)."""
+    g, t = lane >> 2, lane % 4
+    return (g if i < 2 else g + 8), 2 * t + (i & 1)
+
+
+def _hw_mma(kind: str, a: list, b: list, c: list) -> list:
+    """One warp-wide mma from per-lane register elements a[lane][i], b[lane][i], c[lane][i]."""
+    kdim = 16 if kind == "f16" else 8
+    am, bm, cm = np.full((16, kdim), np.nan), np.full((kdim, 8), np.nan), np.zeros((16, 8))
+    for lane in range(32):
+        for i, x in enumerate(a[lane]):
+            am[_ptx_a(kind, lane, i)] = x
+        for i, x in enumerate(b[lane]):
+            bm[_ptx_b(kind, lane, i)] = x
+        for i, x in enumerate(c[lane]):
+            cm[_ptx_c(lane, i)] = x
+    assert not np.isnan(am).any() and not np.isnan(bm).any()  # the tables cover A and B
+    dm = cm + am @ bm
+    return [[dm[_ptx_c(lane, i)] for i in range(4)] for lane in range(32)]
+
+
+def _load_a(kind: str, s: np.ndarray, lane: int) -> list:
+    """load_a: lane's elements of A = s (16 x 16), per mma (one m16n8k16 or two m16n8k8)."""
+    g, t = lane >> 2, lane % 4
+    if kind == "f16":  # four 32-bit registers, two consecutive k each
+        regs = [(g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8)]
+        return [[x for r, k in regs for x in (s[r, k], s[r, k + 1])]]
+    return [[s[g, 8 * h + 2 * t], s[g + 8, 8 * h + 2 * t], s[g, 8 * h + 2 * t + 1],
+             s[g + 8, 8 * h + 2 * t + 1]] for h in (0, 1)]
+
+
+def _load_b(kind: str, s: np.ndarray, lane: int) -> list:
+    """load_b: lane's elements of B, stored n-major: element (k, n) at s[n, k] (8 x 16)."""
+    g, t = lane >> 2, lane % 4
+    if kind == "f16":
+        return [[s[g, 2 * t], s[g, 2 * t + 1], s[g, 2 * t + 8], s[g, 2 * t + 9]]]
+    return [[s[g, 8 * h + 2 * t], s[g, 8 * h + 2 * t + 1]] for h in (0, 1)]
+
+
+def _c_to_a(kind: str, c0: list, c1: list) -> list:
+    """c_to_a: the A elements made of this lane's C values of tiles c0 (k 0..7), c1 (8..15)."""
+    if kind == "f16":
+        return [[c0[0], c0[1], c0[2], c0[3], c1[0], c1[1], c1[2], c1[3]]]
+    return [[c[0], c[2], c[1], c[3]] for c in (c0, c1)]
+
+
+def _warp_product(kind: str, a: list, b: list) -> np.ndarray:
+    """mma16: the 16 x 8 product the kernel gets from per-lane fragments (sub-mmas chained)."""
+    c: list = [[0.0] * 4 for _ in range(32)]
+    for part in range(len(a[0])):
+        c = _hw_mma(kind, [a[lane][part] for lane in range(32)],
+                    [b[lane][part] for lane in range(32)], c)
+    out = np.zeros((16, 8))
+    for lane in range(32):
+        for i in range(4):
+            out[_ptx_c(lane, i)] = c[lane][i]
+    return out
+
+
+@pytest.mark.parametrize("kind", ["f16", "tf32"])
+def test_fragment_layouts_match_ptx_tables(kind: str) -> None:
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((16, 16))  # (m, k)
+    bs = rng.standard_normal((8, 16))  # B stored n-major, as a K tile [key][d] or V^T [d][key]
+    b_frags = [_load_b(kind, bs, lane) for lane in range(32)]
+    # shared memory -> A, B
+    got = _warp_product(kind, [_load_a(kind, a, lane) for lane in range(32)], b_frags)
+    np.testing.assert_allclose(got, a @ bs.T, rtol=1e-12, atol=1e-12)
+    # C -> A: a 16 x 16 block held as two C tiles (columns 0..7 and 8..15), fed on as A
+    c_tiles = [[[a[_ptx_c(lane, i)[0], _ptx_c(lane, i)[1] + 8 * h] for i in range(4)]
+                for h in (0, 1)] for lane in range(32)]
+    got = _warp_product(kind, [_c_to_a(kind, *c_tiles[lane]) for lane in range(32)], b_frags)
+    np.testing.assert_allclose(got, a @ bs.T, rtol=1e-12, atol=1e-12)
+
+
+# ---- CPU: sources and limits ----------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_sources_and_shared_memory_fit(dtype: str) -> None:
+    for d in fa.HEAD_DIMS:
+        for dropout in (False, True):
+            code = fa.source(dtype, d, dropout)
+            for name in ("fa_fwd", "fa_bwd_pre", "fa_bwd_dq", "fa_bwd_dkdv"):
+                assert f"void __launch_bounds__(NTHREADS)\n{name}(" in code
+            assert f"#define FA_DROPOUT {int(dropout)}" in code
+        itemsize = 4 if dtype == "float32" else 2
+        for kernel in ("fa_fwd", "fa_bwd_dq", "fa_bwd_dkdv"):
+            assert fa._shared_bytes(kernel, itemsize, d) <= fa.MAX_SHARED_BYTES
+
+
+def test_supports_and_dropout_checks() -> None:
+    assert fa.supports(np.float16, 64, 1) and fa.supports(np.float32, 32, 1000)
+    assert fa.supports("float16", 128, 7)
+    assert not fa.supports(np.float64, 64, 64)
+    assert not fa.supports(np.float16, 48, 64)
+    assert not fa.supports(np.float16, 64, 0)
+    for p in (0.0, 1.0, -0.1):
+        with pytest.raises(ValueError):
+            fa.Dropout(p, 0, 0, None)
+    assert fa._dropout_args(None)[-1] == np.float32(1.0)
