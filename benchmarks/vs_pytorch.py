@@ -27,7 +27,6 @@ import argparse
 import contextlib
 import dataclasses
 import gc
-import inspect
 import json
 import math
 import os
@@ -57,10 +56,12 @@ from rustyflow_py.engine.backend import (  # noqa: E402
     gpu_unavailable_reason,
     set_threads,
 )
+from rustyflow_py.engine.graph import CapturedStep, GraphCaptureError  # noqa: E402
 from rustyflow_py.engine.memory import PeakMemory  # noqa: E402
 from rustyflow_py.engine.precision import Precision  # noqa: E402
 from rustyflow_py.engine.tensor import Tensor  # noqa: E402
 from rustyflow_py.model.gpt import GPT, GPTConfig, init_weights  # noqa: E402
+from rustyflow_py.model.loss_scale import INIT_SCALE, LossScaler  # noqa: E402
 from rustyflow_py.model.optim import AdamW, Schedule  # noqa: E402
 
 SHAPES = {  # the benchmark shapes: layers, heads, embed, seq_len, batch
@@ -79,7 +80,6 @@ MiB, GiB = 2**20, 2**30
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 GPU_ONLY = ("tf32", "bf16", "fp16")  # TF32 is a GPU GEMM mode; the 16-bit paths are GPU-only
 CURVE_BOUNDS = {"fp32": 0.01, "bf16": 0.02, "fp16": 0.02}  # max relative loss difference
-INIT_LOSS_SCALE = 2.0**16  # fp16: LossScaler's and GradScaler's initial scale
 # PyTorch's fp32-matmul mode under autocast: TF32 allowed, as in the tf32 rows. Autocast runs
 # every GEMM of this model (Linear, attention, the tied head) in 16 bits, so none is left.
 AUTOCAST_MATMUL = "high"
@@ -131,8 +131,8 @@ def rustyflow_step_fn(model: GPT, optimizer: AdamW, mode: str, scaler: Any = Non
     with an fp16 loss `scaler` (attached to the optimizer, which unscales and skips on
     overflow) backward is seeded with the scale, a device array, so the step stays
     capturable. "graph" captures that same step once as a CUDA graph
-    (rustyflow_py.engine.graph.CapturedStep) and replays it; NotAvailable when this tree has
-    no graph support or the capture fails.
+    (rustyflow_py.engine.graph.CapturedStep) and replays it; NotAvailable when the capture
+    fails.
     """
 
     def eager(x: Any, y: Any) -> Any:
@@ -151,14 +151,6 @@ def rustyflow_step_fn(model: GPT, optimizer: AdamW, mode: str, scaler: Any = Non
     return GraphStep(eager, model.buffer.backend)
 
 
-def rustyflow_precision(name: str) -> Precision:
-    """The policy `name`, or NotAvailable when this tree does not have it (yet)."""
-    try:
-        return Precision.of(name)
-    except ValueError as exc:
-        raise NotAvailable(str(exc)) from None
-
-
 def rustyflow_training(
     cfg: GPTConfig, device: str, precision: str, total_steps: int
 ) -> tuple[GPT, AdamW, Any]:
@@ -168,21 +160,15 @@ def rustyflow_training(
     optimizer state (`storage`) and run forward/backward on a 16-bit copy (`compute`) that
     the optimizer refreshes at the end of every step; fp16 also scales the loss.
     """
-    p = rustyflow_precision(precision)
+    p = Precision.of(precision)
     sched = Schedule(LR, WARMUP, total_steps, MIN_RATIO)
     if p.compute == p.storage:
         model = GPT(cfg, device, SEED)  # initialised with init_weights(cfg, SEED)
         return model, AdamW(model.buffer, sched, grad_clip=CLIP), None
-    if "compute" not in inspect.signature(GPT).parameters:
-        raise NotAvailable("this tree's GPT has no 16-bit compute copy")
     model = GPT(cfg, device, SEED, dtype=p.storage, compute=p.compute)
     opt = AdamW(model.buffer, sched, grad_clip=CLIP)
     scaler = None
     if p.loss_scaling:
-        try:
-            from rustyflow_py.model.loss_scale import LossScaler
-        except ImportError as exc:
-            raise NotAvailable(f"no loss scaling in this tree ({exc})") from None
         scaler = LossScaler(model.buffer.backend.xp)
         opt.loss_scaler = scaler
     return model, opt, scaler
@@ -197,10 +183,6 @@ class GraphStep:
     """The eager step recorded once as a CUDA graph on static batch buffers, then replayed."""
 
     def __init__(self, eager: StepFn, backend: Any) -> None:
-        try:
-            from rustyflow_py.engine.graph import CapturedStep, GraphCaptureError
-        except ImportError as exc:
-            raise NotAvailable(f"no graph support in this tree ({exc})") from None
         self.eager, self.backend = eager, backend
         self.make, self.error = CapturedStep, GraphCaptureError
         self.captured: Any = None
@@ -345,7 +327,7 @@ def free_gpu_memory() -> None:
 
 def measure_rustyflow(job: Job) -> dict[str, Any]:
     backend = get_backend(job.device)
-    backend.set_precision(rustyflow_precision(job.precision))
+    backend.set_precision(Precision.of(job.precision))
     if job.device == "cpu":
         set_threads(job.threads)
         backend.kernels.set_jit("off" if job.mode == "numpy" else "auto")
@@ -413,7 +395,7 @@ def torch_scaler_text(scaler: Any, steps: int) -> str:
     scale = scaler.get_scale()
     if steps >= scaler.get_growth_interval():
         return f"scale {scale:g}"
-    return f"scale {scale:g}, {round(math.log2(INIT_LOSS_SCALE / scale))} skipped"
+    return f"scale {scale:g}, {round(math.log2(INIT_SCALE / scale))} skipped"
 
 
 def rss_bytes() -> int:
@@ -488,7 +470,7 @@ def rustyflow_curve(device: str, cfg: GPTConfig, batches: Batches,
                     precision: str) -> tuple[list[float], str | None]:
     """RustyFlow's loss per step, and its loss scaler's state after the run (fp16)."""
     backend = get_backend(device)
-    backend.set_precision(rustyflow_precision(precision))
+    backend.set_precision(Precision.of(precision))
     model, opt, scaler = rustyflow_training(cfg, device, precision, len(batches))
     step = rustyflow_step_fn(model, opt, "eager", scaler)
     losses = [host_float(backend, step(backend.from_host(x), backend.from_host(y)))
@@ -626,7 +608,7 @@ def render(args: argparse.Namespace, rows: list[tuple[Job, dict[str, Any]]],
     scaled = [f"{describe_shape(j.shape)} {j.framework} {j.mode}: {r['scaler']}"
               for j, r in rows if r.get("scaler")]
     if scaled:
-        lines += ["", f"fp16 loss scale after the timed steps (initial {INIT_LOSS_SCALE:g}): "
+        lines += ["", f"fp16 loss scale after the timed steps (initial {INIT_SCALE:g}): "
                   + "; ".join(scaled) + "."]
     return "\n".join(lines + ["", "## Loss-curve agreement", "",
                               *render_curves(curves, plot_note)]) + "\n"

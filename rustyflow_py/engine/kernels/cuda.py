@@ -307,10 +307,7 @@ def _elementwise() -> dict[str, Any]:
         "dropout_mask": cupy.ElementwiseKernel(
             "int32 step, uint32 seed, uint32 site, uint32 thresh, float64 scale", "T mask",
             """
-            unsigned long long j = (unsigned long long)i >> 2;
-            unsigned int bits = rf_philox_word((unsigned int)j, (unsigned int)(j >> 32),
-                                               (unsigned int)step, 0u, seed, site,
-                                               (int)(i & 3)) >> 8;
+            unsigned int bits = rf_dropout_bits(i, (unsigned int)step, seed, site);
             mask = bits >= thresh ? (T)scale : (T)0.0f;
             """,
             "rf_dropout_mask", preamble=PHILOX_CUDA),
@@ -318,10 +315,7 @@ def _elementwise() -> dict[str, Any]:
         "dropout_apply": cupy.ElementwiseKernel(
             "T x, int32 step, uint32 seed, uint32 site, uint32 thresh, float64 scale", "T y",
             """
-            unsigned long long j = (unsigned long long)i >> 2;
-            unsigned int bits = rf_philox_word((unsigned int)j, (unsigned int)(j >> 32),
-                                               (unsigned int)step, 0u, seed, site,
-                                               (int)(i & 3)) >> 8;
+            unsigned int bits = rf_dropout_bits(i, (unsigned int)step, seed, site);
             typedef rf_acc<T>::type A;
             y = bits >= thresh ? (T)((A)x * (A)(T)scale) : (T)0.0f;
             """,

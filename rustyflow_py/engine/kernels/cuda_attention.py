@@ -41,7 +41,7 @@ from typing import Any
 
 import numpy as np
 
-from .philox import keep_threshold
+from .philox import PHILOX_CUDA, keep_threshold
 
 BLOCK = 64  # query rows per block (BM) and keys per tile (BN)
 THREADS = 128  # 4 warps x 16 rows
@@ -225,7 +225,8 @@ def source(dtype_name: str, head_dim: int, dropout: bool) -> str:
     config = (f"{header}\ntypedef {real} real;\n#define HEAD_DIM {head_dim}\n"
               f"#define FA_TF32 {int(mma == 'TF32')}\n#define FA_BF16 {int(mma == 'BF16')}\n"
               f"#define FA_DROPOUT {int(dropout)}\n")
-    return config + _COMMON + FRAGMENTS + _PHILOX + _TILES + _FORWARD + _BACKWARD
+    return (config + _COMMON + FRAGMENTS + PHILOX_CUDA + _DROPOUT + _TILES + _FORWARD
+            + _BACKWARD)
 
 
 # ---- CUDA source -------------------------------------------------------------------------------
@@ -453,47 +454,29 @@ struct RowsA {
 };
 """
 
-_PHILOX = r"""
+_DROPOUT = r"""
 #if FA_DROPOUT
-// kernels/philox.py's Philox4x32-10 (PHILOX_CUDA's rf_philox_word), all four words at once.
-__device__ __forceinline__ uint4 fa_philox4(unsigned c0, unsigned c1, unsigned c2, unsigned c3,
-                                            unsigned k0, unsigned k1) {
-#pragma unroll
-    for (int r = 0; r < 10; r++) {
-        if (r) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
-        unsigned hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
-        unsigned hi1 = __umulhi(0xCD9E8D57u, c2), lo1 = 0xCD9E8D57u * c2;
-        unsigned n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
-        c0 = n0; c1 = lo1; c2 = n2; c3 = lo0;
-    }
-    return make_uint4(c0, c1, c2, c3);
-}
-
-__device__ __forceinline__ unsigned fa_word(uint4 r, int w) {
-    return w == 0 ? r.x : w == 1 ? r.y : w == 2 ? r.z : r.w;
-}
-
 struct Drop { unsigned step, seed, stream, thresh; };
 
 // Element n of the flat (B, H, T, T) probabilities is kept iff word n % 4 of the block n / 4
 // (counter (n/4 low, n/4 high, step, 0), key (seed, stream)), shifted to its top 24 bits,
 // reaches the threshold: kernels/philox.py's dropout_bits.
-__device__ __forceinline__ uint4 fa_block(unsigned long long blk, const Drop& d) {
-    return fa_philox4((unsigned)blk, (unsigned)(blk >> 32), d.step, 0u, d.seed, d.stream);
+__device__ __forceinline__ rf_u32x4 fa_block(unsigned long long blk, const Drop& d) {
+    return rf_philox4((unsigned)blk, (unsigned)(blk >> 32), d.step, 0u, d.seed, d.stream);
 }
 
 __device__ __forceinline__ bool keep1(long long n, const Drop& d) {
-    return (fa_word(fa_block((unsigned long long)n >> 2, d), (int)(n & 3)) >> 8) >= d.thresh;
+    return rf_dropout_bits((unsigned long long)n, d.step, d.seed, d.stream) >= d.thresh;
 }
 
 // Elements n and n + 1 (one Philox block unless n % 4 == 3).
 __device__ __forceinline__ void keep2(long long n, const Drop& d, bool& k0, bool& k1) {
     const unsigned long long blk = (unsigned long long)n >> 2;
     const int w = (int)(n & 3);
-    const uint4 r = fa_block(blk, d);
-    k0 = (fa_word(r, w) >> 8) >= d.thresh;
-    if (w < 3) k1 = (fa_word(r, w + 1) >> 8) >= d.thresh;
-    else k1 = (fa_block(blk + 1, d).x >> 8) >= d.thresh;
+    const rf_u32x4 r = fa_block(blk, d);
+    k0 = (rf_word(r, w) >> 8) >= d.thresh;
+    if (w < 3) k1 = (rf_word(r, w + 1) >> 8) >= d.thresh;
+    else k1 = (fa_block(blk + 1, d).w[0] >> 8) >= d.thresh;
 }
 #endif
 """

@@ -25,9 +25,11 @@ W0, W1 = 0x9E3779B9, 0xBB67AE85  # the key schedule's Weyl increments
 ROUNDS = 10
 
 PHILOX_CUDA = r"""
-__device__ __forceinline__ unsigned int rf_philox_word(
+struct rf_u32x4 { unsigned int w[4]; };
+__device__ __forceinline__ rf_u32x4 rf_philox4(
         unsigned int c0, unsigned int c1, unsigned int c2, unsigned int c3,
-        unsigned int k0, unsigned int k1, int word) {
+        unsigned int k0, unsigned int k1) {
+#pragma unroll
     for (int r = 0; r < 10; r++) {
         if (r) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
         unsigned int hi0 = __umulhi(0xD2511F53u, c0), lo0 = 0xD2511F53u * c0;
@@ -35,7 +37,19 @@ __device__ __forceinline__ unsigned int rf_philox_word(
         unsigned int n0 = hi1 ^ c1 ^ k0, n2 = hi0 ^ c3 ^ k1;
         c0 = n0; c1 = lo1; c2 = n2; c3 = lo0;
     }
-    return word == 0 ? c0 : word == 1 ? c1 : word == 2 ? c2 : c3;
+    rf_u32x4 out = {{c0, c1, c2, c3}};
+    return out;
+}
+// Word k of a block, selected in registers (an indexed load could go through local memory).
+__device__ __forceinline__ unsigned int rf_word(const rf_u32x4& r, int k) {
+    return k == 0 ? r.w[0] : k == 1 ? r.w[1] : k == 2 ? r.w[2] : r.w[3];
+}
+// The 24-bit draw of element i at (step, seed, site): word i % 4 of block i / 4.
+__device__ __forceinline__ unsigned int rf_dropout_bits(
+        unsigned long long i, unsigned int step, unsigned int seed, unsigned int site) {
+    unsigned long long j = i >> 2;
+    return rf_word(rf_philox4((unsigned int)j, (unsigned int)(j >> 32), step, 0u, seed, site),
+                   (int)(i & 3)) >> 8;
 }
 """
 
