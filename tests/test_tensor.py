@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import gc
+import weakref
+
 import numpy as np
 import pytest
 from conftest import DEVICES
@@ -24,9 +27,27 @@ def test_backward_frees_the_graph_and_cannot_run_twice(device: str) -> None:
     hidden = x * 3.0
     loss = ops.sum(hidden * hidden)
     loss.backward()
-    assert hidden._ctx is None and loss._ctx is None  # saved activations released
+    assert loss._ctx is None and hidden._ctx.released  # saved activations released
     with pytest.raises(RuntimeError, match="not the result of a tracked op"):
         loss.backward()
+    with pytest.raises(RuntimeError, match="'mul' a second time"):
+        ops.sum(hidden * 2.0).backward()
+
+
+def test_the_graph_keeps_only_what_backward_saved() -> None:
+    """An intermediate no op saved (x * 3 and + 1 need no arrays for backward) is freed when
+    the model drops it, though the graph still runs backward through its producer. (The
+    graph code is device-agnostic; NumPy arrays can be watched with a weak reference.)"""
+    x = Tensor(np.arange(6.0).reshape(2, 3), requires_grad=True)
+    hidden = x * 3.0
+    freed = weakref.ref(hidden.data)
+    out = hidden + 1.0
+    del hidden
+    gc.collect()
+    assert freed() is None
+    ops.sum(out * out).backward()  # d/dx (3x + 1)^2 = 6 (3x + 1)
+    np.testing.assert_allclose(x.backend.to_host(x.grad), 6 * (3 * np.arange(6.0) + 1)
+                               .reshape(2, 3))
 
 
 def test_no_grad_records_nothing(device: str) -> None:

@@ -84,12 +84,16 @@ class Function:
 
     name: ClassVar[str] = "op"
     category: ClassVar[str] = "other"  # "matmul" or "other", for the profiler
+    # Per input: the op that produced it, the input itself when it is a leaf, or None when no
+    # gradient is wanted. Never a produced Tensor: its array stays alive only where an op saved
+    # it for backward, so an activation nobody saved is freed as soon as the model drops it.
+    parents: tuple[Function | Tensor | None, ...] = ()
+    released: bool = False
 
     def __init__(self, backend: Backend, **attrs: Any) -> None:
         self.backend = backend
         self.xp = backend.xp
         self.kernels = backend.kernels
-        self.inputs: tuple[Tensor, ...] = ()
         self.needs_input_grad: tuple[bool, ...] = ()
         self.__dict__.update(attrs)
 
@@ -103,6 +107,7 @@ class Function:
         keep = ("backend", "xp", "kernels")
         for key in [k for k in self.__dict__ if k not in keep]:
             del self.__dict__[key]
+        self.released = True
 
     def matmul(self, a: Any, b: Any, phase: str, *, transpose_b: bool = False,
                out: Any = None) -> Any:
@@ -113,8 +118,18 @@ class Function:
         mm = self.kernels.matmul
         if self.category == "matmul":
             return mm(a, b, transpose_b=transpose_b, out=out)
-        return run_op(f"{self.name}.matmul", "matmul", phase,
-                      lambda a, b: mm(a, b, transpose_b=transpose_b, out=out), a, b)
+        return self.gemm(phase)(mm, a, b, transpose_b=transpose_b, out=out)
+
+    def gemm(self, phase: str) -> Callable[..., Any]:
+        """A runner `run(fn, *args, **kwargs)` for a backend GEMM inside this op (a plain one,
+        or one with a fused epilogue): it is timed as this op's 'matmul' entry, so the profile
+        separates the products from the op's own elementwise work."""
+        name = f"{self.name}.matmul"
+
+        def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+            return run_op(name, "matmul", phase, lambda *a: fn(*a, **kwargs), *args)
+
+        return run
 
     @classmethod
     def apply(cls, *inputs: Tensor, **attrs: Any) -> Tensor:
@@ -123,7 +138,8 @@ class Function:
         out = run_op(cls.name, cls.category, "forward", fn.forward, *(t.data for t in inputs))
         needs = tuple(t.requires_grad for t in inputs)
         if _grad_enabled and any(needs):
-            fn.inputs = inputs
+            fn.parents = tuple((t._ctx or t) if need else None
+                               for t, need in zip(inputs, needs, strict=True))
             fn.needs_input_grad = needs
             return Tensor.wrap(out, backend, requires_grad=True, ctx=fn)
         fn.release()
@@ -230,36 +246,41 @@ class Tensor:
         `on_leaf(t)` is called once a leaf's gradient is complete (every op that used it has
         run its backward), while the rest of backward goes on: data parallelism starts a
         gradient bucket's all-reduce there."""
-        if self._ctx is None:
+        root = self._ctx
+        if root is None:
             raise RuntimeError("backward() on a tensor that is not the result of a tracked op")
         if grad is None:
             if self.data.size != 1:
                 raise RuntimeError("backward() without a gradient needs a scalar output")
             grad = self.backend.xp.ones_like(self.data)
-        order = _topological_order(self)
-        grads: dict[int, Any] = {id(self): grad}
+        order = _topological_order(root)
+        grads: dict[int, Any] = {id(root): grad}  # by the op whose output they are of
+        self._ctx = None
         while order:
             node = order.pop()
-            g = grads.pop(id(node), None)
-            fn = node._ctx
-            if fn is None:  # a leaf: its gradient was accumulated as it was produced
+            if isinstance(node, Tensor):  # a leaf: its gradient was added as it was produced
                 if on_leaf is not None:
                     on_leaf(node)
                 continue
-            node._ctx = None
+            fn = node
+            g = grads.pop(id(fn), None)
             if g is None:
                 fn.release()
                 continue
+            if fn.released:
+                raise RuntimeError(
+                    f"backward() through '{fn.name}' a second time: its saved arrays were "
+                    "freed by the first backward; run the forward again")
             in_grads = run_op(fn.name, fn.category, "backward", fn.backward, g)
-            for inp, needed, ig in zip(fn.inputs, fn.needs_input_grad, in_grads, strict=True):
-                if not needed or ig is None:
+            for parent, ig in zip(fn.parents, in_grads, strict=True):
+                if parent is None or ig is None:
                     continue
-                if inp._ctx is None:  # a leaf: add straight into .grad (no summed temp)
-                    inp._accumulate(ig)
+                if isinstance(parent, Tensor):  # a leaf: add straight into .grad
+                    parent._accumulate(ig)
                     continue
                 if isinstance(ig, RowGrad):
                     ig = ig.dense()
-                key = id(inp)
+                key = id(parent)
                 grads[key] = ig if key not in grads else grads[key] + ig
             fn.release()
 
@@ -282,11 +303,11 @@ def _as_host_array(data: Any) -> np.ndarray:
     return array.astype(np.float32) if array.dtype == np.float64 else array
 
 
-def _topological_order(root: Tensor) -> list[Tensor]:
-    """Tensors reachable from root, each after all of its inputs (iterative DFS)."""
-    order: list[Tensor] = []
+def _topological_order(root: Function) -> list[Function | Tensor]:
+    """The ops and leaves reachable from root, each after all of its parents (iterative DFS)."""
+    order: list[Function | Tensor] = []
     seen: set[int] = set()
-    stack: list[tuple[Tensor, bool]] = [(root, False)]
+    stack: list[tuple[Function | Tensor, bool]] = [(root, False)]
     while stack:
         node, expanded = stack.pop()
         if expanded:
@@ -296,10 +317,10 @@ def _topological_order(root: Tensor) -> list[Tensor]:
             continue
         seen.add(id(node))
         stack.append((node, True))
-        if node._ctx is not None:
+        if isinstance(node, Function):
             # leaves (parameters) last: popped first, so each finishes right after the op
             # that used it, and its gradient is complete early in backward (see on_leaf)
-            for inp in sorted(node._ctx.inputs, key=lambda t: t._ctx is not None):
-                if id(inp) not in seen and inp.requires_grad:
-                    stack.append((inp, False))
+            parents = [p for p in node.parents if p is not None and id(p) not in seen]
+            for parent in sorted(parents, key=lambda p: isinstance(p, Function)):
+                stack.append((parent, False))
     return order
