@@ -272,7 +272,12 @@ class Trainer:
             xp = self.backend.xp
             asked = xp.asarray(float(self.signals.requested is not None), dtype=np.float32)
             self.comm.all_reduce(asked)
-            if float(self.backend.to_host(asked)) > 0 and self.signals.requested is None:
+            if float(self.backend.to_host(asked)) == 0:
+                # The decision is the sum, not this process's flag now: a signal landing
+                # after the all-reduce waits for the next check, or the processes would
+                # part (one saving, the other in the next step's collectives).
+                return
+            if self.signals.requested is None:
                 self.signals.requested = signal.SIGTERM  # another process was asked
         self.signals.check()
 
