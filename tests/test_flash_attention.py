@@ -1,11 +1,14 @@
 """Fused flash attention (kernels/cuda_attention.py) against materialised attention in float64:
 forward o and lse, backward dq, dk, dv, with and without dropout, the dropout bits against
-kernels/philox.py's mask, and that no T x T buffer is allocated. The GPU tests skip cleanly
-without CUDA; the register-layout check and the source/limit checks run on the CPU."""
+kernels/philox.py's mask, strided (B, H, T, D) views read and written in place (and the
+fallback to copies where a group's layouts disagree), and that no T x T buffer is allocated.
+The GPU tests skip cleanly without CUDA; the register-layout check and the source/limit
+checks run on the CPU."""
 
 from __future__ import annotations
 
 import math
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -191,6 +194,85 @@ def test_no_t_by_t_buffer(cp: Any) -> None:
         assert bool(cp.isfinite(a.astype(np.float32)).all())
 
 
+def _heads(x5: Any) -> list:
+    """The (B, H, T, D) head-major views of a (B, T, n, H, D) array, one per index of axis 2."""
+    return [x5[:, :, i].transpose(0, 2, 1, 3) for i in range(x5.shape[2])]
+
+
+def _packed(cp: Any, dtype: str, shape: tuple[int, int, int, int], seed: int) -> list:
+    """q, k, v as the views of a packed (B, T, 3E) qkv and do as the view of a (B, T, E)
+    gradient, as the model's attention op holds them (shape: B, H, T, D), in `dtype`."""
+    b, h, t, d = shape
+    rng = np.random.default_rng(seed)
+
+    def draw(n: int) -> Any:  # (B, T, n, H, D)
+        x = rng.standard_normal((b, t, n, h, d)).astype(np.float32)
+        return cp.asarray(x.astype(_np_dtype(dtype)))
+
+    return [*_heads(draw(3)), *_heads(draw(1))]
+
+
+def _contiguous_run(cp: Any, q: Any, k: Any, v: Any, do: Any, scale: float,
+                    drop: Any) -> tuple:
+    """o, lse, dq, dk, dv of C-contiguous copies of the inputs (the kernels' original use)."""
+    q, k, v, do = (cp.ascontiguousarray(x) for x in (q, k, v, do))
+    o, lse = fa.flash_attention_forward(q, k, v, scale, drop)
+    return o, lse, *fa.flash_attention_backward(q, k, v, o, do, lse, scale, drop)
+
+
+@pytest.mark.gpu
+@needs_gpu
+@pytest.mark.parametrize("p", [0.0, 0.1])
+@pytest.mark.parametrize("t", [64, 130])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_strided_views_in_place(cp: Any, dtype: str, t: int, p: float) -> None:
+    """q, k, v read in place from a packed qkv, do from a (B, T, E) gradient, o and the
+    gradients written into views: bit for bit what contiguous copies give (the same
+    arithmetic; only the addresses differ)."""
+    b, h, d = 2, 3, 64
+    e = h * d
+    q, k, v, do = _packed(cp, dtype, (b, h, t, d), seed=t)
+    o_view = cp.empty((b, t, h, d), dtype=q.dtype).transpose(0, 2, 1, 3)  # y (B, T, E)
+    views = _heads(cp.empty((b, t, 3, h, d), dtype=q.dtype))  # dqkv (B, T, 3E)
+    # both groups share strides the kernels take: no fallback copies
+    assert fa._shared_strides([q, k, v, *views]) == (t * 3 * e, d, 3 * e)
+    assert fa._shared_strides([o_view, do]) == (t * e, d, e)
+    drop = fa.Dropout(p, SEED, STREAM, cp.asarray(7, dtype=np.int32)) if p else None
+    o, lse = fa.flash_attention_forward(q, k, v, 0.125, drop, out=o_view)
+    grads = fa.flash_attention_backward(q, k, v, o, do, lse, 0.125, drop, out=tuple(views))
+    for got, view in zip((o, *grads), (o_view, *views), strict=True):
+        assert got.data.ptr == view.data.ptr and got.strides == view.strides
+    want = _contiguous_run(cp, q, k, v, do, 0.125, drop)
+    for name, g, w in zip(("o", "lse", "dq", "dk", "dv"), (o, lse, *grads), want, strict=True):
+        np.testing.assert_array_equal(_host64(g), _host64(w), err_msg=name)
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_mixed_layouts_fall_back_to_copies(cp: Any) -> None:
+    """q a strided view but k, v contiguous; o contiguous but do strided; out for forward
+    misaligned by one element: every group falls back to contiguous arrays, and the results
+    still land in the given views."""
+    b, h, t, d = 2, 3, 130, 64
+    q, k, v, do = _packed(cp, "float16", (b, h, t, d), seed=5)
+    k, v = cp.ascontiguousarray(k), cp.ascontiguousarray(v)
+    assert fa._shared_strides([q, k, v]) is None
+    drop = fa.Dropout(0.1, SEED, STREAM, cp.asarray(3, dtype=np.int32))
+    want = _contiguous_run(cp, q, k, v, do, 0.125, drop)
+    o_view = cp.empty(b * t * h * d + 1, dtype=q.dtype)[1:].reshape(b, h, t, d)
+    assert fa._strides(o_view) is None  # 2 bytes past an aligned allocation
+    o, lse = fa.flash_attention_forward(q, k, v, 0.125, drop, out=o_view)
+    assert o.data.ptr == o_view.data.ptr
+    np.testing.assert_array_equal(_host64(o), _host64(want[0]))
+    np.testing.assert_array_equal(_host64(lse), _host64(want[1]))
+    views = _heads(cp.empty((b, t, 3, h, d), dtype=q.dtype))
+    grads = fa.flash_attention_backward(q, k, v, want[0], do, lse, 0.125, drop,
+                                        out=tuple(views))
+    for name, g, view, w in zip(("dq", "dk", "dv"), grads, views, want[2:], strict=True):
+        assert g.data.ptr == view.data.ptr, name
+        np.testing.assert_array_equal(_host64(g), _host64(w), err_msg=name)
+
+
 # ---- CPU: the register layouts of cuda_attention.py against the PTX ISA tables -------------
 # _ptx_* transcribe the PTX ISA's "Matrix Fragments for mma.m16n8k16 with floating point
 # type" and "... mma.m16n8k8" (.tf32): lane l, g = l >> 2, t = l % 4. _load_a, _load_b and
@@ -313,3 +395,24 @@ def test_supports_and_dropout_checks() -> None:
         with pytest.raises(ValueError):
             fa.Dropout(p, 0, 0, None)
     assert fa._dropout_args(None)[-1] == np.float32(1.0)
+
+
+def test_stride_groups() -> None:
+    """The layouts the kernels address in place, on stand-ins for CuPy arrays: unit stride
+    along D, 16-byte aligned rows, one set of strides per group; length-1 axes do not count."""
+    def view(shape: tuple, strides: tuple, ptr: int = 256) -> SimpleNamespace:
+        return SimpleNamespace(shape=shape, strides=tuple(2 * s for s in strides),
+                               dtype=np.dtype(np.float16), data=SimpleNamespace(ptr=ptr))
+
+    h, t, d = 3, 5, 64
+    e = h * d
+    packed = view((2, h, t, d), (t * 3 * e, d, 3 * e, 1))  # a head-major view of (B, T, 3E)
+    contiguous = view((2, h, t, d), (h * t * d, t * d, d, 1))
+    assert fa._strides(packed) == (t * 3 * e, d, 3 * e)
+    assert fa._shared_strides([packed, packed]) == (t * 3 * e, d, 3 * e)
+    assert fa._shared_strides([packed, contiguous]) is None
+    assert fa._strides(view((2, h, t, d), (t * 3 * e, d, 3 * e, 1), ptr=258)) is None
+    assert fa._strides(view((2, h, t, d), (h * t * d, t * d, d + 4, 1))) is None  # 136 B rows
+    assert fa._strides(view((2, h, t, d), (h * t * d * 2, t * d * 2, d * 2, 2))) is None
+    one = view((1, h, t, d), (7 * h * t * d, t * d, d, 1))
+    assert fa._shared_strides([one, view((1, h, t, d), (h * t * d, t * d, d, 1))]) is not None

@@ -105,6 +105,15 @@ def test_gelu(device: str) -> None:
     gradcheck(device, ops.gelu, [randn(2, 3, 5), randn(5)])
 
 
+def test_linear(device: str) -> None:
+    gradcheck(device, ops.linear, [randn(2, 3, 5), randn(5, 4), randn(4)])
+    gradcheck(device, ops.linear, [noncontig(6, 5), noncontig(5, 3), randn(3)])
+
+
+def test_mlp(device: str) -> None:
+    gradcheck(device, ops.mlp, [randn(2, 3, 4), randn(4, 8), randn(8), randn(8, 4), randn(4)])
+
+
 def test_layer_norm(device: str) -> None:
     gradcheck(device, ops.layer_norm, [randn(2, 3, 8), randn(8), randn(8)])
     gradcheck(device, ops.layer_norm, [noncontig(4, 6), randn(6), randn(6)])

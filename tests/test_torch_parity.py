@@ -174,6 +174,18 @@ def test_gelu(dev: str) -> None:
             [randn(4, 8, 64, scale=2.0), randn(64)])
 
 
+def test_linear(dev: str) -> None:
+    compare("linear", dev, ops.linear, lambda x, w, b: x @ w + b,
+            [randn(4, 16, 32), randn(32, 48, scale=0.2), randn(48)])
+
+
+def test_mlp(dev: str) -> None:
+    compare("mlp", dev, ops.mlp,
+            lambda x, w1, b1, w2, b2: F.gelu(x @ w1 + b1, approximate="tanh") @ w2 + b2,
+            [randn(4, 16, 32), randn(32, 128, scale=0.2), randn(128), randn(128, 32, scale=0.1),
+             randn(32)])
+
+
 def test_attention(dev: str) -> None:
     compare("attention", dev, lambda qkv: ops.causal_self_attention(qkv, n_head=4),
             lambda qkv: REF.causal_attention(qkv, 4), [randn(2, 24, 3 * 32)])

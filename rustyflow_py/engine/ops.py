@@ -172,6 +172,48 @@ class MatMul(Function):
         return da, db
 
 
+# ---- Linear layers ---------------------------------------------------------------------------
+class Linear(Function):
+    """y = x @ W + b, (..., K) x (K, N) + (N,), as one op: the backend adds the bias inside
+    the GEMM (cuBLASLt's epilogue on the GPU) and gets the bias gradient from the weight
+    gradient's GEMM, so neither is a pass of its own over an activation-sized array."""
+
+    name = "linear"
+
+    def forward(self, x: Any, w: Any, b: Any) -> Any:
+        self.x, self.w = x, w
+        return self.kernels.linear(x, w, b, False, self.gemm("forward"))[0]
+
+    def backward(self, grad: Any) -> Sequence[Any]:
+        dx = self.matmul(grad, self.w, "backward", transpose_b=True)
+        dw, db = self.kernels.linear_grads(self.x, grad, self.gemm("backward"))
+        return dx, dw, db
+
+
+class MLP(Function):
+    """The transformer MLP, gelu(x @ W1 + b1) @ W2 + b2, as one op, so the GELU fuses into
+    the GEMMs on both sides: forward writes the activation and its input from W1's GEMM, and
+    backward gets d(pre-activation) and b1's gradient from the epilogue of the GEMM that
+    multiplies by W2.T (cuBLASLt's GELU_AUX_BIAS and DGELU_BGRAD on the GPU)."""
+
+    name = "mlp"
+
+    def forward(self, x: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> Any:
+        gemm = self.gemm("forward")
+        f, self.state = self.kernels.linear(x, w1, b1, True, gemm)  # (..., 4E)
+        self.x, self.f, self.w1, self.w2 = x, f, w1, w2
+        return self.kernels.linear(f, w2, b2, False, gemm)[0]  # (..., E)
+
+    def backward(self, grad: Any) -> Sequence[Any]:
+        gemm = self.gemm("backward")
+        dw2, db2 = self.kernels.linear_grads(self.f, grad, gemm)
+        dpre, db1 = self.kernels.linear_dgelu(grad, self.w2, self.state, gemm)  # (..., 4E)
+        x2 = self.x.reshape(-1, self.x.shape[-1])
+        dw1 = self.matmul(x2.T, dpre.reshape(-1, dpre.shape[-1]), "backward")
+        dx = self.matmul(dpre, self.w1, "backward", transpose_b=True)
+        return dx, dw1, db1, dw2, db2
+
+
 # ---- shape ops -------------------------------------------------------------------------------
 class Reshape(Function):
     name = "reshape"
@@ -292,16 +334,33 @@ class CausalSelfAttention(Function):
             return probs
         return self.kernels.causal_softmax_recompute(att, self.lse, self.scale)
 
+    def _head_views(self, x: Any) -> list[Any]:
+        """The (B, H, T, D) views of q, k, v inside a packed (B, T, 3E) array: no copies."""
+        b, t, e3 = x.shape
+        h = self.n_head
+        split = x.reshape(b, t, 3, h, e3 // 3 // h)
+        return [split[:, :, i].transpose(0, 2, 1, 3) for i in range(3)]
+
+    def _fused_forward(self, qkv: Any) -> Any:
+        """The fused kernel reads the heads in place and writes y (B, T, H, D), the (B, T, E)
+        output, through its head-major view: no split or merge copies."""
+        b, t, e3 = qkv.shape
+        q, k, v = self._head_views(qkv)
+        y = self.xp.empty((b, t, self.n_head, e3 // 3 // self.n_head), dtype=qkv.dtype)
+        _, self.lse = self.kernels.attention_forward(q, k, v, self.scale, self._mask(),
+                                                     out=y.transpose(0, 2, 1, 3))
+        self.qkv, self.y = qkv, y
+        return y.reshape(b, t, e3 // 3)  # (B, T, E)
+
     def _fused_backward(self, grad: Any) -> Any:
-        q, k, v, y = self.saved
-        b, h, t, d = q.shape
-        gy = self.xp.ascontiguousarray(grad.reshape(b, t, h, d).transpose(0, 2, 1, 3))
-        grads = self.kernels.attention_backward(q, k, v, y, gy, self.lse, self.scale,
-                                                self._mask())  # 3 x (B, H, T, D)
-        dqkv = self.xp.empty((b, t, 3, h, d), dtype=grad.dtype)
-        for i, g in enumerate(grads):
-            dqkv[:, :, i] = g.transpose(0, 2, 1, 3)
-        return dqkv.reshape(b, t, 3 * h * d)
+        b, t, e = grad.shape
+        y, h = self.y, self.n_head
+        dqkv = self.xp.empty((b, t, 3 * e), dtype=grad.dtype)
+        gy = self.xp.ascontiguousarray(grad).reshape(b, t, h, e // h).transpose(0, 2, 1, 3)
+        self.kernels.attention_backward(*self._head_views(self.qkv), y.transpose(0, 2, 1, 3),
+                                        gy, self.lse, self.scale, self._mask(),
+                                        out=self._head_views(dqkv))
+        return dqkv  # (B, T, 3E)
 
     def _mask(self) -> tuple[float, int, int, Any] | None:
         """The fused kernel's dropout: the (p, seed, stream, step) dropout_mask would take."""
@@ -321,14 +380,13 @@ class CausalSelfAttention(Function):
 
     def forward(self, qkv: Any) -> Any:
         b, t, e3 = qkv.shape
-        q, k, v = self._heads(qkv)
-        self.scale = 1.0 / math.sqrt(q.shape[-1])
+        d = e3 // 3 // self.n_head
+        self.scale = 1.0 / math.sqrt(d)
         self.dropped = self.dropout > 0.0 and self.rng is not None
-        self.fused = self.kernels.fused_attention(q.dtype, q.shape[-1], t)
+        self.fused = self.kernels.fused_attention(qkv.dtype, d, t)
         if self.fused:  # one kernel, T x T never formed; backward recomputes from the lse
-            y, self.lse = self.kernels.attention_forward(q, k, v, self.scale, self._mask())
-            self.saved = (q, k, v, y)
-            return y.transpose(0, 2, 1, 3).reshape(b, t, e3 // 3)  # (B, T, E)
+            return self._fused_forward(qkv)
+        q, k, v = self._heads(qkv)
         probs = used = self._probs(q, k, "forward")
         if self.dropped:
             used = self._drop(probs)
@@ -461,6 +519,14 @@ def mul(a: Tensor, b: Tensor | float) -> Tensor:
 
 def matmul(a: Tensor, b: Tensor, transpose_b: bool = False) -> Tensor:
     return MatMul.apply(a, b, transpose_b=transpose_b)
+
+
+def linear(x: Tensor, w: Tensor, b: Tensor) -> Tensor:
+    return Linear.apply(x, w, b)
+
+
+def mlp(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
+    return MLP.apply(x, w1, b1, w2, b2)
 
 
 def reshape(x: Tensor, shape: tuple[int, ...]) -> Tensor:

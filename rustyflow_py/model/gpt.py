@@ -213,17 +213,17 @@ class GPT:
         resid_p = cfg.rate(cfg.resid_dropout) if train else 0.0
         attn_site, attn_out_site, mlp_out_site = block_sites(i)
         h = ops.layer_norm(x, p["ln_1.weight"], p["ln_1.bias"], LN_EPS)
-        qkv = ops.matmul(h, p["attn.c_attn.weight"]) + p["attn.c_attn.bias"]  # (B, T, 3E)
+        qkv = ops.linear(h, p["attn.c_attn.weight"], p["attn.c_attn.bias"])  # (B, T, 3E)
         if cache is None:
             a = ops.causal_self_attention(qkv, cfg.n_head, attn_p, rng, attn_site)  # (B, T, E)
         else:  # the new positions join layer i's cache and attend over all of it
             a = ops.cached_attention(qkv, cache.keys[i], cache.values[i], cache.length,
                                      cfg.n_head)  # (B, T, E)
-        a = ops.matmul(a, p["attn.c_proj.weight"]) + p["attn.c_proj.bias"]
+        a = ops.linear(a, p["attn.c_proj.weight"], p["attn.c_proj.bias"])  # (B, T, E)
         x = x + ops.dropout(a, resid_p, rng, attn_out_site)
         h = ops.layer_norm(x, p["ln_2.weight"], p["ln_2.bias"], LN_EPS)
-        f = ops.gelu(ops.matmul(h, p["mlp.c_fc.weight"]), p["mlp.c_fc.bias"])  # (B, T, 4E)
-        f = ops.matmul(f, p["mlp.c_proj.weight"]) + p["mlp.c_proj.bias"]  # (B, T, E)
+        f = ops.mlp(h, p["mlp.c_fc.weight"], p["mlp.c_fc.bias"], p["mlp.c_proj.weight"],
+                    p["mlp.c_proj.bias"])  # (B, T, E), through (B, T, 4E)
         return x + ops.dropout(f, resid_p, rng, mlp_out_site)
 
     def matmul_flops_per_step(self, batch: int, seq_len: int) -> float:

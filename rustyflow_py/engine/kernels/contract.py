@@ -42,6 +42,29 @@ class Kernels(Protocol):
         """Column sums (C,) of x (N, C): bias gradients."""
         ...
 
+    # ---- Linear layers: the GEMM with its bias (and GELU) ---------------------------------------
+    # `gemm` is the caller's runner for the product: gemm(fn, *args, **kwargs) calls
+    # fn(*args, **kwargs) and times it as a matmul (Function.gemm); a kernel runs each of its
+    # GEMMs (plain or with a fused epilogue) through it.
+    def linear(self, x: Any, w: Any, b: Any, gelu: bool,
+               gemm: Callable[..., Any]) -> tuple[Any, Any]:
+        """(y, state): y = x @ w + b for x (..., K), w (K, N), b (N,), or gelu_tanh of it when
+        `gelu`, with the state linear_dgelu takes back (None without gelu)."""
+        ...
+
+    def linear_grads(self, x: Any, g: Any, gemm: Callable[..., Any]) -> tuple[Any, Any]:
+        """(dw, db) of y = x @ w + b for the gradient g (..., N) of y: (x.T @ g, the column
+        sums of g), over all leading axes. For 16-bit inputs both may be float32 (the
+        gradient buffer's type)."""
+        ...
+
+    def linear_dgelu(self, g: Any, w: Any, state: Any,
+                     gemm: Callable[..., Any]) -> tuple[Any, Any]:
+        """For y = gelu(pre) @ w with pre = x @ w1 + b1 (`state`, from linear(..., gelu=True)):
+        (dpre, db1) = ((g @ w.T) * gelu'(pre), the column sums of dpre) for the gradient g of
+        y: the gradient into the GELU's input and the bias gradient of the layer before."""
+        ...
+
     # ---- LayerNorm over the last axis -----------------------------------------------------------
     def layernorm_forward(self, x: Any, w: Any, b: Any, eps: float) -> tuple[Any, Any, Any]:
         """(y, mean, rstd) for x (..., C), w and b (C,): y (..., C) is the normalised x
@@ -242,16 +265,20 @@ class Kernels(Protocol):
         ...
 
     def attention_forward(self, q: Any, k: Any, v: Any, scale: float,
-                          dropout: tuple[float, int, int, Any] | None) -> tuple[Any, Any]:
+                          dropout: tuple[float, int, int, Any] | None,
+                          out: Any = None) -> tuple[Any, Any]:
         """Causal attention of q, k, v (B, H, T, D) without forming T x T: (o (B, H, T, D),
         the softmax's row log-sum-exps (B, H, T), float32). `dropout` is (p, seed, stream,
-        step): the probabilities' mask dropout_mask would draw for (B, H, T, T)."""
+        step): the probabilities' mask dropout_mask would draw for (B, H, T, T). q, k, v may
+        be strided views (the heads of one packed (B, T, 3E) projection); o is written into
+        `out` when given (e.g. the head-major view of a (B, T, E) array) and returned."""
         ...
 
     def attention_backward(self, q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any,
-                           scale: float, dropout: tuple[float, int, int, Any] | None
-                           ) -> tuple[Any, Any, Any]:
-        """(dq, dk, dv) of attention_forward for upstream do, from its o and lse."""
+                           scale: float, dropout: tuple[float, int, int, Any] | None,
+                           out: tuple[Any, Any, Any] | None = None) -> tuple[Any, Any, Any]:
+        """(dq, dk, dv) of attention_forward for upstream do, from its o and lse; written
+        into `out`'s three views when given (e.g. those of one (B, T, 3E) gradient)."""
         ...
 
     # ---- randomness ------------------------------------------------------------------------------

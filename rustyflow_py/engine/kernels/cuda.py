@@ -15,6 +15,7 @@ as the learning rate from device memory, so a whole training step can be graph-c
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ import numpy as np
 from ..precision import accumulate_dtype
 from . import cuda_attention, philox
 from .cublas import Cublas
+from .cublaslt import CublasLt, CublasLtUnsupported
 from .cuda_optim import CudaOptimizer
 from .philox import PHILOX_CUDA
 from .reference import GELU_C, GELU_K, XpKernels
@@ -338,6 +340,8 @@ class CudaKernels(CudaOptimizer, XpKernels):
         super().__init__(backend)
         self._one = backend.xp.ones((), dtype=np.float32)
         self.cublas = Cublas(backend.xp, backend.stream)
+        self._cublaslt: CublasLt | None = None
+        self.epilogues = True  # Linear layers through cuBLASLt's epilogues where it can
         self._ones: dict[tuple[int, Any], Any] = {}
 
     def matmul(self, a: Any, b: Any, *, transpose_b: bool = False, out: Any = None) -> Any:
@@ -352,6 +356,57 @@ class CudaKernels(CudaOptimizer, XpKernels):
         if key not in self._ones:
             self._ones[key] = self.xp.ones((1, n), dtype=x.dtype)
         return self.cublas.matmul(self._ones[key], x, strict=True)[0]
+
+    # ---- Linear layers: bias, GELU and the bias gradient in the GEMM's epilogue --------------
+    # cuBLASLt refuses (CublasLtUnsupported) float64, the odd layout, and a problem first seen
+    # during graph capture (its plan must come from an eager call, which the trainer's warm-up
+    # steps make); each refusal takes the shared formulation: GEMM, then a kernel.
+    def _lt(self) -> CublasLt:
+        """The cuBLASLt handle, made on first use, in the cuBLAS handle's compute mode."""
+        if self._cublaslt is None:
+            self._cublaslt = CublasLt(self.xp, self.backend.stream)
+        self._cublaslt.matmul_compute = self.cublas.matmul_compute
+        return self._cublaslt
+
+    def linear(self, x: Any, w: Any, b: Any, gelu: bool,
+               gemm: Callable[..., Any]) -> tuple[Any, Any]:
+        """Epilogue BIAS, or GELU_AUX_BIAS writing the pre-activation x @ w + b (the state,
+        bias included) for backward. cuBLASLt's GELU may use a fast tanh (relative errors
+        near 1e-3): below tf32's and 16-bit's own rounding, but not exact float32, so a
+        float32 run without TF32 keeps the GELU kernel."""
+        exact = x.dtype == np.float32 and self.cublas.matmul_compute != "tf32"
+        if self.epilogues and not (gelu and exact):
+            try:
+                if not gelu:
+                    return gemm(self._lt().matmul_bias, x, w, b), None
+                pre = self.xp.empty((*x.shape[:-1], w.shape[1]), dtype=x.dtype)  # (..., N)
+                y = gemm(self._lt().matmul_bias, x, w, b, gelu=True, pre_gelu_out=pre)
+                return y, (pre, None)
+            except CublasLtUnsupported:
+                pass
+        return super().linear(x, w, b, gelu, gemm)
+
+    def linear_grads(self, x: Any, g: Any, gemm: Callable[..., Any]) -> tuple[Any, Any]:
+        """Epilogue BGRADA: db from the dW GEMM's own pass over g; 16-bit inputs give float32
+        dW and db straight from it."""
+        if self.epilogues:
+            try:
+                return gemm(self._lt().matmul_bgrad, x.reshape(-1, x.shape[-1]).T, g,
+                            out_dtype=accumulate_dtype(g.dtype))
+            except CublasLtUnsupported:
+                pass
+        return super().linear_grads(x, g, gemm)
+
+    def linear_dgelu(self, g: Any, w: Any, state: Any,
+                     gemm: Callable[..., Any]) -> tuple[Any, Any]:
+        """Epilogue DGELU_BGRAD on g @ w.T, given the state of the fused forward."""
+        pre, bias = state
+        if self.epilogues and bias is None:
+            try:
+                return gemm(self._lt().matmul_dgelu_bgrad, g, w.T, pre)
+            except CublasLtUnsupported:
+                pass
+        return super().linear_dgelu(g, w, state, gemm)
 
     def _k(self, name: str, dtype: Any, *same: Any) -> Any:
         """Kernel `name` for storage `dtype`. It reads raw pointers, so the arrays in `same`
@@ -494,14 +549,15 @@ class CudaKernels(CudaOptimizer, XpKernels):
         return cuda_attention.supports(dtype, head_dim, seq_len)
 
     def attention_forward(self, q: Any, k: Any, v: Any, scale: float,
-                          dropout: tuple[float, int, int, Any] | None) -> tuple[Any, Any]:
-        return cuda_attention.flash_attention_forward(q, k, v, scale, _drop(dropout))
+                          dropout: tuple[float, int, int, Any] | None,
+                          out: Any = None) -> tuple[Any, Any]:
+        return cuda_attention.flash_attention_forward(q, k, v, scale, _drop(dropout), out)
 
     def attention_backward(self, q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any,
-                           scale: float, dropout: tuple[float, int, int, Any] | None
-                           ) -> tuple[Any, Any, Any]:
+                           scale: float, dropout: tuple[float, int, int, Any] | None,
+                           out: tuple[Any, Any, Any] | None = None) -> tuple[Any, Any, Any]:
         return cuda_attention.flash_attention_backward(q, k, v, o, do, lse, scale,
-                                                       _drop(dropout))
+                                                       _drop(dropout), out)
 
     # ---- randomness -----------------------------------------------------------------------------
     def dropout_mask(self, shape: tuple[int, ...], dtype: Any, p: float, seed: int, site: int,

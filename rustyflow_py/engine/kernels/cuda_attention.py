@@ -16,7 +16,7 @@ Layout of the work (BM = BN = 64, 4 warps of 32 threads, warp w owning 16 rows):
   fa_fwd       grid (T/64 query tiles, B*H). Q tile resident in shared memory; loops over the
                key tiles at or left of the diagonal: S = Q K^T (tensor cores), mask only on
                the diagonal tile, online softmax in registers, O += P V. Writes O and lse.
-  fa_bwd_pre   D_i = rowsum(dO_i * O_i), one warp per row (float32).
+  fa_bwd_pre   grid (T/4, B*H): D_i = rowsum(dO_i * O_i), one warp per row (float32).
   fa_bwd_dq    grid (query tiles, B*H): recomputes S and dP = dO V^T for each key tile,
                dS = P (dP - D) scale, dQ += dS K in registers. Deterministic (no atomics).
   fa_bwd_dkdv  grid (key tiles, B*H): K, V tile resident; loops over query tiles at or below
@@ -28,6 +28,13 @@ other matmuls), accumulating in float32. Fragments are loaded from shared memory
 32/64-bit loads; the register layouts are documented at `FRAGMENTS` below and mirrored by a
 CPU test (tests/test_flash_attention.py) that checks them against the PTX ISA tables.
 
+q, k, v, o, dO and the gradients are (B, H, T, D) views with any strides for batch, head and
+time (unit stride along D, 16-byte aligned rows), in two groups that share strides: q, k, v,
+dq, dk, dv (head-major views of the packed (B, T, 3E) projection and its gradient) and o, dO
+(views of (B, T, E) arrays). The caller then splits and merges heads with no copies: each
+would be a full read and write of an activation-sized array, and those kept for backward
+would cost memory.
+
 Everything is launched on CuPy's current stream, allocates through CuPy only, reads the
 step from device memory and never synchronises, so forward and backward can be captured in a
 CUDA graph.
@@ -37,6 +44,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -82,50 +90,73 @@ def supports(dtype: Any, head_dim: int, seq_len: int) -> bool:
     return _dtype_name(dtype) is not None and head_dim in HEAD_DIMS and seq_len >= 1
 
 
-def flash_attention_forward(q: Any, k: Any, v: Any, scale: float,
-                            dropout: Dropout | None = None) -> tuple[Any, Any]:
+def flash_attention_forward(q: Any, k: Any, v: Any, scale: float, dropout: Dropout | None = None,
+                            out: Any | None = None) -> tuple[Any, Any]:
     """o = dropout(softmax_causal(scale q k^T)) v and the softmax's row log-sum-exps.
 
-    q, k, v: CuPy (B, H, T, D) of one dtype (float32, float16 or bfloat16). Returns o
-    (B, H, T, D) of that dtype and lse (B, H, T) float32, lse_i = log sum_{j<=i}
-    exp(scale q_i.k_j) (of the un-dropped softmax), which backward takes back."""
+    q, k, v: CuPy (B, H, T, D) of one dtype (float32, float16 or bfloat16). Views that share
+    their strides, such as the head-major views
+    `qkv.reshape(B, T, 3, H, D)[:, :, i].transpose(0, 2, 1, 3)` of one packed projection, are
+    read in place: a contiguous copy would be a full read and write of an activation-sized
+    array, and the caller would keep the copies for backward. out: an optional (B, H, T, D)
+    array of q's dtype, not overlapping q, k, v, that o is written into and returned as,
+    e.g. `y.transpose(0, 2, 1, 3)` of a fresh (B, T, H, D) y, which then is the (B, T, E)
+    output with no transpose copy. `_stage` says which layouts are used in place and what is
+    copied otherwise. Returns o (B, H, T, D) and lse (B, H, T) float32,
+    lse_i = log sum_{j<=i} exp(scale q_i.k_j) (of the un-dropped softmax), which backward
+    takes back."""
     import cupy
 
-    q, k, v = _prepare(q, k, v)
+    _check(q, k, v, out)
     b, h, t, d = q.shape
+    (q, k, v), qkv_strides, _ = _stage([q, k, v], [], q)
+    (o,), o_strides, pending = _stage([], [out], q)
     kernels = _kernels(_dtype_name(q.dtype), d, dropout is not None)
-    o = cupy.empty(q.shape, dtype=q.dtype)  # (B, H, T, D)
     lse = cupy.empty((b, h, t), dtype=cupy.float32)  # (B, H, T)
     _launch(kernels["fa_fwd"], _tiles(t), b * h, _shared_bytes("fa_fwd", q.dtype.itemsize, d),
-            (q, k, v, o, lse, np.int32(t), np.float32(scale), *_dropout_args(dropout)))
-    return o, lse
+            (q, k, v, o, lse, np.int32(t), np.int32(h), *qkv_strides, *o_strides,
+             np.float32(scale), *_dropout_args(dropout)))
+    return _finish(pending)[0], lse
 
 
 def flash_attention_backward(q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any, scale: float,
-                             dropout: Dropout | None = None) -> tuple[Any, Any, Any]:
+                             dropout: Dropout | None = None,
+                             out: tuple[Any, Any, Any] | None = None) -> tuple[Any, Any, Any]:
     """dq, dk, dv (the shape and dtype of q) of o = dropout(softmax_causal(scale q k^T)) v,
-    given forward's o and lse, the upstream gradient do and the same dropout (same step)."""
+    given forward's o and lse, the upstream gradient do and the same dropout (same step).
+
+    q, k, v and o, do are read in place as forward reads q, k, v (o, do: e.g. the transposed
+    views of the (B, T, E) output and its gradient). out: optional (dq, dk, dv), (B, H, T, D)
+    arrays of q's dtype laid out like q, k, v (as the three head-major views of one
+    (B, T, 3, H, D) dqkv are), overlapping no input, that the gradients are written into and
+    returned as, so that the caller interleaves nothing. Without it the gradients are fresh
+    C-contiguous arrays, and q, k, v are then copied unless they are C-contiguous too (see
+    `_stage`)."""
     import cupy
 
-    q, k, v, o, do = _prepare(q, k, v, o, do)
+    grads = (None, None, None) if out is None else tuple(out)
+    if len(grads) != 3:
+        raise ValueError(f"out takes (dq, dk, dv), got {len(grads)} arrays")
+    _check(q, k, v, o, do, *grads)
     b, h, t, d = q.shape
     lse = cupy.ascontiguousarray(lse, dtype=cupy.float32)  # (B, H, T)
     if lse.shape != (b, h, t):
         raise ValueError(f"lse of shape {lse.shape}, expected {(b, h, t)}")
+    (q, k, v, dq, dk, dv), qkv_strides, pending = _stage([q, k, v], grads, q)
+    (o, do), o_strides, _ = _stage([o, do], [], q)
     kernels = _kernels(_dtype_name(q.dtype), d, dropout is not None)
     itemsize = q.dtype.itemsize
-    rows = b * h * t
+    layout = (np.int32(t), np.int32(h), *qkv_strides, *o_strides)
     dd = cupy.empty((b, h, t), dtype=cupy.float32)  # (B, H, T): D_i = rowsum(dO_i * O_i)
-    kernels["fa_bwd_pre"](((rows + THREADS // 32 - 1) // (THREADS // 32),), (THREADS,),
-                          (o, do, dd, np.int64(rows)))
-    dq = cupy.empty(q.shape, dtype=q.dtype)  # (B, H, T, D)
-    dk = cupy.empty(q.shape, dtype=q.dtype)  # (B, H, T, D)
-    dv = cupy.empty(q.shape, dtype=q.dtype)  # (B, H, T, D)
+    warps = THREADS // 32  # fa_bwd_pre: a warp per row
+    kernels["fa_bwd_pre"](((t + warps - 1) // warps, b * h), (THREADS,),
+                          (o, do, dd, np.int32(t), np.int32(h), *o_strides))
     drop = _dropout_args(dropout)
     _launch(kernels["fa_bwd_dq"], _tiles(t), b * h, _shared_bytes("fa_bwd_dq", itemsize, d),
-            (q, k, v, do, lse, dd, dq, np.int32(t), np.float32(scale), *drop))
+            (q, k, v, do, lse, dd, dq, *layout, np.float32(scale), *drop))
     _launch(kernels["fa_bwd_dkdv"], _tiles(t), b * h, _shared_bytes("fa_bwd_dkdv", itemsize, d),
-            (q, k, v, do, lse, dd, dk, dv, np.int32(t), np.float32(scale), *drop))
+            (q, k, v, do, lse, dd, dk, dv, *layout, np.float32(scale), *drop))
+    dq, dk, dv = _finish(pending)
     return dq, dk, dv
 
 
@@ -142,23 +173,13 @@ def _tiles(t: int) -> int:
     return (t + BLOCK - 1) // BLOCK
 
 
-def _prepare(*arrays: Any) -> list[Any]:
-    """C-contiguous, 16-byte aligned (the kernels load 16-byte vectors) arrays of one
-    supported dtype and one (B, H, T, D) shape."""
-    import cupy
-
-    out = []
-    for a in arrays:
-        a = cupy.ascontiguousarray(a)
-        if a.data.ptr % 16:
-            a = a.copy()  # an odd view: a fresh allocation is aligned
-        out.append(a)
-    first = out[0]
+def _check(first: Any, *others: Any | None) -> None:
+    """Arrays (None: an output not given) of one (B, H, T, D) shape and supported dtype."""
     if first.ndim != 4:
         raise ValueError(f"flash attention takes (B, H, T, D) arrays, got shape {first.shape}")
-    for a in out[1:]:
-        if a.shape != first.shape or a.dtype != first.dtype:
-            raise ValueError(f"flash attention inputs differ: {a.shape} {a.dtype} vs "
+    for a in others:
+        if a is not None and (a.shape != first.shape or a.dtype != first.dtype):
+            raise ValueError(f"flash attention arrays differ: {a.shape} {a.dtype} vs "
                              f"{first.shape} {first.dtype}")
     b, h, t, d = first.shape
     if not supports(first.dtype, d, t):
@@ -166,7 +187,63 @@ def _prepare(*arrays: Any) -> list[Any]:
                          f"T={t} (head dims {HEAD_DIMS}; float32, float16, bfloat16)")
     if b * h > MAX_BLOCKS_Y:
         raise ValueError(f"flash attention takes B*H <= {MAX_BLOCKS_Y}, got {b * h}")
-    return out
+
+
+def _strides(a: Any) -> tuple[int, int, int] | None:
+    """The element strides (batch, head, time) by which the kernels can address a
+    (B, H, T, D) array in place, or None: they load rows as 16-byte vectors, so the last axis
+    must have unit stride and every row must start 16-byte aligned (the base pointer and the
+    three byte strides multiples of 16). An axis of length 1 is never stepped along; its
+    stride is taken as 0, so that it does not tell two layouts apart."""
+    item = a.dtype.itemsize
+    if a.strides[3] != item or a.data.ptr % 16:
+        return None
+    strides = [0 if n == 1 else s for n, s in zip(a.shape[:3], a.strides[:3], strict=True)]
+    if any(s % 16 for s in strides):
+        return None
+    sb, sh, st = (s // item for s in strides)
+    return sb, sh, st
+
+
+def _shared_strides(arrays: Sequence[Any]) -> tuple[int, int, int] | None:
+    """The strides (`_strides`) that all of `arrays` share, or None."""
+    found = {_strides(a) for a in arrays}
+    return found.pop() if len(found) == 1 and None not in found else None
+
+
+def _stage(inputs: Sequence[Any], outputs: Sequence[Any | None], like: Any
+           ) -> tuple[list[Any], tuple[np.int64, ...], list[tuple[Any, Any]]]:
+    """One stride group as its kernels take it: the arrays (inputs, then outputs; a None
+    output is a fresh C-contiguous array shaped like `like`), the element strides
+    (batch, head, time) they share, and the (output, computed) pairs for `_finish`.
+
+    The kernels address row t of head (b, h) of every array of a group (q, k, v, dq, dk, dv;
+    o, do) at b*sb + h*sh + t*st, so a group whose arrays all share strides the kernels can
+    take (`_strides`) is used as it is. Otherwise the whole group falls back to C-contiguous
+    arrays: inputs are copied (those already contiguous and aligned are not), and an output
+    that is not contiguous is computed into a fresh array and copied into afterwards."""
+    import cupy
+
+    outs = [cupy.empty(like.shape, like.dtype) if a is None else a for a in outputs]
+    strides = _shared_strides([*inputs, *outs])
+    if strides is not None:
+        return [*inputs, *outs], tuple(np.int64(s) for s in strides), [(a, a) for a in outs]
+    arrays = [cupy.ascontiguousarray(a) for a in inputs]
+    arrays = [a if a.data.ptr % 16 == 0 else a.copy() for a in arrays]  # a fresh copy aligns
+    pending = [(a, a if a.flags.c_contiguous and a.data.ptr % 16 == 0
+                else cupy.empty(like.shape, like.dtype)) for a in outs]
+    arrays += [work for _, work in pending]
+    strides = _strides(arrays[0])  # C-contiguous, aligned: (H*T*D, T*D, D) up to length-1 axes
+    assert strides is not None
+    return arrays, tuple(np.int64(s) for s in strides), pending
+
+
+def _finish(pending: list[tuple[Any, Any]]) -> list[Any]:
+    """The outputs of a group after its launches: those computed elsewhere copied in."""
+    for given, work in pending:
+        if work is not given:
+            given[...] = work
+    return [given for given, _ in pending]
 
 
 def _dropout_args(dropout: Dropout | None) -> tuple[Any, ...]:
@@ -482,15 +559,26 @@ __device__ __forceinline__ void keep2(long long n, const Drop& d, bool& k0, bool
 """
 
 _TILES = r"""
-// Rows row0..row0+63 of a (T, HEAD_DIM) matrix into dst [64][LDK], rows past T as zeros
-// (so that padded keys and values are 0, never garbage times 0). 16-byte loads, coalesced.
-__device__ __forceinline__ void load_rows(real* dst, const real* src, int row0, int T) {
+// Arrays are (B, H, T, HEAD_DIM) views with element strides (sb, sh, st, 1) (see the module
+// docstring); the Python side guarantees that every row starts 16-byte aligned. Offsets are
+// 64-bit: a view of a packed array spans more elements than it holds, and B*H*T*HEAD_DIM
+// itself may pass 2^31.
+// Element (b, h, 0, 0) of this block's head, blockIdx.y = b*H + h.
+__device__ __forceinline__ long long head_offset(int H, long long sb, long long sh) {
+    const int bh = blockIdx.y;  // < 65536: 32-bit division
+    return (bh / H) * sb + (bh % H) * sh;
+}
+
+// Rows row0..row0+63 of a (T, HEAD_DIM) matrix of row stride st into dst [64][LDK], rows
+// past T as zeros (so that padded keys and values are 0, never garbage times 0). 16-byte
+// loads, coalesced within a row.
+__device__ __forceinline__ void load_rows(real* dst, const real* src, int row0, int T,
+                                          long long st) {
     constexpr int VEC = 16 / sizeof(real), VPR = HEAD_DIM / VEC;
     for (int idx = threadIdx.x; idx < BN * VPR; idx += NTHREADS) {
         const int r = idx / VPR, c = (idx % VPR) * VEC;
         uint4 val = make_uint4(0u, 0u, 0u, 0u);
-        if (row0 + r < T)
-            val = *reinterpret_cast<const uint4*>(src + (long long)(row0 + r) * HEAD_DIM + c);
+        if (row0 + r < T) val = *reinterpret_cast<const uint4*>(src + (row0 + r) * st + c);
         *reinterpret_cast<uint4*>(dst + r * LDK + c) = val;
     }
 }
@@ -499,13 +587,12 @@ __device__ __forceinline__ void load_rows(real* dst, const real* src, int row0, 
 // into dst [64][LDK]. Consecutive threads take consecutive rows, so that the transposed
 // 2- or 4-byte stores of a warp land in consecutive words.
 __device__ __forceinline__ void load_rows_t(real* dst, real* dstT, const real* src, int row0,
-                                            int T) {
+                                            int T, long long st) {
     constexpr int VEC = 16 / sizeof(real), VPR = HEAD_DIM / VEC;
     for (int idx = threadIdx.x; idx < BN * VPR; idx += NTHREADS) {
         const int r = idx % BN, c = (idx / BN) * VEC;
         uint4 val = make_uint4(0u, 0u, 0u, 0u);
-        if (row0 + r < T)
-            val = *reinterpret_cast<const uint4*>(src + (long long)(row0 + r) * HEAD_DIM + c);
+        if (row0 + r < T) val = *reinterpret_cast<const uint4*>(src + (row0 + r) * st + c);
         if (dst) *reinterpret_cast<uint4*>(dst + r * LDK + c) = val;
         const unsigned w[4] = {val.x, val.y, val.z, val.w};  // element u: word u / (4 / E)
 #pragma unroll
@@ -524,10 +611,12 @@ __device__ __forceinline__ void load_rows_t(real* dst, real* dstT, const real* s
 _FORWARD = r"""
 // O and lse of query tile qt (blocks run the longest rows first) of head bh = blockIdx.y.
 // A lane holds rows row_a = q0 + g (C elements 0, 1) and row_b = row_a + 8 (2, 3) of its
-// warp's 16, and in each 8-wide n-tile the columns 2t, 2t + 1.
+// warp's 16, and in each 8-wide n-tile the columns 2t, 2t + 1. q, k, v have element strides
+// (qsb, qsh, qst, 1), o (osb, osh, ost, 1); lse is contiguous (B, H, T).
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 fa_fwd(const real* __restrict__ q, const real* __restrict__ k, const real* __restrict__ v,
-       real* __restrict__ o, float* __restrict__ lse, int T, float scale,
+       real* __restrict__ o, float* __restrict__ lse, int T, int H, long long qsb,
+       long long qsh, long long qst, long long osb, long long osh, long long ost, float scale,
        const int* __restrict__ step, unsigned seed, unsigned stream, unsigned thresh,
        float inv_keep) {
     real* Qs = reinterpret_cast<real*>(fa_smem);  // [BM][LDK]       this block's queries
@@ -535,13 +624,14 @@ fa_fwd(const real* __restrict__ q, const real* __restrict__ k, const real* __res
     real* Vt = Ks + TILE;                          // [HEAD_DIM][LDT] its values, transposed
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
     const int qt = gridDim.x - 1 - blockIdx.x;
-    const long long bh = blockIdx.y, off = bh * T * HEAD_DIM;
+    const long long bh = blockIdx.y;
+    const long long qoff = head_offset(H, qsb, qsh), ooff = head_offset(H, osb, osh);
     const int row_a = qt * BM + warp * 16 + (lane >> 2), row_b = row_a + 8;
 #if FA_DROPOUT
     const Drop dr = {(unsigned)step[0], seed, stream, thresh};
     const long long base_a = (bh * T + row_a) * (long long)T, base_b = base_a + 8LL * T;
 #endif
-    load_rows(Qs, q + off, qt * BM, T);
+    load_rows(Qs, q + qoff, qt * BM, T, qst);
     __syncthreads();
     RowsA qa;
     qa.init(Qs + warp * 16 * LDK);
@@ -551,8 +641,8 @@ fa_fwd(const real* __restrict__ q, const real* __restrict__ k, const real* __res
     const float sl2 = scale * LOG2E;  // scores in log2 units: exp(x) = exp2(x log2 e)
     for (int kt = 0; kt <= qt; ++kt) {
         __syncthreads();  // the previous tile is consumed
-        load_rows(Ks, k + off, kt * BN, T);
-        load_rows_t(nullptr, Vt, v + off, kt * BN, T);
+        load_rows(Ks, k + qoff, kt * BN, T, qst);
+        load_rows_t(nullptr, Vt, v + qoff, kt * BN, T, qst);
         __syncthreads();
 
         float s[NNT][4] = {};  // S = Q K^T: 16 rows x 64 keys per warp
@@ -637,11 +727,9 @@ fa_fwd(const real* __restrict__ q, const real* __restrict__ k, const real* __res
     for (int nt = 0; nt < DNT; ++nt) {
         const int col = nt * 8 + 2 * t;
         if (row_a < T)
-            store2(o + off + (long long)row_a * HEAD_DIM + col, acc[nt][0] * inv_a,
-                   acc[nt][1] * inv_a);
+            store2(o + ooff + row_a * ost + col, acc[nt][0] * inv_a, acc[nt][1] * inv_a);
         if (row_b < T)
-            store2(o + off + (long long)row_b * HEAD_DIM + col, acc[nt][2] * inv_b,
-                   acc[nt][3] * inv_b);
+            store2(o + ooff + row_b * ost + col, acc[nt][2] * inv_b, acc[nt][3] * inv_b);
     }
     if (t == 0) {
         if (row_a < T) lse[bh * T + row_a] = (m_a + log2f(l_a)) * LN2;
@@ -651,31 +739,34 @@ fa_fwd(const real* __restrict__ q, const real* __restrict__ k, const real* __res
 """
 
 _BACKWARD = r"""
-// D_i = sum_d dO[i, d] O[i, d] (float32), one warp per row of the (B*H*T, HEAD_DIM) arrays.
+// D_i = sum_d dO[i, d] O[i, d] (float32) of head bh = blockIdx.y, one warp per row; o and dO
+// have element strides (osb, osh, ost, 1), dd is contiguous (B, H, T).
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 fa_bwd_pre(const real* __restrict__ o, const real* __restrict__ dout, float* __restrict__ dd,
-           long long rows) {
-    const long long row = (long long)blockIdx.x * (NTHREADS / 32) + (threadIdx.x >> 5);
+           int T, int H, long long osb, long long osh, long long ost) {
+    const int row = blockIdx.x * (NTHREADS / 32) + (threadIdx.x >> 5);
     const int lane = threadIdx.x & 31;
-    if (row >= rows) return;  // whole warps leave together
-    const real* a = o + row * HEAD_DIM;
-    const real* b = dout + row * HEAD_DIM;
+    if (row >= T) return;  // whole warps leave together
+    const long long off = head_offset(H, osb, osh) + row * ost;
+    const real* a = o + off;
+    const real* b = dout + off;
     float s = 0.f;
     for (int d = lane; d < HEAD_DIM; d += 32) s += to_float(a[d]) * to_float(b[d]);
 #pragma unroll
     for (int w = 16; w > 0; w >>= 1) s += __shfl_xor_sync(FULL, s, w);
-    if (lane == 0) dd[row] = s;
+    if (lane == 0) dd[(long long)blockIdx.y * T + row] = s;
 }
 
 // dQ of query tile qt: for each key tile at or left of the diagonal, S = Q K^T and
 // dP = dO V^T again, P = exp(scale S - lse), dS = P (dP * mask - D) scale, dQ += dS K.
-// Rows as in fa_fwd.
+// Rows as in fa_fwd; q, k, v, dq have element strides (qsb, qsh, qst, 1), dO (osb, osh, ost, 1).
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 fa_bwd_dq(const real* __restrict__ q, const real* __restrict__ k, const real* __restrict__ v,
           const real* __restrict__ dout, const float* __restrict__ lse,
-          const float* __restrict__ dd, real* __restrict__ dq, int T, float scale,
-          const int* __restrict__ step, unsigned seed, unsigned stream, unsigned thresh,
-          float inv_keep) {
+          const float* __restrict__ dd, real* __restrict__ dq, int T, int H, long long qsb,
+          long long qsh, long long qst, long long osb, long long osh, long long ost,
+          float scale, const int* __restrict__ step, unsigned seed, unsigned stream,
+          unsigned thresh, float inv_keep) {
     real* Qs = reinterpret_cast<real*>(fa_smem);  // [BM][LDK]       this block's queries
     real* Gs = Qs + TILE;                          // [BM][LDK]       their dO
     real* Ks = Gs + TILE;                          // [BN][LDK]       a tile of keys
@@ -683,14 +774,15 @@ fa_bwd_dq(const real* __restrict__ q, const real* __restrict__ k, const real* __
     real* Kt = Vs + TILE;                          // [HEAD_DIM][LDT] the keys, transposed
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
     const int qt = gridDim.x - 1 - blockIdx.x;
-    const long long bh = blockIdx.y, off = bh * T * HEAD_DIM;
+    const long long bh = blockIdx.y;
+    const long long qoff = head_offset(H, qsb, qsh), ooff = head_offset(H, osb, osh);
     const int row_a = qt * BM + warp * 16 + (lane >> 2), row_b = row_a + 8;
 #if FA_DROPOUT
     const Drop dr = {(unsigned)step[0], seed, stream, thresh};
     const long long base_a = (bh * T + row_a) * (long long)T, base_b = base_a + 8LL * T;
 #endif
-    load_rows(Qs, q + off, qt * BM, T);
-    load_rows(Gs, dout + off, qt * BM, T);
+    load_rows(Qs, q + qoff, qt * BM, T, qst);
+    load_rows(Gs, dout + ooff, qt * BM, T, ost);
     __syncthreads();
     RowsA qa, ga;
     qa.init(Qs + warp * 16 * LDK);
@@ -705,8 +797,8 @@ fa_bwd_dq(const real* __restrict__ q, const real* __restrict__ k, const real* __
     const float sl2 = scale * LOG2E;
     for (int kt = 0; kt <= qt; ++kt) {
         __syncthreads();
-        load_rows_t(Ks, Kt, k + off, kt * BN, T);
-        load_rows(Vs, v + off, kt * BN, T);
+        load_rows_t(Ks, Kt, k + qoff, kt * BN, T, qst);
+        load_rows(Vs, v + qoff, kt * BN, T, qst);
         __syncthreads();
 
         float s[NNT][4] = {}, dp[NNT][4] = {};  // S = Q K^T, dP = dO V^T (16 x 64 per warp)
@@ -748,8 +840,8 @@ fa_bwd_dq(const real* __restrict__ q, const real* __restrict__ k, const real* __
 #pragma unroll
     for (int nt = 0; nt < DNT; ++nt) {
         const int col = nt * 8 + 2 * t;
-        if (row_a < T) store2(dq + off + (long long)row_a * HEAD_DIM + col, acc[nt][0], acc[nt][1]);
-        if (row_b < T) store2(dq + off + (long long)row_b * HEAD_DIM + col, acc[nt][2], acc[nt][3]);
+        if (row_a < T) store2(dq + qoff + row_a * qst + col, acc[nt][0], acc[nt][1]);
+        if (row_b < T) store2(dq + qoff + row_b * qst + col, acc[nt][2], acc[nt][3]);
     }
 }
 
@@ -757,13 +849,15 @@ fa_bwd_dq(const real* __restrict__ q, const real* __restrict__ k, const real* __
 // start first): for each query tile at or below the diagonal, S^T = K Q^T and
 // dP^T = V dO^T, then dV += (P * mask)^T dO and dK += dS^T Q. A lane holds keys
 // key_a = k0 + g (C elements 0, 1) and key_b = key_a + 8 (2, 3); its columns are queries.
+// Strides as in fa_bwd_dq (dk, dv those of q, k, v).
 extern "C" __global__ void __launch_bounds__(NTHREADS)
 fa_bwd_dkdv(const real* __restrict__ q, const real* __restrict__ k,
             const real* __restrict__ v, const real* __restrict__ dout,
             const float* __restrict__ lse, const float* __restrict__ dd,
-            real* __restrict__ dk, real* __restrict__ dv, int T, float scale,
-            const int* __restrict__ step, unsigned seed, unsigned stream, unsigned thresh,
-            float inv_keep) {
+            real* __restrict__ dk, real* __restrict__ dv, int T, int H, long long qsb,
+            long long qsh, long long qst, long long osb, long long osh, long long ost,
+            float scale, const int* __restrict__ step, unsigned seed, unsigned stream,
+            unsigned thresh, float inv_keep) {
     real* Ks = reinterpret_cast<real*>(fa_smem);  // [BN][LDK]       this block's keys
     real* Vs = Ks + TILE;                          // [BN][LDK]       their values
     real* Qs = Vs + TILE;                          // [BM][LDK]       a tile of queries
@@ -774,13 +868,14 @@ fa_bwd_dkdv(const real* __restrict__ q, const real* __restrict__ k,
     float* Ds = Ls + BM;                                 // [BM] their D_i
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
     const int kt = blockIdx.x, n_qt = gridDim.x;
-    const long long bh = blockIdx.y, off = bh * T * HEAD_DIM;
+    const long long bh = blockIdx.y;
+    const long long qoff = head_offset(H, qsb, qsh), ooff = head_offset(H, osb, osh);
     const int key_a = kt * BN + warp * 16 + (lane >> 2), key_b = key_a + 8;
 #if FA_DROPOUT
     const Drop dr = {(unsigned)step[0], seed, stream, thresh};
 #endif
-    load_rows(Ks, k + off, kt * BN, T);
-    load_rows(Vs, v + off, kt * BN, T);
+    load_rows(Ks, k + qoff, kt * BN, T, qst);
+    load_rows(Vs, v + qoff, kt * BN, T, qst);
     __syncthreads();
     RowsA ka, va;
     ka.init(Ks + warp * 16 * LDK);
@@ -790,8 +885,8 @@ fa_bwd_dkdv(const real* __restrict__ q, const real* __restrict__ k,
     const float sl2 = scale * LOG2E;
     for (int qt = kt; qt < n_qt; ++qt) {
         __syncthreads();
-        load_rows_t(Qs, Qt, q + off, qt * BM, T);
-        load_rows_t(Gs, Gt, dout + off, qt * BM, T);
+        load_rows_t(Qs, Qt, q + qoff, qt * BM, T, qst);
+        load_rows_t(Gs, Gt, dout + ooff, qt * BM, T, ost);
         if (threadIdx.x < BM) {
             const int i = qt * BM + threadIdx.x;
             Ls[threadIdx.x] = i < T ? lse[bh * T + i] * LOG2E : 0.f;
@@ -842,12 +937,12 @@ fa_bwd_dkdv(const real* __restrict__ q, const real* __restrict__ k,
     for (int nt = 0; nt < DNT; ++nt) {
         const int col = nt * 8 + 2 * t;
         if (key_a < T) {
-            store2(dk + off + (long long)key_a * HEAD_DIM + col, dk_acc[nt][0], dk_acc[nt][1]);
-            store2(dv + off + (long long)key_a * HEAD_DIM + col, dv_acc[nt][0], dv_acc[nt][1]);
+            store2(dk + qoff + key_a * qst + col, dk_acc[nt][0], dk_acc[nt][1]);
+            store2(dv + qoff + key_a * qst + col, dv_acc[nt][0], dv_acc[nt][1]);
         }
         if (key_b < T) {
-            store2(dk + off + (long long)key_b * HEAD_DIM + col, dk_acc[nt][2], dk_acc[nt][3]);
-            store2(dv + off + (long long)key_b * HEAD_DIM + col, dv_acc[nt][2], dv_acc[nt][3]);
+            store2(dk + qoff + key_b * qst + col, dk_acc[nt][2], dk_acc[nt][3]);
+            store2(dv + qoff + key_b * qst + col, dv_acc[nt][2], dv_acc[nt][3]);
         }
     }
 }

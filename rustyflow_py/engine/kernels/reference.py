@@ -42,6 +42,25 @@ class XpKernels(StepKernels):
             return x.sum(axis=0, dtype=accumulate_dtype(x.dtype)).astype(x.dtype)
         return x.sum(axis=0)
 
+    # ---- Linear layers: here the GEMM, then the bias (with GELU) as a kernel of its own ------
+    def linear(self, x: Any, w: Any, b: Any, gelu: bool,
+               gemm: Callable[..., Any]) -> tuple[Any, Any]:
+        z = gemm(self.matmul, x, w)  # (..., N)
+        if gelu:  # the state: the GELU's input, less the bias the GELU kernels add themselves
+            return self.gelu_forward(z, b), (z, b)
+        z += b
+        return z, None
+
+    def linear_grads(self, x: Any, g: Any, gemm: Callable[..., Any]) -> tuple[Any, Any]:
+        g2 = g.reshape(-1, g.shape[-1])  # (rows, N)
+        return gemm(self.matmul, x.reshape(-1, x.shape[-1]).T, g2), self.sum_rows(g2)
+
+    def linear_dgelu(self, g: Any, w: Any, state: Any,
+                     gemm: Callable[..., Any]) -> tuple[Any, Any]:
+        pre, bias = state  # bias None: pre already has it (a fused backend's state)
+        dpre = self.gelu_backward(gemm(self.matmul, g, w, transpose_b=True), pre, bias)
+        return dpre, self.sum_rows(dpre.reshape(-1, dpre.shape[-1]))
+
     # ---- LayerNorm over the last axis ------------------------------------------------------
     def layernorm_forward(self, x: Any, w: Any, b: Any, eps: float) -> tuple[Any, Any, Any]:
         if is_16bit(x.dtype):

@@ -240,11 +240,12 @@ class StepKernels:
         return False  # attention is materialised here (a GPU kernel fuses it)
 
     def attention_forward(self, q: Any, k: Any, v: Any, scale: float,
-                          dropout: Any) -> tuple[Any, Any]:
+                          dropout: Any, out: Any = None) -> tuple[Any, Any]:
         raise NotImplementedError("no fused attention on this backend (fused_attention)")
 
     def attention_backward(self, q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any,
-                           scale: float, dropout: Any) -> tuple[Any, Any, Any]:
+                           scale: float, dropout: Any, out: Any = None
+                           ) -> tuple[Any, Any, Any]:
         raise NotImplementedError("no fused attention on this backend (fused_attention)")
 
     def dropout_apply(self, x: Any, p: float, seed: int, site: int, step: Any) -> Any:

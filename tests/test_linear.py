@@ -1,0 +1,98 @@
+"""The Linear and MLP ops with their bias, GELU and bias gradient fused into the GEMMs.
+
+On the GPU these go through cuBLASLt's epilogues (BIAS, GELU_AUX_BIAS, BGRADA, DGELU_BGRAD);
+each test runs the same op with the epilogues on and off (the shared formulation: GEMM, then
+a kernel) at every precision, checks that the two agree to that precision's rounding, and
+that the epilogues really ran (cuBLASLt planned each of them), so a silent fallback fails.
+The finite-difference checks (test_gradcheck.py) and PyTorch parity (test_torch_parity.py)
+cover the ops' math on both devices.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rustyflow_py.engine import ops
+from rustyflow_py.engine.backend import get_backend, gpu_unavailable_reason
+from rustyflow_py.engine.kernels import cublaslt
+from rustyflow_py.engine.precision import Precision
+from rustyflow_py.engine.tensor import Tensor
+
+GPU = "gpu"
+_GPU_REASON = gpu_unavailable_reason()
+# precision -> max |fused - unfused| / max |unfused| per output and gradient
+TOLERANCE = {"fp32": 1e-5, "tf32": 5e-3, "fp16": 1e-2, "bf16": 4e-2}
+B, T, E = 2, 40, 64
+
+
+@pytest.fixture
+def gpu_kernels() -> Iterator[Any]:
+    if _GPU_REASON is not None:
+        pytest.skip(_GPU_REASON)
+    backend = get_backend(GPU)
+    kernels = backend.kernels
+    yield kernels
+    kernels.epilogues = True
+    backend.set_precision(Precision.of("fp32"))
+
+
+def run(op: Any, arrays: list[np.ndarray], dtype: Any, upstream: np.ndarray
+        ) -> list[np.ndarray]:
+    """The op's output and every input's gradient, as float64 host arrays."""
+    ts = [Tensor(a.astype(dtype), requires_grad=True, device=GPU) for a in arrays]
+    y = op(*ts)
+    y.backward(y.backend.from_host(upstream.astype(dtype)))
+    return [np.asarray(y.numpy(), np.float64)] + [
+        np.asarray(t.backend.to_host(t.grad), np.float64) for t in ts]
+
+
+def rel_max(a: np.ndarray, b: np.ndarray) -> float:
+    return float(np.abs(a - b).max() / max(np.abs(b).max(), 1e-30))
+
+
+def planned_epilogues(kernels: Any) -> set[int]:
+    lt = kernels._cublaslt
+    return set() if lt is None else {key[0] for key in lt._plans}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", list(TOLERANCE))
+def test_fused_linear_and_mlp_match_the_unfused_ops(gpu_kernels: Any, mode: str) -> None:
+    precision = Precision.of(mode)
+    get_backend(GPU).set_precision(precision)
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((B, T, E)).astype(np.float32)
+    linear = [x, rng.standard_normal((E, 3 * E)).astype(np.float32) / 8,
+              rng.standard_normal(3 * E).astype(np.float32)]
+    mlp = [x, rng.standard_normal((E, 4 * E)).astype(np.float32) / 8,
+           rng.standard_normal(4 * E).astype(np.float32),
+           rng.standard_normal((4 * E, E)).astype(np.float32) / 16,
+           rng.standard_normal(E).astype(np.float32)]
+    cases = [(ops.linear, linear, rng.standard_normal((B, T, 3 * E))),
+             (ops.mlp, mlp, rng.standard_normal((B, T, E)))]
+    for op, arrays, upstream in cases:
+        gpu_kernels.epilogues = False
+        want = run(op, arrays, precision.compute, upstream)
+        gpu_kernels.epilogues = True
+        got = run(op, arrays, precision.compute, upstream)
+        for i, (a, b) in enumerate(zip(got, want, strict=True)):
+            err = rel_max(a, b)
+            assert err < TOLERANCE[mode], f"{op.__name__} {mode}: output/grad {i}: {err:.2e}"
+    planned = planned_epilogues(gpu_kernels)
+    fused = {cublaslt.EPILOGUE_BIAS, cublaslt.EPILOGUE_BGRADA}
+    if mode != "fp32":  # exact float32 keeps its own GELU kernel (see CudaKernels.linear)
+        fused |= {cublaslt.EPILOGUE_GELU_AUX_BIAS, cublaslt.EPILOGUE_DGELU_BGRAD}
+    assert fused <= planned, f"epilogues never planned: {fused - planned}"
+
+
+@pytest.mark.gpu
+def test_float64_falls_back_to_the_shared_formulation(gpu_kernels: Any) -> None:
+    """cuBLASLt has no float64 GEMMs: the ops still run (the gradient checks need them)."""
+    rng = np.random.default_rng(4)
+    x, w, b = rng.standard_normal((3, 8)), rng.standard_normal((8, 16)), rng.standard_normal(16)
+    y = ops.linear(Tensor(x, device=GPU), Tensor(w, device=GPU), Tensor(b, device=GPU))
+    np.testing.assert_allclose(y.numpy(), x @ w + b, rtol=1e-12)
