@@ -155,10 +155,14 @@ def test_sum_rows(pair: Pair, dtype: Any) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_layernorm(pair: Pair, dtype: Any) -> None:
-    x = pair.randn(3, 5, 48, dtype=dtype, scale=3.0)
-    w, b = pair.randn(48, dtype=dtype), pair.randn(48, dtype=dtype)
-    g = pair.randn(3, 5, 48, dtype=dtype)
+@pytest.mark.parametrize(("rows", "width"), [(15, 48), (2100, 200), (37, 1100)],
+                         ids=["small", "many-rows", "wide"])
+def test_layernorm(pair: Pair, dtype: Any, rows: int, width: int) -> None:
+    """Widths up to 1024 run the GPU's register-row kernels (many rows: several rows per warp
+    in backward); wider rows the multi-pass ones."""
+    x = pair.randn(rows, width, dtype=dtype, scale=3.0)
+    w, b = pair.randn(width, dtype=dtype), pair.randn(width, dtype=dtype)
+    g = pair.randn(rows, width, dtype=dtype)
     fwd = [k.layernorm_forward(x, w, b, 1e-5) for k in (pair.mine, pair.ref)]
     for mine, ref in zip(*fwd, strict=True):
         pair.close(mine, ref, dtype)
@@ -197,17 +201,23 @@ def test_causal_softmax(pair: Pair, dtype: Any) -> None:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("inplace", [False, True])
-def test_cross_entropy(pair: Pair, dtype: Any, inplace: bool) -> None:
-    logits = pair.randn(37, 1001, dtype=dtype, scale=4.0)
+@pytest.mark.parametrize("padded", [False, True], ids=["rows", "padded-rows"])
+def test_cross_entropy(pair: Pair, dtype: Any, inplace: bool, padded: bool) -> None:
+    """`padded`: the logits are the (N, V) view of wider rows, as the GPU's LM head makes."""
+    logits = pair.randn(37, 1040 if padded else 1001, dtype=dtype, scale=4.0)
     logits[3] += 500.0  # a row only the max shift keeps finite
     targets = pair.ints(1001, 37)
     seed = pair.dev(np.asarray(0.7, dtype))
+
+    def fresh() -> Any:
+        return logits.copy()[:, :1001]
+
     for k in (pair.mine, pair.ref):
-        loss, state = k.cross_entropy(logits.copy(), targets, False, inplace)
+        loss, state = k.cross_entropy(fresh(), targets, False, inplace)
         assert state is None
     runs = []
     for k in (pair.mine, pair.ref):
-        loss, state = k.cross_entropy(logits.copy(), targets, True, inplace)
+        loss, state = k.cross_entropy(fresh(), targets, True, inplace)
         runs.append((loss, k.cross_entropy_backward(state, seed)))
     for mine, ref in zip(*runs, strict=True):
         pair.close(mine, ref, dtype)

@@ -58,6 +58,84 @@ extern "C" __global__ void ln_fwd(const real* x, const real* w, const real* b, r
         yr[i] = (real)(((acc)xr[i] - m) * r * (acc)w[i] + (acc)b[i]);
     if (lane == 0) { mean[row] = m; rstd[row] = r; }
 }""",
+    # The same with the row held in registers (lane l keeps columns l, l + 32, ...: CPL of
+    # them, CPL = ceil(c / 32) fixed at compile time): x is read from memory once.
+    "ln_fwd_rows": r"""
+extern "C" __global__ void ln_fwd_rows(const real* x, const real* w, const real* b, real* y,
+                                       acc* mean, acc* rstd, int n, int c, acc eps) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= n) return;
+    long long off = (long long)row * c;
+    acc xv[CPL], s = 0;
+#pragma unroll
+    for (int j = 0; j < CPL; ++j) {
+        int i = lane + 32 * j;
+        xv[j] = i < c ? (acc)x[off + i] : (acc)0;
+        s += xv[j];
+    }
+    acc m = warp_sum(s) / c, v = 0;
+#pragma unroll
+    for (int j = 0; j < CPL; ++j) {
+        acc d = lane + 32 * j < c ? xv[j] - m : (acc)0;
+        v += d * d;
+    }
+    acc r = rsqrt(warp_sum(v) / c + eps);
+#pragma unroll
+    for (int j = 0; j < CPL; ++j) {
+        int i = lane + 32 * j;
+        if (i < c) y[off + i] = (real)((xv[j] - m) * r * (acc)w[i] + (acc)b[i]);
+    }
+    if (lane == 0) { mean[row] = m; rstd[row] = r; }
+}""",
+    # LayerNorm backward in one pass, the row in registers as in ln_fwd_rows: each warp takes
+    # `rows` consecutive rows, writes their dx, and sums its columns of g * xhat (dw) and g
+    # (db) over them in registers, then writes those as its row of the partial sums (summed
+    # afterwards): no atomics, so the sums are the same bits every run.
+    "ln_bwd_rows": r"""
+extern "C" __global__ void ln_bwd_rows(const real* g, const real* x, const real* w,
+                                       const acc* mean, const acc* rstd, real* dx, acc* pdw,
+                                       acc* pdb, int n, int c, int rows) {
+    int warp = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    int start = warp * rows;
+    if (start >= n) return;
+    int stop = min(n, start + rows);
+    acc dw[CPL], db[CPL], wv[CPL];
+#pragma unroll
+    for (int j = 0; j < CPL; ++j) {
+        int i = lane + 32 * j;
+        dw[j] = 0;
+        db[j] = 0;
+        wv[j] = i < c ? (acc)w[i] : (acc)0;
+    }
+    for (int row = start; row < stop; ++row) {
+        long long off = (long long)row * c;
+        acc m = mean[row], r = rstd[row], s1 = 0, s2 = 0, gv[CPL], xh[CPL];
+#pragma unroll
+        for (int j = 0; j < CPL; ++j) {
+            int i = lane + 32 * j;
+            gv[j] = i < c ? (acc)g[off + i] : (acc)0;
+            xh[j] = i < c ? ((acc)x[off + i] - m) * r : (acc)0;
+            acc gw = gv[j] * wv[j];
+            s1 += gw;
+            s2 += gw * xh[j];
+            dw[j] += gv[j] * xh[j];
+            db[j] += gv[j];
+        }
+        s1 = warp_sum(s1) / c;
+        s2 = warp_sum(s2) / c;
+#pragma unroll
+        for (int j = 0; j < CPL; ++j) {
+            int i = lane + 32 * j;
+            if (i < c) dx[off + i] = (real)(r * (gv[j] * wv[j] - s1 - xh[j] * s2));
+        }
+    }
+    long long part = (long long)warp * c;
+#pragma unroll
+    for (int j = 0; j < CPL; ++j) {
+        int i = lane + 32 * j;
+        if (i < c) { pdw[part + i] = dw[j]; pdb[part + i] = db[j]; }
+    }
+}""",
     # LayerNorm backward for dx, one warp per row.
     "ln_bwd_dx": r"""
 extern "C" __global__ void ln_bwd_dx(const real* g, const real* x, const real* w,
@@ -139,10 +217,10 @@ extern "C" __global__ void softmax_bwd(const real* g, const real* p, real* ds, i
     # Softmax cross-entropy forward: per row (block), online max/sum -> log-sum-exp and NLL.
     "xent_fwd": r"""
 extern "C" __global__ void xent_fwd(const real* logits, const int* targets, acc* lse,
-                                    acc* nll, int v) {
+                                    acc* nll, int v, int ld) {
     __shared__ acc sm[32], ss[32];
     int row = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const real* xr = logits + (long long)row * v;
+    const real* xr = logits + (long long)row * ld;
     acc m = NEG_INF, s = 0;
     for (int i = threadIdx.x; i < v; i += blockDim.x) {
         acc xi = (acc)xr[i];
@@ -171,9 +249,9 @@ extern "C" __global__ void xent_fwd(const real* logits, const int* targets, acc*
     # Its backward: d(logits) = (softmax - onehot) * g / N, written over the logits buffer.
     "xent_bwd": r"""
 extern "C" __global__ void xent_bwd(const real* logits, const int* targets, const acc* lse,
-                                    const acc* g, real* out, int n, int v) {
+                                    const acc* g, real* out, int n, int v, int ld) {
     int row = blockIdx.x;
-    long long off = (long long)row * v;
+    long long off = (long long)row * ld;
     acc l = lse[row], scale = g[0] / n;
     int t = targets[row];
     for (int i = threadIdx.x; i < v; i += blockDim.x)
@@ -276,14 +354,22 @@ template <typename T> struct rf_acc { typedef float type; };
 template <> struct rf_acc<double> { typedef double type; };
 """
 _WARPS_PER_BLOCK = 8
+VOCAB_PAD = 64  # the LM head's logits rows are padded to a multiple of this many columns
+# LayerNorm rows of up to 32 * MAX_CPL columns are held in registers (the *_rows kernels);
+# wider ones take the kernels that read the row from memory again for each pass.
+MAX_CPL = 32
+LN_BWD_WARPS = 1024  # ln_bwd_rows' warps (and rows of partial sums), about
 
 
 @functools.cache
-def _kernel(name: str, dtype: np.dtype) -> Any:
+def _kernel(name: str, dtype: np.dtype, cpl: int = 0) -> Any:
+    """Kernel `name` for storage `dtype`; `cpl`: the per-lane column count of a *_rows
+    kernel."""
     import cupy
 
     real, acc, header = _ctype(dtype)
-    code = f"{header}\ntypedef {real} real;\ntypedef {acc} acc;\n{_WARP_REDUCE}\n{_SOURCES[name]}"
+    code = (f"{header}\ntypedef {real} real;\ntypedef {acc} acc;\n#define CPL {cpl}\n"
+            f"{_WARP_REDUCE}\n{_SOURCES[name]}")
     return cupy.RawKernel(code, name)
 
 
@@ -327,6 +413,11 @@ def _elementwise() -> dict[str, Any]:
 
 def _drop(dropout: tuple[float, int, int, Any] | None) -> cuda_attention.Dropout | None:
     return None if dropout is None else cuda_attention.Dropout(*dropout)
+
+
+def _row_stride(x: Any) -> int:
+    """Elements from one row of a 2-D array to the next (its rows may be padded)."""
+    return x.strides[0] // x.itemsize
 
 
 def _grid(rows: int) -> tuple[tuple[int], tuple[int]]:
@@ -408,13 +499,13 @@ class CudaKernels(CudaOptimizer, XpKernels):
                 pass
         return super().linear_dgelu(g, w, state, gemm)
 
-    def _k(self, name: str, dtype: Any, *same: Any) -> Any:
+    def _k(self, name: str, dtype: Any, *same: Any, cpl: int = 0) -> Any:
         """Kernel `name` for storage `dtype`. It reads raw pointers, so the arrays in `same`
         are checked to be of that dtype: another would be read as garbage."""
         for a in same:
             if a.dtype != dtype:
                 raise TypeError(f"{name}: {a.dtype} array where the kernel takes {dtype}")
-        return _kernel(name, np.dtype(dtype))
+        return _kernel(name, np.dtype(dtype), cpl)
 
     def _acc(self, value: float, dtype: Any) -> Any:
         """A scalar argument in the acc type of storage `dtype`."""
@@ -429,8 +520,10 @@ class CudaKernels(CudaOptimizer, XpKernels):
         y = xp.empty_like(x)
         mean = xp.empty(x.shape[:-1] + (1,), dtype=accumulate_dtype(x.dtype))
         rstd = xp.empty_like(mean)
-        self._k("ln_fwd", x.dtype, w, b)(*_grid(n), (x, w, b, y, mean, rstd, np.int32(n),
-                                                     np.int32(c), self._acc(eps, x.dtype)))
+        cpl = -(-c // 32)
+        name = "ln_fwd_rows" if cpl <= MAX_CPL else "ln_fwd"
+        self._k(name, x.dtype, w, b, cpl=cpl)(*_grid(n), (x, w, b, y, mean, rstd, np.int32(n),
+                                                          np.int32(c), self._acc(eps, x.dtype)))
         return y, mean, rstd
 
     def layernorm_backward(
@@ -442,6 +535,17 @@ class CudaKernels(CudaOptimizer, XpKernels):
         n = x.size // c
         dx = xp.empty_like(x)
         acc = accumulate_dtype(x.dtype)
+        cpl = -(-c // 32)
+        if cpl <= MAX_CPL:  # one pass; about LN_BWD_WARPS warps, each a row of partial sums
+            rows = -(-n // LN_BWD_WARPS)
+            warps = -(-n // rows)
+            pdw = xp.empty((warps, c), dtype=acc)
+            pdb = xp.empty_like(pdw)
+            self._k("ln_bwd_rows", x.dtype, g, w, cpl=cpl)(
+                *_grid(warps), (g, x, w, mean, rstd, dx, pdw, pdb, np.int32(n), np.int32(c),
+                                np.int32(rows)))
+            return (dx, self.sum_rows(pdw).astype(w.dtype, copy=False),
+                    self.sum_rows(pdb).astype(w.dtype, copy=False))
         self._k("ln_bwd_dx", x.dtype, g, w)(*_grid(n), (g, x, w, mean, rstd, dx, np.int32(n),
                                                         np.int32(c)))
         rows_per_chunk = 64
@@ -501,25 +605,56 @@ class CudaKernels(CudaOptimizer, XpKernels):
         self, logits: Any, targets: Any, need_grad: bool, inplace: bool
     ) -> tuple[Any, Any]:
         """Forward reads the logits once (online log-sum-exp); backward writes d(logits)
-        over them in one more pass, folding in the upstream gradient."""
+        over them in one more pass, folding in the upstream gradient. Rows may be padded
+        (a (N, V) view of wider rows, as lm_head_xent makes): the pad is never read."""
         xp = self.xp
-        logits = xp.ascontiguousarray(logits)
+        if logits.strides[1] != logits.itemsize:
+            logits = xp.ascontiguousarray(logits)
         targets = xp.ascontiguousarray(targets, dtype=np.int32)
         n, v = logits.shape
         lse = xp.empty(n, dtype=accumulate_dtype(logits.dtype))  # and the loss, in acc
         nll = xp.empty_like(lse)
-        self._k("xent_fwd", logits.dtype)((n,), (512,), (logits, targets, lse, nll, np.int32(v)))
+        self._k("xent_fwd", logits.dtype)((n,), (512,), (logits, targets, lse, nll, np.int32(v),
+                                                         np.int32(_row_stride(logits))))
         state = (logits, targets, lse, inplace) if need_grad else None
         return nll.mean(), state
 
     def cross_entropy_backward(self, state: Any, g: Any) -> Any:
         logits, targets, lse, inplace = state
         n, v = logits.shape
-        out = logits if inplace else self.xp.empty_like(logits)
+        # the kernel reads and writes at one row stride
+        out = logits if inplace else self.xp.empty((n, _row_stride(logits)), logits.dtype)[:, :v]
         g = self.xp.ascontiguousarray(g, dtype=lse.dtype)
         self._k("xent_bwd", logits.dtype)((n,), (512,), (logits, targets, lse, g, out,
-                                                         np.int32(n), np.int32(v)))
+                                                         np.int32(n), np.int32(v),
+                                                         np.int32(_row_stride(logits))))
         return out
+
+    def lm_head_xent(
+        self, h: Any, w: Any, targets: Any, need_grad: bool, mm: Callable[..., Any]
+    ) -> tuple[Any, Any]:
+        """The logits' rows are padded to a multiple of 64 columns. A vocabulary such as
+        WikiText-2's 33,278 leaves every row of an unpadded (N, V) misaligned for the tensor
+        cores, and cuBLAS runs the LM head's GEMMs up to ~3x slower. The weight is copied
+        once per step into a (Vp, E) buffer whose pad rows are zero, so the pad logits are
+        exactly 0: the softmax never reads them, and they add nothing to either gradient."""
+        v, e = w.shape
+        vp = -(-v // VOCAB_PAD) * VOCAB_PAD
+        wp = self.xp.empty((vp, e), dtype=w.dtype)  # (Vp, E)
+        wp[:v] = w
+        wp[v:] = 0
+        padded = mm(h, wp, transpose_b=True)  # (N, Vp)
+        loss, xent = self.cross_entropy(padded[:, :v], targets, need_grad, True)
+        return loss, ((xent, h, wp, padded, v) if need_grad else None)
+
+    def lm_head_xent_backward(
+        self, state: Any, g: Any, need_h: bool, need_w: bool, mm: Callable[..., Any]
+    ) -> tuple[Any, Any]:
+        xent, h, wp, padded, v = state
+        self.cross_entropy_backward(xent, g)  # d(logits) over the logits; the pad stays 0
+        dh = mm(padded, wp) if need_h else None  # (N, E)
+        dw = mm(padded.T, h)[:v] if need_w else None  # (V, E)
+        return dh, dw
 
     # ---- optimizer ------------------------------------------------------------------------
     def gather_batch(self, stream: Any, step: Any, seq_len: int, x: Any, y: Any, *,
