@@ -8,6 +8,7 @@ checks run on the CPU."""
 from __future__ import annotations
 
 import math
+import re
 from types import SimpleNamespace
 from typing import Any
 
@@ -275,7 +276,8 @@ def test_mixed_layouts_fall_back_to_copies(cp: Any) -> None:
 
 # ---- CPU: the register layouts of cuda_attention.py against the PTX ISA tables -------------
 # _ptx_* transcribe the PTX ISA's "Matrix Fragments for mma.m16n8k16 with floating point
-# type" and "... mma.m16n8k8" (.tf32): lane l, g = l >> 2, t = l % 4. _load_a, _load_b and
+# type" and "... mma.m16n8k8" (.tf32): lane l, g = l >> 2, t = l % 4; _ldmatrix_x4 its
+# "ldmatrix" (16-bit types load their fragments with it). _load_a, _load_b2, _load_bt2 and
 # _c_to_a mirror the CUDA functions of the same names. The simulated mma places each lane's
 # register elements where the tables say the hardware reads them, so a loader that fed an
 # element to the wrong place would change the product.
@@ -317,22 +319,58 @@ def _hw_mma(kind: str, a: list, b: list, c: list) -> list:
     return [[dm[_ptx_c(lane, i)] for i in range(4)] for lane in range(32)]
 
 
+def _ldmatrix_x4(s: np.ndarray, rows: list, trans: bool) -> list:
+    """ldmatrix.sync.aligned.m8n8.x4(.trans).b16: lanes 8j..8j+7 give the (row, column) of s
+    where rows 0..7 of matrix j start (8 consecutive elements each); register j of lane l
+    receives elements (l >> 2, 2 (l % 4)) and (l >> 2, 2 (l % 4) + 1) of matrix j, or of its
+    transpose with .trans. Returns each lane's 4 registers as pairs."""
+    regs: list = [[] for _ in range(32)]
+    for j in range(4):
+        m = np.array([s[r, c:c + 8] for r, c in rows[8 * j:8 * j + 8]])
+        if trans:
+            m = m.T
+        for lane in range(32):
+            g, t = lane >> 2, lane % 4
+            regs[lane].append((m[g, 2 * t], m[g, 2 * t + 1]))
+    return regs
+
+
+def _ldsm_x4(s: np.ndarray, lane: int, rs: int, cs: int, trans: bool) -> list:
+    """ldsm_x4 at (r0, c0) = (0, 0): lane l points at row l % 8 of matrix j = l >> 3, at
+    row ((j >> rs) & 1) * 8 + l % 8 and column ((j >> cs) & 1) * 8."""
+    rows = [(((i >> 3 >> rs) & 1) * 8 + i % 8, ((i >> 3 >> cs) & 1) * 8) for i in range(32)]
+    return _ldmatrix_x4(s, rows, trans)[lane]
+
+
 def _load_a(kind: str, s: np.ndarray, lane: int) -> list:
-    """load_a: lane's elements of A = s (16 x 16), per mma (one m16n8k16 or two m16n8k8)."""
+    """load_a: lane's elements of A = s (16 x 16, [m][k]), per mma (one m16n8k16 or two
+    m16n8k8)."""
     g, t = lane >> 2, lane % 4
-    if kind == "f16":  # four 32-bit registers, two consecutive k each
-        regs = [(g, 2 * t), (g + 8, 2 * t), (g, 2 * t + 8), (g + 8, 2 * t + 8)]
-        return [[x for r, k in regs for x in (s[r, k], s[r, k + 1])]]
+    if kind == "f16":  # one ldmatrix: four registers, two consecutive k each
+        return [[x for reg in _ldsm_x4(s, lane, 0, 1, False) for x in reg]]
     return [[s[g, 8 * h + 2 * t], s[g + 8, 8 * h + 2 * t], s[g, 8 * h + 2 * t + 1],
              s[g + 8, 8 * h + 2 * t + 1]] for h in (0, 1)]
 
 
-def _load_b(kind: str, s: np.ndarray, lane: int) -> list:
-    """load_b: lane's elements of B, stored n-major: element (k, n) at s[n, k] (8 x 16)."""
+def _load_b2(kind: str, s: np.ndarray, lane: int) -> tuple:
+    """load_b2: lane's elements of the B of n-tiles 0 and 1 (k 0..15), s stored n-major:
+    element (k, n) at s[n, k] (16 x 16)."""
     g, t = lane >> 2, lane % 4
     if kind == "f16":
-        return [[s[g, 2 * t], s[g, 2 * t + 1], s[g, 2 * t + 8], s[g, 2 * t + 9]]]
-    return [[s[g, 8 * h + 2 * t], s[g, 8 * h + 2 * t + 1]] for h in (0, 1)]
+        regs = _ldsm_x4(s, lane, 1, 0, False)
+        return [[*regs[0], *regs[1]]], [[*regs[2], *regs[3]]]
+    return tuple([[s[8 * j + g, 8 * h + 2 * t], s[8 * j + g, 8 * h + 2 * t + 1]]
+                  for h in (0, 1)] for j in (0, 1))
+
+
+def _load_bt2(kind: str, s: np.ndarray, lane: int) -> tuple:
+    """load_bt2: the same B from s stored k-major: element (k, n) at s[k, n]."""
+    g, t = lane >> 2, lane % 4
+    if kind == "f16":
+        regs = _ldsm_x4(s, lane, 0, 1, True)
+        return [[*regs[0], *regs[1]]], [[*regs[2], *regs[3]]]
+    return tuple([[s[8 * h + 2 * t, 8 * j + g], s[8 * h + 2 * t + 1, 8 * j + g]]
+                  for h in (0, 1)] for j in (0, 1))
 
 
 def _c_to_a(kind: str, c0: list, c1: list) -> list:
@@ -359,16 +397,57 @@ def _warp_product(kind: str, a: list, b: list) -> np.ndarray:
 def test_fragment_layouts_match_ptx_tables(kind: str) -> None:
     rng = np.random.default_rng(0)
     a = rng.standard_normal((16, 16))  # (m, k)
-    bs = rng.standard_normal((8, 16))  # B stored n-major, as a K tile [key][d] or V^T [d][key]
-    b_frags = [_load_b(kind, bs, lane) for lane in range(32)]
-    # shared memory -> A, B
-    got = _warp_product(kind, [_load_a(kind, a, lane) for lane in range(32)], b_frags)
-    np.testing.assert_allclose(got, a @ bs.T, rtol=1e-12, atol=1e-12)
+    bn = rng.standard_normal((16, 16))  # B of two n-tiles, n-major: a K tile [key][d] for Q K^T
+    a_frags = [_load_a(kind, a, lane) for lane in range(32)]
+    # shared memory -> A, B; B read from an n-major tile, and from a k-major one (a V tile
+    # [key][d] for P V)
+    for load, stored in ((_load_b2, bn), (_load_bt2, np.ascontiguousarray(bn.T))):
+        b_frags = [load(kind, stored, lane) for lane in range(32)]
+        for j in (0, 1):
+            got = _warp_product(kind, a_frags, [b_frags[lane][j] for lane in range(32)])
+            np.testing.assert_allclose(got, a @ bn[8 * j:8 * j + 8].T, rtol=1e-12, atol=1e-12)
     # C -> A: a 16 x 16 block held as two C tiles (columns 0..7 and 8..15), fed on as A
     c_tiles = [[[a[_ptx_c(lane, i)[0], _ptx_c(lane, i)[1] + 8 * h] for i in range(4)]
                 for h in (0, 1)] for lane in range(32)]
+    b_frags = [_load_b2(kind, bn, lane)[0] for lane in range(32)]
     got = _warp_product(kind, [_c_to_a(kind, *c_tiles[lane]) for lane in range(32)], b_frags)
-    np.testing.assert_allclose(got, a @ bs.T, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got, a @ bn[:8].T, rtol=1e-12, atol=1e-12)
+
+
+def _tile_at(r: int, c: int, d: int, itemsize: int) -> int:
+    """tile_at: the element offset of (r, c) in a [64][d] shared-memory tile."""
+    if itemsize == 2:
+        return r * (d + 8) + c
+    return r * d + (c ^ ((((r ^ (r >> 2)) & 1) | (r & 2)) << 3))
+
+
+@pytest.mark.parametrize("itemsize", [2, 4])
+def test_tile_layouts_are_bank_conflict_free(itemsize: int) -> None:
+    """Each tile row is a permutation of its columns that keeps cp.async's 16-byte chunks
+    whole, and the fragment loads of a warp touch every 4-byte bank once per shared-memory
+    wavefront: an ldmatrix phase (8 rows x 16 bytes; 16-bit types), a half-warp's 64-bit loads
+    of 4 consecutive rows (load_a, load_b2) and a warp's 32-bit loads of rows 2t + p
+    (load_bt2; float32)."""
+    vec = 16 // itemsize
+    for d in fa.HEAD_DIMS:
+        off = np.array([[_tile_at(r, c, d, itemsize) for c in range(d)] for r in range(64)])
+        row0 = np.arange(64)[:, None] * (d + 8 if itemsize == 2 else d)
+        assert all(sorted(row) == list(range(d)) for row in off - row0)
+        chunks = off.reshape(64, d // vec, vec)
+        assert (chunks[..., 0] % vec == 0).all() and (np.diff(chunks, axis=2) == 1).all()
+        bank = off * itemsize // 4 % 32
+        for r0 in range(0, 64, 8):
+            for c0 in range(0, d, 8):
+                if itemsize == 2:
+                    assert len({bank[r0 + i, c0] // 4 for i in range(8)}) == 8
+                    continue
+                for rows in (range(4), range(4, 8)):
+                    words = [bank[r0 + g, c0 + 2 * t + x] for g in rows for t in range(4)
+                             for x in (0, 1)]
+                    assert len(set(words)) == 32, (d, r0, c0)
+                for p in (0, 1):
+                    words = [bank[r0 + 2 * t + p, c0 + g] for g in range(8) for t in range(4)]
+                    assert len(set(words)) == 32, (d, r0, c0, p)
 
 
 # ---- CPU: sources and limits ----------------------------------------------------------------
@@ -377,8 +456,8 @@ def test_sources_and_shared_memory_fit(dtype: str) -> None:
     for d in fa.HEAD_DIMS:
         for dropout in (False, True):
             code = fa.source(dtype, d, dropout)
-            for name in ("fa_fwd", "fa_bwd_pre", "fa_bwd_dq", "fa_bwd_dkdv"):
-                assert f"void __launch_bounds__(NTHREADS)\n{name}(" in code
+            for name in fa._KERNELS:
+                assert re.search(rf"void __launch_bounds__\(NTHREADS(, \w+)?\)\n{name}\(", code)
             assert f"#define FA_DROPOUT {int(dropout)}" in code
         itemsize = 4 if dtype == "float32" else 2
         for kernel in ("fa_fwd", "fa_bwd_dq", "fa_bwd_dkdv"):
