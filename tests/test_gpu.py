@@ -168,6 +168,21 @@ def test_graph_replay_matches_eager(tmp_path: Path) -> None:
     np.testing.assert_allclose(graph, eager, rtol=1e-6, atol=0)
 
 
+def test_graph_replay_matches_eager_with_another_current_stream(tmp_path: Path) -> None:
+    """CuPy's current stream is per thread: a GPU backend first made in another thread leaves
+    this one on the default stream. The step must still launch CuPy's kernels on the stream it
+    captures (else they run once at capture and every replay lacks them)."""
+    import cupy
+
+    eager, _ = _losses(_config(tmp_path, "gpu", graph="off"))
+    cupy.cuda.Stream.null.use()
+    try:
+        graph, _ = _losses(_config(tmp_path, "gpu", graph="on"))
+    finally:
+        get_backend("gpu")  # current again for the tests after this one
+    np.testing.assert_allclose(graph, eager, rtol=1e-6, atol=0)
+
+
 def test_cpu_and_gpu_losses_agree(tmp_path: Path) -> None:
     cpu, _ = _losses(_config(tmp_path, "cpu"))
     gpu, trainer = _losses(_config(tmp_path, "gpu"))

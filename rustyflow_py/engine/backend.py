@@ -157,6 +157,11 @@ class Backend:
     def synchronize(self) -> None:
         """Wait for queued work (a no-op on the CPU, where work is synchronous)."""
 
+    def make_current(self) -> None:
+        """Make this device and its stream the array library's current ones (a no-op on the
+        CPU): the library launches its own kernels there, and a backend made later (another
+        GPU) may have left its own current."""
+
     def describe(self) -> str:
         return cpu_description()
 
@@ -231,6 +236,10 @@ class CupyBackend(Backend):
     def synchronize(self) -> None:
         self.stream.synchronize()
 
+    def make_current(self) -> None:
+        self.xp.cuda.Device(self.index).use()
+        self.stream.use()
+
     def describe(self) -> str:
         return gpu_description(self.index)
 
@@ -291,8 +300,12 @@ def resolve_device(requested: str, strict: bool, say: Callable[[str], None],
 
 def get_backend(device: str) -> Backend:
     """The (shared) backend of a device instance: cpu, gpu (= gpu:0) or gpu:N; raises
-    DeviceError when it is unusable."""
-    return _backend(*parse_device(device))
+    DeviceError when it is unusable. Its device and stream become current in the calling
+    thread (CuPy's current stream is per thread: a backend first made in another thread would
+    otherwise leave this one launching CuPy's kernels on the default stream)."""
+    backend = _backend(*parse_device(device))
+    backend.make_current()
+    return backend
 
 
 @functools.cache

@@ -28,7 +28,11 @@ class CapturedStep:
         import cupy
 
         stream = self.backend.stream
-        with cupy.cuda.using_allocator(self.pool.malloc):
+        # The stream is made current too: CuPy launches its kernels on the current stream
+        # (cuBLAS calls name the backend's), and another backend made since (another GPU, a
+        # second instance) may have left its own current; a kernel launched elsewhere would
+        # run once now and be missing from every replay.
+        with cupy.cuda.using_allocator(self.pool.malloc), stream:
             stream.begin_capture()
             try:
                 self.body()

@@ -141,6 +141,7 @@ class StepRunner:
     def run(self, step: int) -> None:
         """Run step number `step` + 1 (`step` steps are done): eager (profiled while in the
         window), or the captured graph once it exists."""
+        self.backend.make_current()  # CuPy's kernels on the stream cuBLAS and the graph use
         if self.captured is not None:
             self.captured.replay()
             return
