@@ -443,10 +443,14 @@ class CudaKernels(CudaOptimizer, XpKernels):
         """Column sums of (N, C) as ones(1, N) @ x: one bandwidth-bound GEMM, several times
         faster than a strided column reduction (bias gradients)."""
         n = x.shape[0]
-        key = (n, x.dtype)
-        if key not in self._ones:
-            self._ones[key] = self.xp.ones((1, n), dtype=x.dtype)
-        return self.cublas.matmul(self._ones[key], x, strict=True)[0]
+        ones = self._ones.get((n, x.dtype))
+        if ones is None:
+            ones = self.xp.ones((1, n), dtype=x.dtype)
+            if not self.backend.stream.is_capturing():
+                # one made during a graph capture lives in that graph's private pool and is
+                # filled only when the graph replays: it is this step's, not a cache entry
+                self._ones[(n, x.dtype)] = ones
+        return self.cublas.matmul(ones, x, strict=True)[0]
 
     # ---- Linear layers: bias, GELU and the bias gradient in the GEMM's epilogue --------------
     # cuBLASLt refuses (CublasLtUnsupported) float64, the odd layout, and a problem first seen
@@ -455,6 +459,9 @@ class CudaKernels(CudaOptimizer, XpKernels):
     def _lt(self) -> CublasLt:
         """The cuBLASLt handle, made on first use, in the cuBLAS handle's compute mode."""
         if self._cublaslt is None:
+            if self.backend.stream.is_capturing():  # its workspace would be the graph's
+                raise CublasLtUnsupported("cuBLASLt's handle is made by an eager call, not "
+                                          "during graph capture")
             self._cublaslt = CublasLt(self.xp, self.backend.stream)
         self._cublaslt.matmul_compute = self.cublas.matmul_compute
         return self._cublaslt
