@@ -642,14 +642,17 @@ class CudaKernels(CudaOptimizer, XpKernels):
     ) -> tuple[Any, Any]:
         """The logits' rows are padded to a multiple of 64 columns. A vocabulary such as
         WikiText-2's 33,278 leaves every row of an unpadded (N, V) misaligned for the tensor
-        cores, and cuBLAS runs the LM head's GEMMs up to ~3x slower. The weight is copied
-        once per step into a (Vp, E) buffer whose pad rows are zero, so the pad logits are
-        exactly 0: the softmax never reads them, and they add nothing to either gradient."""
+        cores, and cuBLAS runs the LM head's GEMMs up to ~3x slower. Unless V is a multiple
+        already, the weight is copied once per step into a (Vp, E) buffer whose pad rows are
+        zero, so the pad logits are exactly 0: the softmax never reads them, and they add
+        nothing to either gradient."""
         v, e = w.shape
         vp = -(-v // VOCAB_PAD) * VOCAB_PAD
-        wp = self.xp.empty((vp, e), dtype=w.dtype)  # (Vp, E)
-        wp[:v] = w
-        wp[v:] = 0
+        wp = w
+        if vp != v:
+            wp = self.xp.empty((vp, e), dtype=w.dtype)  # (Vp, E)
+            wp[:v] = w
+            wp[v:] = 0
         padded = mm(h, wp, transpose_b=True)  # (N, Vp)
         loss, xent = self.cross_entropy(padded[:, :v], targets, need_grad, True)
         return loss, ((xent, h, wp, padded, v) if need_grad else None)
