@@ -69,6 +69,13 @@ def host(rng: np.random.Generator, dtype: np.dtype, *shape: int,
     return (rng.standard_normal(shape) * scale).astype(np.float32).astype(dtype)
 
 
+def linear_operands(rng: np.random.Generator, dtype: np.dtype, m: int, k: int,
+                    n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """x (M, K), w (K, N) and b (N,) of a Linear layer, scaled so y = x w + b is O(1)."""
+    return host(rng, dtype, m, k), host(rng, dtype, k, n, scale=k**-0.5), \
+        host(rng, dtype, n, scale=0.5)
+
+
 def f64(a: np.ndarray) -> np.ndarray:
     return np.asarray(a).astype(np.float32).astype(np.float64)
 
@@ -412,8 +419,7 @@ def test_matmul_bias(gpu: SimpleNamespace, mode: str, shape: tuple[int, int, int
     dtype, tol, act_tol = setup_mode(gpu, mode)
     m, k, n = shape
     rng = np.random.default_rng(10)
-    x, w, b = host(rng, dtype, m, k), host(rng, dtype, k, n, scale=k**-0.5), \
-        host(rng, dtype, n, scale=0.5)
+    x, w, b = linear_operands(rng, dtype, m, k, n)
     ref = f64(x) @ f64(w) + f64(b)
     dx, dw, db = up(gpu, x), up(gpu, w), up(gpu, b)
     y = gpu.lt.matmul_bias(dx, dw, db)
@@ -431,8 +437,7 @@ def test_matmul_bias_gelu(gpu: SimpleNamespace, mode: str, shape: tuple[int, int
     dtype, tol, act_tol = setup_mode(gpu, mode)
     m, k, n = shape
     rng = np.random.default_rng(11)
-    x, w, b = host(rng, dtype, m, k), host(rng, dtype, k, n, scale=k**-0.5), \
-        host(rng, dtype, n, scale=0.5)
+    x, w, b = linear_operands(rng, dtype, m, k, n)
     ref_pre = f64(x) @ f64(w) + f64(b)
     dx, dw, db = up(gpu, x), up(gpu, w), up(gpu, b)
     pre = gpu.cupy.empty((m, n), dtype=dtype)
@@ -550,8 +555,8 @@ def test_graph_capture_and_replay(gpu: SimpleNamespace, mode: str) -> None:
     dtype, tol, act_tol = setup_mode(gpu, mode)
     m, k, n = SHAPES[1]
     rng = np.random.default_rng(17)
-    x, w, b, g = host(rng, dtype, m, k), host(rng, dtype, k, n, scale=k**-0.5), \
-        host(rng, dtype, n, scale=0.5), host(rng, dtype, m, n)
+    x, w, b = linear_operands(rng, dtype, m, k, n)
+    g = host(rng, dtype, m, n)
     dx, dw, db, dg = up(gpu, x), up(gpu, w), up(gpu, b), up(gpu, g)
     cp = gpu.cupy
     y, y2, pre = (cp.empty((m, n), dtype=dtype) for _ in range(3))
