@@ -37,6 +37,15 @@ def run_op(name: str, category: str, phase: str, fn: Callable[..., Any], *args: 
     return prof.record(name, category, phase, fn, args)
 
 
+def count_gemm(a: Any, product: Any) -> Any:
+    """Tell the profiler (if one is attached) of a GEMM A @ B -> product, inside the op that
+    is timing it, so the op's FLOPs are known; returns the product."""
+    prof = _profiler
+    if prof is not None:
+        prof.add_gemm(a, product)
+    return product
+
+
 @contextlib.contextmanager
 def no_grad() -> Iterator[None]:
     """Evaluate without recording the graph (no saved activations)."""
@@ -117,7 +126,7 @@ class Function:
         already, so its product is not recorded twice."""
         mm = self.kernels.matmul
         if self.category == "matmul":
-            return mm(a, b, transpose_b=transpose_b, out=out)
+            return count_gemm(a, mm(a, b, transpose_b=transpose_b, out=out))
         return self.gemm(phase)(mm, a, b, transpose_b=transpose_b, out=out)
 
     def gemm(self, phase: str) -> Callable[..., Any]:
@@ -127,7 +136,8 @@ class Function:
         name = f"{self.name}.matmul"
 
         def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-            return run_op(name, "matmul", phase, lambda *a: fn(*a, **kwargs), *args)
+            return run_op(name, "matmul", phase,
+                          lambda *a: count_gemm(a[0], fn(*a, **kwargs)), *args)
 
         return run
 

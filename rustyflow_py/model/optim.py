@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.tensor import run_op
+from ..engine.tensor import count_gemm, run_op
 from .loss_scale import LossScaler
 from .params import ParameterBuffer
 
@@ -363,4 +363,5 @@ class Muon(Optimizer):
         """Newton-Schulz's GEMMs, timed as matmuls of the optimizer phase."""
         mm = self.kernels.matmul
         return run_op("newton_schulz.matmul", "matmul", "optimizer",
-                      lambda a, b: mm(a, b, transpose_b=transpose_b, out=out), a, b)
+                      lambda a, b: count_gemm(a, mm(a, b, transpose_b=transpose_b, out=out)),
+                      a, b)
