@@ -433,8 +433,11 @@ def _phase_lines(r: Record, prof: Record, window: float) -> list[str]:
         ]
         for name in _PHASES
     ]
-    eval_s, train = phases.get("eval"), _num(r.get("train_time_s"))
-    rows.append(["eval", _fmt(eval_s, ".3f"), _share(_num(eval_s), train), "training time"])
+    train = _num(r.get("train_time_s"))
+    for aside in ("eval", "checkpoint"):  # outside the steps: shares of the run's time
+        if aside in phases:
+            value = phases.get(aside)
+            rows.append([aside, _fmt(value, ".3f"), _share(_num(value), train), "training time"])
     lines = ["Phase split", *_table(["Phase", "Time s", "Share %", "Of"], rows, right={1, 2})]
     host, busy = prof.get("host_launch_s"), prof.get("device_busy_s")
     if host is not None:  # an eager window: the host launching against the device working

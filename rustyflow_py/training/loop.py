@@ -8,11 +8,12 @@ be written, every split fits the batch layout, a resume checkpoint matches. A st
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -173,6 +174,11 @@ class Trainer:
         return self.runner.startup["first_step_s"] + self.runner.startup["capture_s"]
 
     @property
+    def aside_s(self) -> float:
+        """The run's time outside its training steps so far: evaluation, checkpoint writes."""
+        return self.runner.phases["eval"] + self.runner.phases["checkpoint"]
+
+    @property
     def startup_steps(self) -> int:
         """How many of this process's steps ran inside the start-up (uncounted in tok/s)."""
         up = self.runner.startup
@@ -245,7 +251,7 @@ class Trainer:
             # a resumed run continues the epoch clock where the checkpoint left it
             self._epoch_start = time.perf_counter() - self.history.epoch_elapsed
             self.history.epoch_elapsed = 0.0
-            self._epoch_marks = (self.startup_s, self.runner.phases["eval"], pos.step)
+            self._epoch_marks = (self.startup_s, self.aside_s, pos.step)
             if self.progress:
                 self.progress.start_epoch(pos.epoch, min(nb, pos.batch + self.limit - pos.step),
                                           pos.batch)
@@ -271,10 +277,10 @@ class Trainer:
             self._check_stop()
 
     def _epoch_clock(self) -> float:
-        """The current epoch's time so far, less its evaluation and start-up (kernel
-        compilation, capture)."""
-        startup, eval_s, _ = self._epoch_marks
-        return (time.perf_counter() - self._epoch_start - (self.runner.phases["eval"] - eval_s)
+        """The current epoch's time so far, less its evaluation, checkpoint writes and
+        start-up (kernel compilation, capture)."""
+        startup, aside, _ = self._epoch_marks
+        return (time.perf_counter() - self._epoch_start - (self.aside_s - aside)
                 - (self.startup_s - startup))
 
     def _epoch_time(self) -> float:
@@ -329,7 +335,8 @@ class Trainer:
         self._val_step = self.pos.step
         self.say(f"step {self.pos.step}: validation perplexity {self.val_ppl:.2f}")
         if best:
-            self.checkpoints.save_best()
+            with self._timed("checkpoint"):
+                self.checkpoints.save_best()
         if stop:
             self.early_stopped = stop
             self.say(stop)
@@ -343,8 +350,7 @@ class Trainer:
     def _tokens_per_s(self) -> float:
         """The run's throughput so far, every process's tokens (read at a loss drain, i.e.
         after a sync)."""
-        elapsed = (time.perf_counter() - self._run_start - self.runner.phases["eval"]
-                   - self.startup_s)
+        elapsed = time.perf_counter() - self._run_start - self.aside_s - self.startup_s
         steps = self.pos.step - self.start_step - self.startup_steps
         return max(steps, 0) * self.tokens_per_step / max(elapsed, 1e-9)
 
@@ -355,18 +361,26 @@ class Trainer:
 
     def evaluate(self, split: str) -> float:
         """Perplexity over the whole split (exp of the mean per-token NLL)."""
+        with self._timed("eval"):
+            return self.evaluator(split)
+
+    @contextlib.contextmanager
+    def _timed(self, what: str) -> Iterator[None]:
+        """Time spent inside goes to `what` (eval, checkpoint), never to the training steps,
+        also when it is interrupted."""
         start = time.perf_counter()
         try:
-            return self.evaluator(split)
-        finally:  # an interrupted evaluation is evaluation time too, never training time
-            self.runner.phases["eval"] += time.perf_counter() - start
+            yield
+        finally:
+            self.runner.phases[what] += time.perf_counter() - start
 
     # ---- output ------------------------------------------------------------------------------
     def save(self) -> str | None:
         """Write the resumable checkpoint (see RunCheckpoints.save); where it went."""
         self._drain_losses()
         self.history.epoch_elapsed = self._epoch_clock() if self.pos.batch else 0.0
-        saved = self.checkpoints.save()
+        with self._timed("checkpoint"):
+            saved = self.checkpoints.save()
         self.history.epoch_elapsed = 0.0
         return saved
 

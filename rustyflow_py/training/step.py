@@ -34,7 +34,8 @@ from ..model.gpt import GPT
 from ..model.optim import Optimizer
 from .graph_profile import GraphSampler
 
-PHASES = ("forward", "backward", "optimizer", "data", "eval")
+# the step's phases, then the run's time outside its steps: evaluation and checkpoint writes
+PHASES = ("forward", "backward", "optimizer", "data", "eval", "checkpoint")
 
 
 @dataclasses.dataclass
