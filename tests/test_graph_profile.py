@@ -7,12 +7,14 @@ a real H100 run's committed log; the GPU cases run CUPTI on the seed-like tiny m
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+from test_trace import check_nesting, check_schema, tracks
 from test_train import TINY, quiet, tiny_dir  # noqa: F401  (tiny_dir: the autouse fixture)
 
 from rustyflow_py.engine.autograd import run_op
@@ -171,6 +173,20 @@ def test_sampling_skips_the_first_replay_and_stops_at_the_cap() -> None:
     assert summary["cost_s"] == pytest.approx(sum(summary["sample_costs_s"]), abs=1e-5)
 
 
+def test_a_replay_is_sampled_only_behind_one_still_running() -> None:
+    """Right after the host waited for the device (a loss read-back) the next replay would
+    start cold: the sample waits for a step queued behind a running one, except a short
+    run's last step."""
+    running = [False]
+    sampler = sampler_with_graph(max_samples=5, budget=None)
+    sampler.busy = lambda: running[0]
+    assert not sampler.due(last=False)  # the first replay
+    assert not sampler.due(last=False)  # the device is idle
+    assert sampler.due(last=True)  # no sample yet and the run ends: take this one
+    running[0] = True
+    assert sampler.due(last=False)
+
+
 def test_sampling_keeps_within_its_budget_and_samples_a_short_runs_last_step(
         monkeypatch: pytest.MonkeyPatch) -> None:
     clock = [100.0]
@@ -314,9 +330,13 @@ def _cupti_reason() -> str | None:
     return None
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(_cupti_reason() is not None, reason=str(_cupti_reason()))
+needs_cupti = [pytest.mark.gpu,
+               pytest.mark.skipif(_cupti_reason() is not None, reason=str(_cupti_reason()))]
+
+
 @pytest.mark.parametrize("precision", ["fp32", "bf16"])
+@needs_cupti[0]
+@needs_cupti[1]
 def test_gpu_graph_profile_attributes_every_kernel(precision: str) -> None:
     """On the GPU: every op recorded at capture has kernels, nothing is unattributed, and the
     per-op times sum to the device-busy time of the same replays (within 2%)."""
@@ -331,11 +351,28 @@ def test_gpu_graph_profile_attributes_every_kernel(precision: str) -> None:
     assert prof.graph is not None and prof.graph.replays == 4
     rows = {(r["name"], r["phase"], r["category"]): r for r in prof.ops()}
     captured = [key for key in prof.stats if key in rows]
-    assert captured and UNATTRIBUTED not in rows
+    assert captured and UNATTRIBUTED not in rows, prof.graph.kernels(UNATTRIBUTED)
     # an op that launched nothing itself (a reshape) has no kernels; every other op has some
     with_kernels = [key for key in captured if rows[key]["kernels"]]
     assert {"lm_head_xent.matmul", "adamw", "layernorm", "gather_batch"} <= {
-        key[0] for key in with_kernels}
+        key[0] for key in with_kernels}, [k for k in prof.graph.kernels(UNATTRIBUTED)]
     totals = prof.graph.totals()
     assert sum(r["time_s"] for r in rows.values()) == pytest.approx(totals["kernel_s"])
     assert abs(totals["kernel_s"] - totals["busy_s"]) <= 0.02 * totals["busy_s"]
+
+
+@needs_cupti[0]
+@needs_cupti[1]
+def test_gpu_trace_of_the_graph_profile() -> None:
+    """--trace on a graph profile: the sampled replay's ops nest step > phase > op on one
+    track, and every kernel is on a second track naming its op."""
+    trainer = Trainer(tiny_cfg("gpu", MAX_STEPS=8, PROFILE_MODE="graph"), quiet,
+                      trace="t.json")
+    trainer.run()
+    doc = json.loads(Path("t.json").read_text())
+    check_schema(doc)
+    assert set(tracks(doc)) == {(2, 1), (2, 2)}
+    check_nesting({**doc, "traceEvents": [e for e in doc["traceEvents"] if e["tid"] == 1]})
+    kernels = tracks(doc)[(2, 2)]
+    assert kernels and all(e["cat"] == "kernel" and e["args"]["op"] for e in kernels)
+    assert doc["otherData"]["timing"] == "cupti-graph"

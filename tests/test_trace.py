@@ -130,7 +130,8 @@ def test_cpu_trace_schema_nesting_and_sums() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(gpu_unavailable_reason() is not None, reason=str(gpu_unavailable_reason()))
 def test_gpu_trace_has_host_and_device_tracks() -> None:
-    trainer = Trainer(tiny_cfg("gpu", MAX_STEPS=8, PROFILE_STEPS=3), quiet, trace="t.json")
+    trainer = Trainer(tiny_cfg("gpu", MAX_STEPS=8, PROFILE_STEPS=3, PROFILE_MODE="eager"),
+                      quiet, trace="t.json")
     trainer.run()
     doc = json.loads(Path("t.json").read_text())
     check_schema(doc)

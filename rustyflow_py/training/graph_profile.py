@@ -8,7 +8,10 @@ nothing is replayed twice, nothing is added to the graph.
 
 The samples are spread over the run so that their cost (recording, the flush, reading the
 records: wall time beyond the replay itself) stays within `BUDGET` of the training time so
-far; the last step is sampled if nothing was yet, so a short run still gets a profile.
+far; the last step is sampled if nothing was yet, so a short run still gets a profile. A
+replay is sampled only while the one before it is still running (`busy`), as training steps
+run back to back: one launched onto an idle device (right after the host waited for it, to
+read the losses back) starts cold and is slower than the steps training is made of.
 """
 
 from __future__ import annotations
@@ -52,11 +55,13 @@ class GraphSampler:
     """Tags the captured step's nodes with ops, then samples its replays into the profiler."""
 
     def __init__(self, profiler: Profiler, tracer: CuptiTracer, max_samples: int,
-                 budget: float | None = BUDGET) -> None:
+                 budget: float | None = BUDGET,
+                 busy: Callable[[], bool] = lambda: True) -> None:
         """`budget`: the share of the training time sampling may take; None samples every
-        replay after the first, up to `max_samples` (a benchmark's few steps)."""
+        replay after the first, up to `max_samples` (a benchmark's few steps). `busy`: whether
+        the device is still running earlier work (the stream is not done)."""
         self.profiler, self.tracer, self.max_samples = profiler, tracer, max_samples
-        self.budget = budget
+        self.budget, self.busy = budget, busy
         self.samples = 0
         self.cost_s = 0.0  # wall time the sampled replays took beyond the replays themselves
         self.costs: list[float] = []  # each sample's
@@ -85,9 +90,12 @@ class GraphSampler:
             return False  # the first replay warms the graph up
         if self.samples >= self.max_samples:
             return False
-        if (last and self.samples == 0) or self.budget is None:
+        if last and self.samples == 0:
             return True
-        return self.cost_s + self._last_cost <= self.budget * (now - self._since)
+        if self.budget is not None and (
+                self.cost_s + self._last_cost > self.budget * (now - self._since)):
+            return False
+        return self.busy()
 
     def sample(self, replay: Callable[[], None], synchronize: Callable[[], None],
                step: int = 0) -> None:

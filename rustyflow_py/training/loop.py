@@ -133,7 +133,8 @@ class Trainer:
         graph = use_graph(cfg.graph, self.backend.kind, self.warn)
         self.profile_mode, tracer = (choose_mode(cfg.profile_mode, self.backend.kind, graph,
                                                  self.warn) if cfg.profile else ("off", None))
-        sampler = (GraphSampler(self.profiler, tracer, cfg.profile_steps)
+        sampler = (GraphSampler(self.profiler, tracer, cfg.profile_steps,
+                                busy=lambda: not self.backend.stream.done)
                    if tracer is not None and self.profiler is not None else None)
         self.runner = StepRunner(
             self.model, self.optimizer, self.train_stream, cfg.seq_len,
@@ -367,7 +368,9 @@ class Trainer:
     @contextlib.contextmanager
     def _timed(self, what: str) -> Iterator[None]:
         """Time spent inside goes to `what` (eval, checkpoint), never to the training steps,
-        also when it is interrupted."""
+        also when it is interrupted. The device finishes the queued steps first: waiting for
+        them is training time."""
+        self.backend.synchronize()
         start = time.perf_counter()
         try:
             yield
