@@ -57,13 +57,15 @@ def trainer_for(shape: str, precision: str, samples: int) -> Trainer:
 
 def ours(trainer: Trainer, samples: int) -> dict[str, Any]:
     """Warm-up, capture and a first replay, as training runs them; then `samples` sampled
-    replays, each queued behind an ordinary one still in flight, as a sampled replay is in a
-    training run (the device never idles between training steps)."""
+    replays, each queued behind ordinary ones still in flight, as a sampled replay is in a
+    training run (the device never idles between training steps; two ahead, so that it is
+    still busy when recording starts)."""
     runner, sync = trainer.runner, trainer.backend.synchronize
     assert runner.sampler is not None, "no graph profile: is cupti-python installed?"
     for step in range(3):
         runner.run(step)
     for _ in range(samples):
+        runner.captured.replay()
         runner.captured.replay()
         runner.sampler.sample(runner.captured.replay, sync)
     prof = trainer.profiler

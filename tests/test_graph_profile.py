@@ -160,12 +160,13 @@ def sampler_with_graph(max_samples: int, budget: float | None) -> GraphSampler:
 def test_sampling_skips_the_first_replay_and_stops_at_the_cap() -> None:
     sampler = sampler_with_graph(max_samples=2, budget=None)
     decisions = []
-    for _ in range(5):
+    for _ in range(1 + 3 * graph_profile.STREAK):
         due = sampler.due(last=False)
         decisions.append(due)
         if due:
             sampler.sample(lambda: None, lambda: None, step=7)
-    assert decisions == [False, True, True, False, False]
+    wait = [False] * (graph_profile.STREAK - 1)
+    assert decisions == [False, *wait, True, *wait, True, *wait, False]
     assert sampler.profiler.graph.replays == 2 and sampler.profiler.steps == 2
     assert sampler.profiler.graph.first_step == 7
     summary = sampler.summary()
@@ -173,10 +174,10 @@ def test_sampling_skips_the_first_replay_and_stops_at_the_cap() -> None:
     assert summary["cost_s"] == pytest.approx(sum(summary["sample_costs_s"]), abs=1e-5)
 
 
-def test_a_replay_is_sampled_only_behind_one_still_running() -> None:
-    """Right after the host waited for the device (a loss read-back) the next replay would
-    start cold: the sample waits for a step queued behind a running one, except a short
-    run's last step."""
+def test_a_replay_is_sampled_only_in_a_run_of_busy_launches() -> None:
+    """Right after the host waited for the device (a loss read-back) the next replays would
+    start cold: the sample waits until STREAK launches in a row found the device busy,
+    except a short run's last step."""
     running = [False]
     sampler = sampler_with_graph(max_samples=5, budget=None)
     sampler.busy = lambda: running[0]
@@ -184,7 +185,10 @@ def test_a_replay_is_sampled_only_behind_one_still_running() -> None:
     assert not sampler.due(last=False)  # the device is idle
     assert sampler.due(last=True)  # no sample yet and the run ends: take this one
     running[0] = True
-    assert sampler.due(last=False)
+    decisions = [sampler.due(last=False) for _ in range(graph_profile.STREAK)]
+    assert decisions == [False] * (graph_profile.STREAK - 1) + [True]
+    sampler.sample(lambda: None, lambda: None)
+    assert not sampler.due(last=False)  # the streak starts again after a sample
 
 
 def test_sampling_keeps_within_its_budget_and_samples_a_short_runs_last_step(
@@ -197,12 +201,13 @@ def test_sampling_keeps_within_its_budget_and_samples_a_short_runs_last_step(
     assert not sampler.due(last=False)
     assert sampler.due(last=True)  # a run ending now gets its one sample all the same
     clock[0] = 101.0
-    assert sampler.due(last=False)
+    assert [sampler.due(last=False) for _ in range(graph_profile.STREAK)][-1]
+    sampler._streak = 0
     sampler._last_cost = sampler.cost_s = 0.02  # as if a sample had cost 20 ms
     clock[0] = 103.0  # 1% of 3 s is 30 ms: not yet room for another 20 ms
-    assert not sampler.due(last=False)
+    assert not any(sampler.due(last=False) for _ in range(graph_profile.STREAK))
     clock[0] = 105.0
-    assert sampler.due(last=False)
+    assert [sampler.due(last=False) for _ in range(graph_profile.STREAK)][-1]
 
 
 def test_profile_mode_choice_and_its_fallbacks(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -345,7 +350,7 @@ def test_gpu_graph_profile_attributes_every_kernel(precision: str) -> None:
     assert trainer.profile_mode == "graph"
     runner = trainer.runner
     runner.sampler.budget = None
-    for step in range(7):
+    for step in range(3 + 4 * graph_profile.STREAK):  # warm-up, capture, first replay, 4 samples
         runner.run(step)
     prof = trainer.profiler
     assert prof.graph is not None and prof.graph.replays == 4

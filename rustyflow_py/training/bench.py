@@ -31,7 +31,7 @@ from ..reporting.plot import PlotError, plot_sweep
 from ..reporting.sweep import format_sweep
 from .config import Config
 from .evaluate import upload_split
-from .graph_profile import GraphSampler, choose_mode
+from .graph_profile import STREAK, GraphSampler, choose_mode
 from .loop import make_optimizer
 from .step import StepRunner, quiet_float_errors, use_graph
 
@@ -187,7 +187,8 @@ def _matmul_share(runner: Callable[..., StepRunner], backend: Any,
     mode, tracer = choose_mode("auto", backend.kind, True, warn)
     if mode == "graph" and tracer is not None:
         window = runner(prof, True, GraphSampler(prof, tracer, PROFILED_STEPS, budget=None))
-        for step in range(PROFILED_STEPS + 3):  # warm-up, capture, a first replay, samples
+        # warm-up, capture, a first replay, then the samples (each after a run of busy launches)
+        for step in range(3 + STREAK * PROFILED_STEPS):
             window.run(step)
         assert prof.graph is not None
         whole = prof.graph.totals()["span_s"]

@@ -9,9 +9,9 @@ nothing is replayed twice, nothing is added to the graph.
 The samples are spread over the run so that their cost (recording, the flush, reading the
 records: wall time beyond the replay itself) stays within `BUDGET` of the training time so
 far; the last step is sampled if nothing was yet, so a short run still gets a profile. A
-replay is sampled only while the one before it is still running (`busy`), as training steps
-run back to back: one launched onto an idle device (right after the host waited for it, to
-read the losses back) starts cold and is slower than the steps training is made of.
+replay is sampled only once the device has been found busy at `STREAK` launches in a row, as
+training steps run back to back: one launched onto a device that just idled (the host waited
+for it, to read the losses back) starts cold and is slower than the steps training is made of.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from ..engine.profiler import Profiler
 
 BUDGET = 0.005  # the share of the training time sampling may take (half the promised 1%)
 FIRST_COST_S = 0.01  # what the first sample is assumed to cost before one was measured
+STREAK = 3  # launches in a row that found the device still running the steps before
 MODES = ("auto", "graph", "eager")
 
 
@@ -66,6 +67,7 @@ class GraphSampler:
         self.cost_s = 0.0  # wall time the sampled replays took beyond the replays themselves
         self.costs: list[float] = []  # each sample's
         self._last_cost = FIRST_COST_S
+        self._streak = 0  # launches in a row that found the device busy
         self._since: float | None = None  # when the first replay ran
 
     def capture(self, captured: CapturedStep) -> None:
@@ -95,7 +97,8 @@ class GraphSampler:
         if self.budget is not None and (
                 self.cost_s + self._last_cost > self.budget * (now - self._since)):
             return False
-        return self.busy()
+        self._streak = self._streak + 1 if self.busy() else 0
+        return self._streak >= STREAK
 
     def sample(self, replay: Callable[[], None], synchronize: Callable[[], None],
                step: int = 0) -> None:
@@ -111,6 +114,7 @@ class GraphSampler:
         self._last_cost = max(time.perf_counter() - start - step_s, 0.0)
         self.cost_s += self._last_cost
         self.costs.append(self._last_cost)
+        self._streak = 0  # the sample waited for the device: it is idle again
         self.samples += 1
         self.profiler.steps = self.samples
 

@@ -154,6 +154,7 @@ class Trainer:
         self.signals.deferred = world.distributed
         self._epoch_start = self._run_start = time.perf_counter()
         self._epoch_marks = (0.0, 0.0, self.pos.step)  # start-up, eval and step at its start
+        self.aside_in_run = 0.0  # evaluation and checkpoint time inside the run's train_time
         self._in_step = False  # a stop forced inside a step must not overwrite the checkpoint
 
     # The history's parts, as the loop and the record read them.
@@ -215,6 +216,7 @@ class Trainer:
             except TrainingError as exc:
                 status, message = "failed", str(exc)
             train_time = time.perf_counter() - start  # evaluation included
+            self.aside_in_run = self.aside_s  # of train_time: the final save comes after it
             with self.signals.deferring():
                 record = self._finish(status, message, train_time)
         if stop is not None:

@@ -57,7 +57,7 @@ def build_record(trainer: Any, status: str, message: str | None, train_time: flo
     steps_here = max(trainer.pos.step - trainer.start_step, 0)
     # the training steps' own time: no evaluation, checkpoint writes or start-up (nor the
     # steps run inside it)
-    steps_time = max(train_time - trainer.aside_s - trainer.startup_s, 0.0)
+    steps_time = max(train_time - trainer.aside_in_run - trainer.startup_s, 0.0)
     timed = max(steps_here - trainer.startup_steps, 0)
     diverged = status == "failed"
     tokens_per_s = (timed * trainer.tokens_per_step / steps_time
@@ -90,7 +90,7 @@ def build_record(trainer: Any, status: str, message: str | None, train_time: flo
         "steps_per_epoch": trainer.steps_per_epoch,
         "train_time_s": train_time,
         "eval_time_s": runner.phases["eval"],
-        "checkpoint_time_s": runner.phases["checkpoint"],
+        "checkpoint_time_s": runner.phases["checkpoint"],  # the final save's included
         "startup": _startup(trainer),
         "steps_time_s": steps_time,
         "timed_steps": timed,
