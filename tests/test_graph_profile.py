@@ -197,7 +197,8 @@ def test_sampling_keeps_within_its_budget_and_samples_a_short_runs_last_step(
     monkeypatch.setattr(graph_profile.time, "perf_counter", lambda: clock[0])
     sampler = sampler_with_graph(max_samples=10, budget=0.01)
     assert not sampler.due(last=False)  # the first replay, at t=100
-    clock[0] = 100.5  # the first sample is assumed to cost FIRST_COST_S = 10 ms: needs 1 s
+    sampler._last_cost = 0.01  # as the capture estimates it from the graph's nodes
+    clock[0] = 100.5  # 1% of 0.5 s is 5 ms: no room for a 10 ms sample yet
     assert not sampler.due(last=False)
     assert sampler.due(last=True)  # a run ending now gets its one sample all the same
     clock[0] = 101.0

@@ -34,7 +34,7 @@ def startup_line(r: Record) -> list[str]:
             f"GEMM plans; {cache_text}){capture}; kept out of the epoch times and tokens/s"]
 
 
-def graph_lines(prof: Record, train_steps_s: float | None) -> list[str]:
+def graph_lines(prof: Record, run_s: float | None) -> list[str]:
     """The sampled replays: how many, their device time against the per-op sum and the
     device-busy time, the wall time per training step, and what sampling cost."""
     s = prof.get("sampling")
@@ -56,8 +56,7 @@ def graph_lines(prof: Record, train_steps_s: float | None) -> list[str]:
         lines.append(f"Wall time per training step: {1e3 * _num(wall):.3f} ms (host work and "
                      f"waits between replays: {1e3 * max(_num(wall) - span / n, 0.0):.3f} ms)")
     cost = _num(s.get("cost_s"))
-    share = (f", {100.0 * cost / train_steps_s:.2f}% of the training time"
-             if train_steps_s and train_steps_s > 0 else "")
+    share = f", {100.0 * cost / run_s:.2f}% of the run's wall time" if _num(run_s) > 0 else ""
     lines.append(f"Sampling cost: {cost:.3f}s{share}")
     return lines
 
@@ -113,12 +112,19 @@ def roofline_lines(r: Record, top: int = 10) -> list[str]:
     lines = [f"Roofline (top {min(top, len(rows))} ops by time; peaks: "
              f"{peaks.get('source', 'unknown')}; an op's bytes are its arrays', an estimate)"]
     for row in rows[:top]:
-        peak = (f" of {row['peak']:,.1f} {row['unit']} ({100 * row['share']:.1f}%)"
+        peak = (f" of {_rate(row['peak'], row['unit'])} ({100 * row['share']:.1f}%)"
                 if row.get("share") is not None else " (no peak known)")
         shape = f" (batch, M, N, K)={tuple(row['shape'])}" if row.get("shape") else ""
         lines.append(f"  {row['name']} [{row['phase']}] {row['ms_per_step']:.3f} ms/step: "
-                     f"{row['kind']} {row['rate']:,.1f} {row['unit']}{peak}{shape}")
+                     f"{row['kind']} {_rate(row['rate'], row['unit'])}{peak}{shape}")
     return lines
+
+
+def _rate(value: float, unit: str) -> str:
+    """A rate in its unit, or in GFLOP/s below one TFLOP/s (a CPU's)."""
+    if unit == "TFLOP/s" and value < 1.0:
+        return f"{value * 1e3:,.1f} GFLOP/s"
+    return f"{value:,.1f} {unit}"
 
 
 def kernel_lines(r: Record, top_ops: int = 8, per_op: int = 4) -> list[str]:

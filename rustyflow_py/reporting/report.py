@@ -514,7 +514,7 @@ def _profile_lines(r: Record) -> list[str]:
         head,
         *_op_lines(ops, window, idle),
         *_matmul_lines(ops, window, profiled, steps, prof.get("note"), _kind(r) == "gpu"),
-        *profile_text.graph_lines(prof, r.get("steps_time_s")),
+        *profile_text.graph_lines(prof, r.get("train_time_s")),
         "",
         *_phase_lines(r, prof, window),
         "",

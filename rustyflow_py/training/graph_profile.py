@@ -26,7 +26,9 @@ from ..engine.kernel_records import KernelAttribution, last_replay
 from ..engine.profiler import Profiler
 
 BUDGET = 0.005  # the share of the training time sampling may take (half the promised 1%)
-FIRST_COST_S = 0.01  # what the first sample is assumed to cost before one was measured
+# what a sample is assumed to cost per graph node before one was measured (recording, the
+# flush and reading one record each: an upper estimate; the first sample's own cost replaces it)
+NODE_COST_S = 1e-4
 STREAK = 3  # launches in a row that found the device still running the steps before
 MODES = ("auto", "graph", "eager")
 
@@ -66,7 +68,7 @@ class GraphSampler:
         self.samples = 0
         self.cost_s = 0.0  # wall time the sampled replays took beyond the replays themselves
         self.costs: list[float] = []  # each sample's
-        self._last_cost = FIRST_COST_S
+        self._last_cost = 0.0  # set from the graph's size at capture, then measured
         self._streak = 0  # launches in a row that found the device busy
         self._since: float | None = None  # when the first replay ran
 
@@ -80,6 +82,7 @@ class GraphSampler:
         finally:
             prof.tagging = False
         prof.graph = KernelAttribution(self.tracer.node_ops)
+        self._last_cost = NODE_COST_S * len(self.tracer.node_ops)
         # CUPTI sets its recording up on first use (buffers, the device's clock): do that now,
         # as part of the capture's start-up, rather than inside the first sample
         self.tracer.records(lambda: None, captured.backend.synchronize)
