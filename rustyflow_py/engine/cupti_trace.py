@@ -59,6 +59,8 @@ class CuptiTracer:
 
     def __init__(self) -> None:
         self._cupti = _load()
+        with self.tag_nodes(lambda: None):  # another CUPTI tool would refuse us: find out now
+            pass
         self.node_ops: dict[int, OpKey] = {}
         self._records: list[KernelRecord] = []
         self._names: dict[str, str] = {}  # mangled -> readable kernel names

@@ -118,8 +118,10 @@ def build_record(trainer: Any, status: str, message: str | None, train_time: flo
         "final_loss": next((x for x in reversed(trainer.losses) if math.isfinite(x)), None),
         "checkpoint": ckpt,
         "message": message,
+        # none when no step was profiled (profiling off, a run stopped before its first
+        # profiled step or sample, a graph profile CUPTI refused)
         "profile": (_profile(trainer, steps_done, step_time)
-                    if trainer.profiler is not None else None),
+                    if trainer.profiler is not None and trainer.profiler.steps else None),
         "curves": _curves(trainer),
     }
 

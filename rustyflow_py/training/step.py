@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ..engine.comm import Communicator
+from ..engine.cupti_trace import CuptiUnavailable
 from ..engine.graph import CapturedStep, GraphCaptureError
 from ..engine.profiler import Profiler
 from ..engine.tensor import Tensor, run_op
@@ -201,10 +202,7 @@ class StepRunner:
         start = time.perf_counter()
         try:
             with self.backend.tracking_memory():
-                if self.sampler is not None:
-                    self.sampler.capture(captured)
-                else:
-                    captured.capture()
+                self._record(captured)
         except GraphCaptureError as exc:
             self.graph = False
             self.warn(f"WARN: CUDA graph capture failed, training eagerly ({exc})")
@@ -214,6 +212,18 @@ class StepRunner:
         self.captured = captured
         self.backend.release_cached_memory()  # the eager steps' temporaries; the graph has its own
         captured.replay()
+
+    def _record(self, captured: CapturedStep) -> None:
+        """Capture, tagging the nodes for the graph profile; if CUPTI refuses now (another
+        tool took it since the run started), say so and capture without a profile."""
+        if self.sampler is not None:
+            try:
+                self.sampler.capture(captured)
+                return
+            except CuptiUnavailable as exc:
+                self.sampler = None
+                self.warn(f"WARN: no per-op profile for this run: {exc}")
+        captured.capture()
 
     def release_graph(self) -> None:
         """Free the captured step. NCCL reclaims what a graph captured of its communicator
