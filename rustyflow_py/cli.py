@@ -103,8 +103,12 @@ def main() -> None:
 @click.option("--trace", "trace", type=click.Path(dir_okay=False), default=None,
               metavar="FILE.json",
               help="write the first profiled steps as a Chrome/Perfetto trace (needs PROFILE)")
+@click.option("--overwrite", is_flag=True,
+              help="replace the checkpoint of another run at MODEL_PATH (a resumed run "
+                   "replaces its own without this)")
 @_hyperparameter_options
-def train(config: str | None, resume: str | None, trace: str | None, **overrides: Any) -> None:
+def train(config: str | None, resume: str | None, trace: str | None, overwrite: bool,
+          **overrides: Any) -> None:
     """Train a GPT; append the profiling report to the log."""
     from .engine.world import World
     from .reporting.progress import TrainingProgress
@@ -119,7 +123,7 @@ def train(config: str | None, resume: str | None, trace: str | None, **overrides
                         say=click.echo, warn=_warn))
     progress = TrainingProgress(cfg.num_epochs)
     try:
-        run_training(cfg, click.echo, resume, progress, _warn, trace)
+        run_training(cfg, click.echo, resume, progress, _warn, trace, overwrite)
     finally:
         progress.close()
 
@@ -217,12 +221,10 @@ def plot(logs: tuple[str, ...], folder: str, last: int | None, runs: tuple[str, 
 def bench(folder: str, quick: bool, models: tuple[str, ...], batches: tuple[str, ...],
           vocab: int, seconds: float, saved: str | None) -> None:
     """When does the GPU help? Time the training step on CPU and GPU over a grid of sizes."""
-    from pathlib import Path
-
     from .training import bench as b
 
     if saved:
-        result = json.loads(Path(saved).read_text(encoding="utf-8"))
+        result = b.load_results(saved)
     else:
         try:
             points = b.requested_grid(models, batches, quick)
@@ -312,6 +314,7 @@ def banner(train_args: tuple[str, ...]) -> None:
     with train.make_context("rustyflow train", list(train_args)) as ctx:
         params = dict(ctx.params)
     config, resume, trace = params.pop("config"), params.pop("resume"), params.pop("trace")
+    params.pop("overwrite")
     try:
         cfg, _ = load_config(config, {k.upper(): v for k, v in params.items()})
     except ConfigError as exc:

@@ -21,6 +21,7 @@ from ..errors import CheckpointError
 from .outputs import write_atomically
 
 FORMAT_VERSION = 1
+WRITER = "rustyflow"  # in every checkpoint's meta: the mark that it is rustyflow's to replace
 
 
 def save(
@@ -34,7 +35,8 @@ def save(
     target.parent.mkdir(parents=True, exist_ok=True)
     arrays = {f"param/{k}": v for k, v in weights.items()}
     arrays.update({f"opt/{k}": v for k, v in (optimizer or {}).items()})
-    arrays["meta"] = np.array(json.dumps({**meta, "format_version": FORMAT_VERSION}))
+    arrays["meta"] = np.array(json.dumps({**meta, "format_version": FORMAT_VERSION,
+                                              "writer": WRITER}))
     arrays["vocab"] = vocab
     return write_atomically(target, lambda f: np.savez(f, **arrays))
 
