@@ -49,6 +49,13 @@ def _out_of_memory(exc: Exception) -> str | None:
             f"(activations grow with both), or EMBED_DIM/NUM_LAYERS (the model itself)")
 
 
+def _path_error(exc: OSError) -> str:
+    """A file-system error on a path as one line: the path (shortened), the reason, the fix."""
+    name = str(exc.filename)
+    shown = name if len(name) <= 120 else f"{name[:60]}...{name[-40:]} ({len(name)} characters)"
+    return f"{shown}: {exc.strerror or exc}: pass a path that can be used here"
+
+
 def _worker_error(message: str) -> None:
     from .training.outputs import write_error_file
 
@@ -56,8 +63,8 @@ def _worker_error(message: str) -> None:
 
 
 class _Main(click.Group):
-    """The command group: every expected error (a RustyFlowError, a GPU out-of-memory) becomes
-    one line and exit status 1; a stop signal exits 128 + its number; anything else is a bug
+    """The command group: every expected error (a RustyFlowError, a GPU out-of-memory, a path
+    the file system refuses) becomes one line and exit status 1; a stop signal exits 128 + its number; anything else is a bug
     and keeps its traceback."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
@@ -74,6 +81,12 @@ class _Main(click.Group):
             raise click.ClickException(str(exc)) from None
         except Stopped as exc:
             sys.exit(exc.exit_code)
+        except OSError as exc:
+            if exc.filename is None:  # not about a path the user gave: a bug
+                raise
+            message = _path_error(exc)
+            _worker_error(message)
+            raise click.ClickException(message) from None
         except Exception as exc:
             message = _out_of_memory(exc)
             _worker_error(message or f"{type(exc).__name__}: {exc}")

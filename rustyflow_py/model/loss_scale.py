@@ -80,7 +80,7 @@ class LossScaler:
         if streak >= COLLAPSE_STREAK:
             return f"{streak} steps in a row were skipped for overflowing gradients"
         if scale < COLLAPSE_FLOOR:
-            return f"the loss scale fell below {COLLAPSE_FLOOR:g}"
+            return f"the loss scale fell below {COLLAPSE_FLOOR:.3g}"
         return None
 
     def state_dict(self, to_host: Any) -> dict[str, np.ndarray]:

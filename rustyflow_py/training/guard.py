@@ -9,6 +9,7 @@ otherwise it says which, and the command exits non-zero.
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from collections.abc import Callable
@@ -61,6 +62,21 @@ def claim_outputs(ckpt: str, log: str, trace: str | None, resume: str | None,
         lock.release()
         raise
     return lock
+
+
+def releases_on_failure(init: Callable[..., None]) -> Callable[..., None]:
+    """For a run's __init__: if it fails after claim_outputs, its lock goes at once (not
+    when the half-made run object is collected), so the lock file does not outlive it."""
+    @functools.wraps(init)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            init(self, *args, **kwargs)
+        except BaseException:
+            held = getattr(self, "lock", None)
+            if held is not None:
+                held.release()
+            raise
+    return wrapper
 
 
 def _run_id(resume: str | None) -> str | None:

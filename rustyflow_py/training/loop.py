@@ -60,6 +60,7 @@ class Trainer:
     not a setting: it is no config key and no part of the checkpoint).
     """
 
+    @guard.releases_on_failure
     def __init__(self, cfg: Config, say: Say = print, resume: str | None = None,
                  progress: Any = None, warn: Say | None = None,
                  trace: str | None = None, rendezvous: Rendezvous | None = None,
