@@ -64,8 +64,8 @@ def _worker_error(message: str) -> None:
 
 class _Main(click.Group):
     """The command group: every expected error (a RustyFlowError, a GPU out-of-memory, a path
-    the file system refuses) becomes one line and exit status 1; a stop signal exits 128 + its number; anything else is a bug
-    and keeps its traceback."""
+    the file system refuses) becomes one line and exit status 1; a stop signal exits 128 + its
+    number; anything else is a bug and keeps its traceback."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         ctx.meta["argv"] = list(args)  # what `train --gpus N` starts each worker with

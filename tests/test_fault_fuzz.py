@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import io
 import json
-import os
 import struct
 import zipfile
 from pathlib import Path

@@ -403,6 +403,11 @@ SIGNAL_CASES = [
                "checkpoint-rename:2", ("--max-steps", "3"), 143, "interrupted",
                r"SIGTERM arrived during the final writes; the checkpoint was finished first",
                3),
+    SignalCase("sigterm-in-the-best-write", "SIGTERM inside the best checkpoint's rename "
+               "(rename 1, at the final validation)", "checkpoint-rename:1",
+               ("--max-steps", "3"), 143, "interrupted",
+               r"SIGTERM arrived during the final writes; the checkpoint was finished first",
+               3),
     SignalCase("sigterm-in-evaluation", "SIGTERM during the final validation",
                "evaluation:1", ("--max-steps", "3"), 143, "interrupted",
                r"interrupted at step 3", 3),
@@ -425,6 +430,9 @@ def test_signal_at_a_dangerous_moment(case: SignalCase, workspace: Path) -> None
     assert record["status"] == case.status
     assert re.search(case.message, record["message"]), record["message"]
     assert Checkpoint("models/new-cpu.npz").meta["train"]["step"] == case.step
+    if record["best_checkpoint"]:  # the best file a block names holds that validation
+        best = Checkpoint(record["best_checkpoint"]).meta["train"]["step"]
+        assert best == record["best_step"]
     assert not list(Path("models").glob(".*.tmp")), "a temporary was left behind"
     assert_intact(before, snapshot(workspace))
 
