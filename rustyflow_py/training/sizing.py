@@ -67,7 +67,8 @@ def estimate(cfg: Config, vocab: int, gpu: bool, training: bool = True,
     if compute != store:
         parts["compute copy"] = p * compute
     b, t, e, h = cfg.batch_size, cfg.seq_len, cfg.embed_dim, cfg.num_heads
-    scores = 0 if gpu and cfg.attention == "auto" and compute < 4 else 2 * h * t
+    flash = gpu and cfg.attention == "auto" and cfg.precision in ("tf32", "bf16", "fp16")
+    scores = 0 if flash else 2 * h * t  # the T x T scores and probabilities, or none
     per_token = cfg.num_layers * (17 * e + scores) + 2 * e  # saved for backward, per layer
     activations = b * t * (per_token * compute + 3 * vocab * 4)  # + the logits' fp32 passes
     if training:
