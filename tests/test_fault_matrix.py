@@ -13,6 +13,7 @@ signal lands there without relying on sleeps.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import re
 import signal
@@ -135,6 +136,13 @@ def another_run_at(path: str) -> Callable[[Path], None]:
     def setup(_root: Path) -> None:
         assert invoke(*TRAIN, "--model-path", path, "--max-steps", "2").exit_code == 0
     return setup
+
+
+def a_sweep(root: Path) -> None:
+    """A bench.json of a sweep with no rows (what `bench --from-json` reads)."""
+    (root / "sweep.json").write_text(json.dumps({
+        "vocab": 9, "seconds": 1.0, "rows": [], "devices": {
+            "cpu": {"describe": "a CPU"}, "gpu": {"usable": False, "reason": "none here"}}}))
 
 
 def stale_lock(_root: Path) -> None:
@@ -291,6 +299,19 @@ CASES = [
          (*TRAIN, *NEW), 0, r"wrote it to \S+/new-cpu-rescued1.npz instead",
          setup=both(text_at("new-cpu.npz"), text_at("new-cpu-best.npz")),
          patch=disk_full("models/"), check=checkpoint_at("new-cpu-rescued1.npz", 29)),
+    Case("bench-out-holds-their-report", "`bench --out` names a folder with someone's "
+         "bench.md", ("bench", "--from-json", "sweep.json", "--out", "results"), 1,
+         r"bench report results/bench.md exists and was not written by rustyflow",
+         setup=both(a_sweep, text_at("results/bench.md"))),
+    Case("bench-out-rewrites-its-own", "`bench --out` again over its own results",
+         ("bench", "--from-json", "sweep.json", "--out", "results"), 0, r"wrote results/bench.md",
+         replaced=("results/bench.md", "results/bench.json"),
+         setup=both(a_sweep, lambda _: invoke("bench", "--from-json", "sweep.json", "--out",
+                                              "results"))),
+    Case("plot-out-holds-their-picture", "`plot --out` names a folder with someone's PNG",
+         ("plot", "--log", "log.txt", "--format", "png"), 1,
+         r"plots/loss-curves.png exists and was not drawn by rustyflow",
+         setup=text_at("plots/loss-curves.png")),
     # -- run lock
     Case("stale-lock", "a lock file left by a killed run",
          (*TRAIN, "--resume", TRAINED[0], "--max-steps", "5"), 0,

@@ -29,11 +29,12 @@ from ..engine.profiler import Profiler
 from ..errors import RustyFlowError
 from ..model.gpt import build_model
 from ..reporting.plot import PlotError, plot_sweep
-from ..reporting.sweep import format_sweep
+from ..reporting.sweep import BENCH_TITLE, format_sweep
 from .config import Config
 from .evaluate import upload_split
 from .graph_profile import GraphSampler, choose_mode
 from .loop import make_optimizer
+from .ownership import foreign
 from .step import StepRunner, quiet_float_errors, use_graph
 
 Say = Callable[[str], None]
@@ -129,10 +130,22 @@ def load_results(path: str | Path) -> dict[str, Any]:
     return result
 
 
+def _is_bench_json(path: Path) -> bool:
+    try:
+        load_results(path)
+    except RustyFlowError:
+        return False
+    return True
+
+
 def write_results(result: dict[str, Any], folder: str | Path, say: Say = print) -> Path:
     """bench.json (the sweep), speedup.png/.svg (when matplotlib is installed and the GPU was
     measured) and bench.md into `folder`; returns bench.md's path."""
     out = Path(folder)
+    fix = "pass --out another folder"
+    foreign(str(out / "bench.json"), "bench result", _is_bench_json, fix)
+    foreign(str(out / "bench.md"), "bench report",
+            lambda p: p.read_bytes().startswith(BENCH_TITLE.encode()), fix)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     plot = None
