@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -86,3 +87,46 @@ def test_a_fallback_place_never_names_an_existing_file(tiny_dir: Path) -> None: 
     Path("m.npz").write_text("someone's")
     Path("m-rescued1.npz").write_text("someone else's")
     assert fallbacks("models/m.npz")[0] == tiny_dir / "m-rescued2.npz"
+
+
+class _Pool:
+    def free_bytes(self) -> int:
+        return 2**30  # cached by CuPy, free for the run
+
+
+class _Device:
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __enter__(self) -> _Device:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+
+class _FakeCupy:
+    """What the size check reads of CuPy: memGetInfo on a device, the pool's free bytes."""
+
+    cuda = SimpleNamespace(Device=_Device,
+                           runtime=SimpleNamespace(memGetInfo=lambda: (7 * 2**30, 80 * 2**30)))
+
+    @staticmethod
+    def get_default_memory_pool() -> _Pool:
+        return _Pool()
+
+
+def test_the_gpu_check_compares_with_free_device_memory() -> None:
+    gpu = SimpleNamespace(kind="gpu", index=0, xp=_FakeCupy, hardware=lambda: "Fake GPU")
+    sizing.check_fits(make_cfg(), 50, gpu)  # a tiny model fits
+    huge = make_cfg(NUM_LAYERS=48, EMBED_DIM=8192, NUM_HEADS=8)
+    millions = f"{sizing.num_params(huge, 50) / 1e6:,.1f}"
+    with pytest.raises(TrainingError, match=rf"training L48 E8192 \(vocabulary 50\), "
+                       rf"{millions} M parameters needs about [\d.]+ GiB of GPU memory \(Fake "
+                       r"GPU\) \(parameters .*CUDA graph pool .*\), but 8.0 GiB is free: "
+                       r"reduce EMBED_DIM or NUM_LAYERS \(the model\)\Z"):
+        sizing.check_fits(huge, 50, gpu)
+    long = make_cfg(BATCH_SIZE=4096, SEQ_LEN=512)  # activations dominate
+    with pytest.raises(TrainingError, match=r"reduce BATCH_SIZE or SEQ_LEN \(the "
+                                            r"activations\), or use PRECISION=bf16"):
+        sizing.check_fits(long, 50, gpu)

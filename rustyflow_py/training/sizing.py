@@ -144,11 +144,11 @@ def check_fits(cfg: Config, vocab: int, backend: Any, what: str = "training",
         if limit is None or need <= limit:
             continue
         step = est.parts.get("activations", 0) + est.parts.get("CUDA graph pool", 0)
-        reduce = ("BATCH_SIZE or SEQ_LEN (the activations)" if step > need / 2
-                  else "EMBED_DIM or NUM_LAYERS (the model)")
+        half = gpu and cfg.precision in ("fp32", "tf32", "fp64")
+        reduce = ("BATCH_SIZE or SEQ_LEN (the activations)"
+                  + (", or use PRECISION=bf16 (half-size activations)" if half else "")
+                  if step > need / 2 else "EMBED_DIM or NUM_LAYERS (the model)")
         detail = est.describe() if need == est.total else "its float32 initial weights"
         raise TrainingError(
             f"the model does not fit: {what} {shape} needs about {_gib(need)} of {where} "
-            f"({detail}), but {_gib(limit)} is {kind}: reduce {reduce}"
-            + (", or use PRECISION=bf16" if gpu and cfg.precision in ("fp32", "tf32",
-                                                                      "fp64") else ""))
+            f"({detail}), but {_gib(limit)} is {kind}: reduce {reduce}")
