@@ -349,8 +349,9 @@ class Trainer:
 
     def _drain_losses(self) -> None:
         self.runner.drain(self.losses, self.pos.step, divergence_advice(self.cfg))
-        guard.check_loss_scale(self.optimizer.loss_scaler, self.backend.to_host,
-                               self.pos.step, self.cfg.precision)
+        with self.ledger.set_aside():  # a guard's reads, not the step's traffic
+            guard.check_loss_scale(self.optimizer.loss_scaler, self.backend.to_host,
+                                   self.pos.step, self.cfg.precision)
 
     def _validate(self) -> None:
         """Validation perplexity, into the curve; a new best writes the best checkpoint, and
