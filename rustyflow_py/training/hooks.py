@@ -4,8 +4,10 @@ a sleep cannot aim that well.
 
 With RUSTYFLOW_PAUSE_AT=<point>[:<n>] the process, on reaching `point` for the n-th time
 (default the first), writes its pid to the file RUSTYFLOW_PAUSE_MARKER and waits until that
-file is removed. The test waits for the file, sends its signal, then removes the file. Unset
-(every real run), a pause point costs one dictionary look-up.
+file is removed. The points: `checkpoint-rename` (a checkpoint or trace is written and
+fsynced, not yet renamed into place) and `evaluation` (a validation or test pass begins).
+The test waits for the file, sends its signal, then removes the file. Unset (every real
+run), a pause point costs one dictionary look-up.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import time
 from collections import Counter
 from pathlib import Path
 
-POINTS = ("checkpoint-rename", "evaluation", "log-append")
 _reached: Counter[str] = Counter()
 
 
