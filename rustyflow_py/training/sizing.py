@@ -4,9 +4,10 @@ on the host for minutes and then being killed without a word.
 
 The estimate counts what the run allocates: parameters (and their compute copy in mixed
 precision), gradients, optimizer state, the activations one step keeps for backward at this
-batch, sequence length and precision, and on the GPU the CUDA graph's private pool (a second
-set of activations). It is an estimate: a model refused here would have failed, one accepted
-may still fail on a fragmented or busy device (the out-of-memory error then names the sizes).
+batch, sequence length and precision, and on the GPU the CUDA graph's private pool. It is an
+estimate, fitted to measured peaks, not a bound: a model refused here needs more than there
+is, one accepted close to the limit may still fail on a fragmented or busy device (the
+out-of-memory error then names the sizes).
 """
 
 from __future__ import annotations
@@ -22,6 +23,12 @@ from .config import Config
 # float32 arrays of the parameters' size each optimizer keeps (muon: momentum, plus adamw's
 # two moments for the rest; counted as two in all)
 _STATE_COPIES = {"adamw": 2, "adam": 2, "lamb": 2, "adadelta": 2, "muon": 2, "adagrad": 1}
+# Activations kept per layer and token, in units of EMBED_DIM values, and the CUDA graph's
+# private pool as a share of them (1/10): fitted to the peaks measured for the medium shape
+# in benchmarks/results/h100-mixed-precision-medium.md (fp32, tf32, bf16 and fp16; graph
+# replay reserved little more than eager), which the estimate exceeds by under a fifth.
+_PER_LAYER = 14
+_GRAPH_SHARE = 10
 _ITEMSIZE = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
 GiB = 2**30
 
@@ -68,15 +75,18 @@ def estimate(cfg: Config, vocab: int, gpu: bool, training: bool = True,
         parts["compute copy"] = p * compute
     b, t, e, h = cfg.batch_size, cfg.seq_len, cfg.embed_dim, cfg.num_heads
     flash = gpu and cfg.attention == "auto" and cfg.precision in ("tf32", "bf16", "fp16")
-    scores = 0 if flash else 2 * h * t  # the T x T scores and probabilities, or none
-    per_token = cfg.num_layers * (17 * e + scores) + 2 * e  # saved for backward, per layer
-    activations = b * t * (per_token * compute + 3 * vocab * 4)  # + the logits' fp32 passes
+    # one layer's T x T scores and probabilities at a time (the fp32 peak measured no
+    # higher than tf32's fused attention), or none
+    scores = 0 if flash else 2 * h * t
+    # per token: what each layer keeps for backward, and the logits with their gradient
+    per_token = cfg.num_layers * _PER_LAYER * e + scores + 2 * e + 2 * vocab
+    activations = b * t * per_token * compute
     if training:
         parts["gradients"] = p * store
         parts["optimizer state"] = -(-_state_copies(cfg) * p * 4 // world_size)
         parts["activations"] = activations
         if gpu and cfg.graph != "off":
-            parts["CUDA graph pool"] = activations
+            parts["CUDA graph pool"] = activations // _GRAPH_SHARE
     else:
         parts["activations"] = activations // max(cfg.num_layers, 1)  # no backward: one layer
     return Estimate(p, parts)
