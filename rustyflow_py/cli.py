@@ -49,6 +49,13 @@ def _out_of_memory(exc: Exception) -> str | None:
             f"(activations grow with both), or EMBED_DIM/NUM_LAYERS (the model itself)")
 
 
+def _path_error(exc: OSError) -> str:
+    """A file-system error on a path as one line: the path (shortened), the reason, the fix."""
+    name = str(exc.filename)
+    shown = name if len(name) <= 120 else f"{name[:60]}...{name[-40:]} ({len(name)} characters)"
+    return f"{shown}: {exc.strerror or exc}: pass a path that can be used here"
+
+
 def _worker_error(message: str) -> None:
     from .training.outputs import write_error_file
 
@@ -56,9 +63,9 @@ def _worker_error(message: str) -> None:
 
 
 class _Main(click.Group):
-    """The command group: every expected error (a RustyFlowError, a GPU out-of-memory) becomes
-    one line and exit status 1; a stop signal exits 128 + its number; anything else is a bug
-    and keeps its traceback."""
+    """The command group: every expected error (a RustyFlowError, a GPU out-of-memory, a path
+    the file system refuses) becomes one line and exit status 1; a stop signal exits 128 + its
+    number; anything else is a bug and keeps its traceback."""
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         ctx.meta["argv"] = list(args)  # what `train --gpus N` starts each worker with
@@ -74,6 +81,12 @@ class _Main(click.Group):
             raise click.ClickException(str(exc)) from None
         except Stopped as exc:
             sys.exit(exc.exit_code)
+        except OSError as exc:
+            if exc.filename is None:  # not about a path the user gave: a bug
+                raise
+            message = _path_error(exc)
+            _worker_error(message)
+            raise click.ClickException(message) from None
         except Exception as exc:
             message = _out_of_memory(exc)
             _worker_error(message or f"{type(exc).__name__}: {exc}")
@@ -113,7 +126,11 @@ def _train_options(fn: Any) -> Any:
 
 @main.command()
 @_train_options
-def train(config: str | None, resume: str | None, trace: str | None, **overrides: Any) -> None:
+@click.option("--overwrite", is_flag=True,
+              help="replace the checkpoint of another run at MODEL_PATH (a resumed run "
+                   "replaces its own without this)")
+def train(config: str | None, resume: str | None, trace: str | None, overwrite: bool,
+          **overrides: Any) -> None:
     """Train a GPT; append the profiling report to the log."""
     from .engine.world import World
     from .reporting.progress import TrainingProgress
@@ -128,7 +145,7 @@ def train(config: str | None, resume: str | None, trace: str | None, **overrides
                         say=click.echo, warn=_warn))
     progress = TrainingProgress(cfg.num_epochs)
     try:
-        run_training(cfg, click.echo, resume, progress, _warn, trace)
+        run_training(cfg, click.echo, resume, progress, _warn, trace, overwrite)
     finally:
         progress.close()
 
@@ -239,12 +256,10 @@ def plot(logs: tuple[str, ...], folder: str, last: int | None, runs: tuple[str, 
 def bench(folder: str, quick: bool, models: tuple[str, ...], batches: tuple[str, ...],
           vocab: int, seconds: float, saved: str | None) -> None:
     """When does the GPU help? Time the training step on CPU and GPU over a grid of sizes."""
-    from pathlib import Path
-
     from .training import bench as b
 
     if saved:
-        result = json.loads(Path(saved).read_text(encoding="utf-8"))
+        result = b.load_results(saved)
     else:
         try:
             points = b.requested_grid(models, batches, quick)
@@ -334,6 +349,7 @@ def banner(train_args: tuple[str, ...]) -> None:
     with train.make_context("rustyflow train", list(train_args)) as ctx:
         params = dict(ctx.params)
     config, resume, trace = params.pop("config"), params.pop("resume"), params.pop("trace")
+    params.pop("overwrite")
     try:
         cfg, _ = load_config(config, {k.upper(): v for k, v in params.items()})
     except ConfigError as exc:

@@ -47,7 +47,7 @@ def test_best_checkpoint_follows_the_best_validation() -> None:
     assert not all(np.array_equal(final.weights[k], Checkpoint(best).weights[k])
                    for k in final.weights)
     # the test perplexity is the best weights' own
-    again = Trainer(make_cfg(), quiet)
+    again = Trainer(make_cfg(MODEL_PATH="models/again.npz"), quiet)  # its own checkpoint
     again.model.buffer.load_state_dict(Checkpoint(best).weights)
     assert again.evaluate("test") == record["test_ppl"]
     block = format_block(record)

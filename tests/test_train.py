@@ -102,8 +102,9 @@ def run_interrupted(cfg: Config, stop_after: int, resume: str | None = None,
                     say: Callable[[str], None] | None = None,
                     signum: int = signal.SIGINT) -> Trainer:
     """Train until a stop signal arrives inside step `stop_after`: the trainer finishes that
-    step, writes its checkpoint and log block, and raises KeyboardInterrupt."""
-    trainer = Trainer(cfg, say or quiet, resume=resume)
+    step, writes its checkpoint and log block, and raises KeyboardInterrupt. (It replaces
+    whatever an earlier run of the test left at its checkpoint: `overwrite`.)"""
+    trainer = Trainer(cfg, say or quiet, resume=resume, overwrite=True)
     interrupt_in_step(trainer, stop_after, signum)
     with pytest.raises(KeyboardInterrupt):
         trainer.run()
@@ -430,7 +431,7 @@ def test_cpu_kernels_that_fail_to_compile_fall_back_to_numpy(
     assert trainer.run()["status"] == "completed"
     with pytest.raises(TrainingError, match=r"CPU_JIT=on, but numba could not compile.*"
                                             r"no LLVM target"):
-        Trainer(make_cfg(CPU_JIT="on"), quiet)
+        Trainer(make_cfg(CPU_JIT="on"), quiet, overwrite=True)
 
 
 

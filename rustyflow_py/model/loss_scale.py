@@ -21,6 +21,10 @@ import numpy as np
 INIT_SCALE = 2.0**16
 GROWTH_INTERVAL = 2000
 STATE_KEYS = ("loss_scale", "loss_scale_clean", "loss_scale_skipped")
+# A collapse: this many skipped steps in a row, or a scale below the floor (the gradients
+# overflow float16 even shrunk a thousandfold). Training then changes nothing but the scale.
+COLLAPSE_STREAK = 32
+COLLAPSE_FLOOR = 2.0**-10
 
 
 class LossScaler:
@@ -32,6 +36,7 @@ class LossScaler:
         self.scale = xp.full((), init_scale, dtype=np.float32)
         self.clean = xp.zeros((), dtype=np.int32)  # steps since the last overflow or growth
         self.skipped = xp.zeros((), dtype=np.int32)
+        self.streak = xp.zeros((), dtype=np.int32)  # skipped steps in a row, up to now
         self.overflow = xp.zeros((), dtype=np.float32)  # 1.0 when the last step was skipped
         self._seed = xp.zeros((), dtype=np.float32)
 
@@ -61,11 +66,22 @@ class LossScaler:
                                    xp.where(grow, self.scale * np.float32(2.0), self.scale))
         self.clean[...] = xp.where(grow, 0, clean)
         self.skipped += bad.astype(np.int32)
+        self.streak[...] = xp.where(bad, self.streak + 1, 0)
         self.overflow[...] = bad
 
     def state(self, to_host: Any) -> dict[str, float]:
         """The scale and the number of skipped steps, for the run's record."""
         return {"scale": float(to_host(self.scale)), "skipped": int(to_host(self.skipped))}
+
+    def collapse(self, to_host: Any) -> str | None:
+        """What shows the scale has collapsed (None while it has not): read at loss
+        read-backs, which synchronise anyway."""
+        scale, streak = float(to_host(self.scale)), int(to_host(self.streak))
+        if streak >= COLLAPSE_STREAK:
+            return f"{streak} steps in a row were skipped for overflowing gradients"
+        if scale < COLLAPSE_FLOOR:
+            return f"the loss scale fell below {COLLAPSE_FLOOR:.3g}"
+        return None
 
     def state_dict(self, to_host: Any) -> dict[str, np.ndarray]:
         return dict(zip(STATE_KEYS, (to_host(a) for a in self._arrays()), strict=True))

@@ -60,10 +60,12 @@ class ParameterBuffer:
             offset += weights[n].size
         self.spans: tuple[Span, ...] = tuple(spans)
         self.decay_size = sum(s.size for s in self.spans if s.decayed)
-        host = np.zeros(-(-offset // pad_to) * pad_to, dtype=dtype)
+        # Allocated on the device and filled one tensor at a time: the host never holds a
+        # second, flat copy of the whole model next to `weights`.
+        self.storage = backend.xp.zeros(-(-offset // pad_to) * pad_to, dtype=dtype)
         for s in self.spans:
-            host[s.offset : s.offset + s.size] = weights[s.name].ravel()
-        self.storage = backend.from_host(host)
+            self.storage[s.offset : s.offset + s.size] = backend.from_host(
+                np.ascontiguousarray(weights[s.name].ravel(), dtype=dtype))
         self.grad_storage = backend.xp.zeros_like(self.storage)
         self.flat, self.grad = self.storage[:offset], self.grad_storage[:offset]
         compute = np.dtype(dtype if compute is None else compute)

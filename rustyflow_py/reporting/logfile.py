@@ -9,6 +9,7 @@ the run cannot lose it. The file is never rewritten or truncated.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 
@@ -23,7 +24,7 @@ def append_block(path: str | os.PathLike[str], text: str) -> None:
     body = text if text.endswith("\n") else text + "\n"
     fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        locked = _lock(fd)
         try:
             # The size is read under the lock, so it already includes any block just appended.
             data = (("\n" if os.fstat(fd).st_size > 0 else "") + body).encode("utf-8")
@@ -32,6 +33,20 @@ def append_block(path: str | os.PathLike[str], text: str) -> None:
                 view = view[os.write(fd, view) :]
             os.fsync(fd)
         finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+            if locked:
+                fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _lock(fd: int) -> bool:
+    """Take the exclusive lock; False where the file system has none (some network mounts),
+    where the block is still written by one O_APPEND write, which does not interleave with
+    another on a local file system."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    except OSError as exc:
+        if exc.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            return False
+        raise
+    return True

@@ -83,12 +83,27 @@ def plot_runs(records: list[Record], folder: str | Path,
     return written, skipped
 
 
+MARK = "rustyflow plot"  # in every picture's metadata: what may be drawn over
+
+
+def _is_ours(path: Path) -> bool:
+    """A picture rustyflow drew: its mark sits in the PNG text chunks or the SVG metadata,
+    both before the image data."""
+    with open(path, "rb") as f:
+        return MARK.encode() in f.read(1 << 14)
+
+
 def save(plt: Any, fig: Any, stem: Path, formats: Sequence[str] = FORMATS) -> list[Path]:
     """`fig` as stem.png, stem.svg, ...; closed afterwards."""
     paths = []
     for fmt in formats:
         path = stem.with_suffix(f".{fmt}")
-        fig.savefig(path, dpi=100, metadata={"Date": None} if fmt == "svg" else None)
+        if path.is_file() and not _is_ours(path):
+            plt.close(fig)
+            raise PlotError(f"{path} exists and was not drawn by rustyflow: it is not "
+                            f"overwritten; move it away, or pass --out another folder")
+        mark = {"Software": MARK} if fmt == "png" else {"Date": None, "Creator": MARK}
+        fig.savefig(path, dpi=100, metadata=mark)
         paths.append(path)
     plt.close(fig)
     return paths

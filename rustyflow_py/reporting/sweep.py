@@ -107,13 +107,16 @@ def _bound(p: float) -> str:
     return "unboundedly" if p >= 1 else f"{1 / (1 - p):.2f}x"
 
 
+BENCH_TITLE = "# rustyflow bench: when does the GPU help?"  # bench.md's first line: its mark
+
+
 def format_sweep(sweep: dict[str, Any], plot: str | None = None) -> str:
     """The sweep as a markdown document; `plot` names the picture next to it, if any."""
     devices = sweep["devices"]
     gpu = devices["gpu"]
     gpu_line = gpu["describe"] if gpu.get("usable") else f"not usable: {gpu.get('reason')}"
     lines = [
-        "# rustyflow bench: when does the GPU help?",
+        BENCH_TITLE,
         "",
         f"- CPU: {devices['cpu']['describe']}",
         f"- GPU: {gpu_line}",

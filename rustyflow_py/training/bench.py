@@ -26,13 +26,15 @@ import numpy as np
 from ..engine.backend import get_backend, gpu_unavailable_reason
 from ..engine.precision import Precision
 from ..engine.profiler import Profiler
+from ..errors import RustyFlowError
 from ..model.gpt import build_model
 from ..reporting.plot import PlotError, plot_sweep
-from ..reporting.sweep import format_sweep
+from ..reporting.sweep import BENCH_TITLE, format_sweep
 from .config import Config
 from .evaluate import upload_split
 from .graph_profile import STREAK, GraphSampler, choose_mode
 from .loop import make_optimizer
+from .ownership import foreign
 from .step import StepRunner, quiet_float_errors, use_graph
 
 Say = Callable[[str], None]
@@ -104,10 +106,46 @@ def sweep(points: Sequence[Point], vocab: int = VOCAB, seconds: float = 1.0,
     return {"vocab": vocab, "seconds": seconds, "devices": devices, "rows": rows}
 
 
+def load_results(path: str | Path) -> dict[str, Any]:
+    """A bench.json written by `rustyflow bench`, checked by rendering it: a file that is not
+    one (truncated, binary, another program's JSON) is an error naming it, not a traceback."""
+    def refuse(why: str) -> RustyFlowError:
+        return RustyFlowError(f"{path} is not a bench.json written by `rustyflow bench` "
+                              f"({why}); pass --from-json the bench.json of a sweep")
+
+    try:
+        result = json.loads(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise refuse("it is not UTF-8 text") from None
+    except ValueError as exc:
+        raise refuse(f"not JSON: {exc}") from None
+    except OSError as exc:
+        raise refuse(f"it cannot be read: {exc.strerror}") from None
+    if not isinstance(result, dict) or not isinstance(result.get("rows"), list):
+        raise refuse("no list of rows")
+    try:
+        format_sweep(result, None)
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        raise refuse(f"a field is missing or of the wrong type: {exc!r}") from None
+    return result
+
+
+def _is_bench_json(path: Path) -> bool:
+    try:
+        load_results(path)
+    except RustyFlowError:
+        return False
+    return True
+
+
 def write_results(result: dict[str, Any], folder: str | Path, say: Say = print) -> Path:
     """bench.json (the sweep), speedup.png/.svg (when matplotlib is installed and the GPU was
     measured) and bench.md into `folder`; returns bench.md's path."""
     out = Path(folder)
+    fix = "pass --out another folder"
+    foreign(str(out / "bench.json"), "bench result", _is_bench_json, fix)
+    foreign(str(out / "bench.md"), "bench report",
+            lambda p: p.read_bytes().startswith(BENCH_TITLE.encode()), fix)
     out.mkdir(parents=True, exist_ok=True)
     (out / "bench.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
     plot = None

@@ -9,6 +9,7 @@ leaves a half-written checkpoint where a good one was.
 from __future__ import annotations
 
 import json
+import math
 import os
 import zipfile
 import zlib
@@ -21,6 +22,7 @@ from ..errors import CheckpointError
 from .outputs import write_atomically
 
 FORMAT_VERSION = 1
+WRITER = "rustyflow"  # in every checkpoint's meta: the mark that it is rustyflow's to replace
 
 
 def save(
@@ -34,7 +36,8 @@ def save(
     target.parent.mkdir(parents=True, exist_ok=True)
     arrays = {f"param/{k}": v for k, v in weights.items()}
     arrays.update({f"opt/{k}": v for k, v in (optimizer or {}).items()})
-    arrays["meta"] = np.array(json.dumps({**meta, "format_version": FORMAT_VERSION}))
+    arrays["meta"] = np.array(json.dumps({**meta, "format_version": FORMAT_VERSION,
+                                              "writer": WRITER}))
     arrays["vocab"] = vocab
     return write_atomically(target, lambda f: np.savez(f, **arrays))
 
@@ -59,6 +62,10 @@ def _read_arrays(path: Path, flag: str) -> dict[str, Any]:
     if magic != b"PK\x03\x04":
         raise _not_ours(path, "it is not an .npz (zip) archive", flag)
     try:
+        oversized = _oversized_member(path)
+        if oversized:
+            raise _not_ours(path, f"its array {oversized!r} declares more data than the file "
+                                  f"holds", flag)
         with np.load(path, allow_pickle=False) as z:
             return {k: z[k] for k in z.files}
     except ValueError as exc:
@@ -68,6 +75,24 @@ def _read_arrays(path: Path, flag: str) -> dict[str, Any]:
     except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
         detail = "" if "pickle" in str(exc) else f" ({exc})"
         raise _not_ours(path, f"the archive is damaged or truncated{detail}", flag) from None
+
+
+def _oversized_member(path: Path) -> str | None:
+    """The first .npy member whose header declares more bytes than the member holds (None
+    if none): loading it would first allocate the declared size, which a damaged or hostile
+    header can make terabytes."""
+    with zipfile.ZipFile(path) as archive:
+        for info in archive.infolist():
+            if not info.filename.endswith(".npy"):
+                continue
+            with archive.open(info) as f:
+                version = np.lib.format.read_magic(f)
+                read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                        else np.lib.format.read_array_header_2_0)
+                shape, _fortran, dtype = read(f)
+            if math.prod(shape) * dtype.itemsize > info.file_size:
+                return info.filename[: -len(".npy")]
+    return None
 
 
 def _parse_meta(files: dict[str, Any], path: Path, flag: str) -> dict[str, Any]:

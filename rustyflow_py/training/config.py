@@ -361,7 +361,9 @@ class Config:
         e, h = self.embed_dim, self.num_heads
         if e % h == 0:
             return
-        heads = sorted((d for d in range(1, e + 1) if e % d == 0), key=lambda d: (abs(d - h), d))
+        # divisors near h only: EMBED_DIM may be any size, and its divisors are not listed
+        near = range(max(1, h - 1024), min(e, h + 1024) + 1)
+        heads = sorted({1, *(d for d in near if e % d == 0)}, key=lambda d: (abs(d - h), d))
         dims = sorted({m for m in (e - e % h, e - e % h + h) if m > 0})
         raise _error(
             f"EMBED_DIM={e} ({_where(self.source['EMBED_DIM'], 'EMBED_DIM')}) is not divisible "

@@ -13,11 +13,13 @@ import numpy as np
 
 from .. import data
 from ..data import Vocab
+from ..engine.backend import get_backend
 from ..engine.precision import Precision
 from ..engine.tensor import Tensor, no_grad
 from ..errors import DataError
 from ..model.generate import Sampling, Session
 from ..model.gpt import GPT, build_model
+from . import sizing
 from .checkpoint import Checkpoint, CheckpointError
 from .config import Config, ConfigError
 
@@ -30,6 +32,7 @@ def load_model(path: str, device: str) -> tuple[GPT, Checkpoint, Config]:
     except ConfigError as exc:
         raise CheckpointError(f"{path}: its stored configuration is invalid ({exc})") from None
     vocab = len(ckpt.vocab)
+    sizing.check_fits(cfg, vocab, get_backend(device), "evaluation")
     precision = Precision.of(cfg.precision)  # mixed precision is GPU-only: fp32 on the CPU
     model = build_model(cfg, vocab, device, precision.storage,
                         compute=precision.compute if device != "cpu" else None)

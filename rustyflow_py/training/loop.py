@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import json
 import signal
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -31,7 +32,7 @@ from ..model.loss_scale import LossScaler
 from ..reporting import logfile, report
 from ..reporting.trace import MAX_STEPS as TRACE_STEPS
 from ..reporting.trace import chrome_trace, graph_trace
-from . import outputs
+from . import guard, hooks, outputs, sizing
 from .config import Config
 from .data_parallel import (
     BucketedAllReduce,
@@ -63,10 +64,11 @@ class Trainer:
     not a setting: it is no config key and no part of the checkpoint).
     """
 
+    @guard.releases_on_failure
     def __init__(self, cfg: Config, say: Say = print, resume: str | None = None,
                  progress: Any = None, warn: Say | None = None,
                  trace: str | None = None, rendezvous: Rendezvous | None = None,
-                 world: World | None = None) -> None:
+                 world: World | None = None, overwrite: bool = False) -> None:
         self.world = world = world or World()
         main = world.main  # only rank 0 talks, logs and writes checkpoints
         self.cfg, self.say = cfg, say if main else _silent
@@ -81,8 +83,10 @@ class Trainer:
         self.device, self.fallback = resolve_device(
             rank_device(cfg.device, world), cfg.strict_device or world.distributed, self.say,
             self.warn)
-        if main:
-            outputs.check_checkpoint_target(cfg.model_path_for(self.device))
+        # held until run() ends (or this object goes): see lock.py
+        self.lock = (guard.claim_outputs(cfg.model_path_for(self.device), cfg.log_file,
+                                         self.trace, resume, overwrite, self.say, self.warn)
+                     if main else None)
         self.backend = get_backend(self.device)
         self.backend.configure(cfg.threads, cfg.cpu_jit, self.say, self.warn)
         self.precision = Precision.of(cfg.precision)
@@ -99,6 +103,8 @@ class Trainer:
         self.corpus = data.load_corpus(cfg.dataset, cfg.data_dir or None)
         streams = cfg.batch_size * cfg.grad_accum_steps * world.size  # a step's global batch
         data.check_layout(self.corpus, streams, cfg.seq_len)
+        sizing.check_fits(cfg, len(self.corpus.vocab), self.backend,
+                          world_size=world.size if sharded else 1)
         self.model = build_model(cfg, len(self.corpus.vocab), self.device,
                                  self.precision.storage, world.size if sharded else 1,
                                  compute=self.precision.compute)
@@ -138,7 +144,8 @@ class Trainer:
                    if tracer is not None and self.profiler is not None else None)
         self.runner = StepRunner(
             self.model, self.optimizer, self.train_stream, cfg.seq_len,
-            log_interval=cfg.log_interval, profiler=self.profiler,
+            log_interval=min(cfg.log_interval, self.limit),  # a ring no longer than the run
+            profiler=self.profiler,
             profile_steps=cfg.profile_steps, graph=graph, warn=self.warn,
             shards=self.shards, sampler=sampler)
         self.ledger = TransferLedger(self.backend)
@@ -163,7 +170,7 @@ class Trainer:
     epoch_times = property(lambda self: self.history.epoch_times)
     val_ppl = property(lambda self: self.history.val_ppl)
     checkpoint_path = property(lambda self: self.checkpoints.path)
-    best_path = property(lambda self: self.checkpoints.best)
+    best_path = property(lambda self: self.checkpoints.best_file)
 
     @property
     def limit(self) -> int:
@@ -188,6 +195,14 @@ class Trainer:
 
     # ---- the run -----------------------------------------------------------------------------
     def run(self) -> report.RunRecord | None:
+        """See _run; the checkpoint lock is released at the end, however the run ends."""
+        try:
+            return self._run()
+        finally:
+            if self.lock is not None:
+                self.lock.release()
+
+    def _run(self) -> report.RunRecord | None:
         """Train, evaluate, save, log. Returns the record (None if nothing was left to do, and
         on every data-parallel process but rank 0);
         raises Stopped after an interrupted run and TrainingError after a failed one, both
@@ -206,6 +221,7 @@ class Trainer:
                     self._validate()
                 if self.world.main:  # the others have nothing to report
                     self.test_ppl = self._test()
+                guard.check_results(self.val_ppl, self.test_ppl)
                 if self.early_stopped:
                     message = self.early_stopped
             except Stopped as exc:
@@ -219,6 +235,8 @@ class Trainer:
             self.aside_in_run = self.aside_s  # of train_time: the final save comes after it
             with self.signals.deferring():
                 record = self._finish(status, message, train_time)
+            status, message = self.outcome
+        stop = guard.late_stop(self.signals.requested, stop)
         if stop is not None:
             raise stop
         if status == "failed":
@@ -235,6 +253,8 @@ class Trainer:
                        "one stays)")
         elif status != "failed":
             ckpt = self.save()
+        status, message = self.outcome = guard.final_status(
+            status, message, self.checkpoints.lost, self.signals.requested)
         if not self.world.main:
             return None
         record = build_record(self, status, message, train_time, ckpt)
@@ -243,6 +263,8 @@ class Trainer:
             self.cfg.log_file, lambda path: logfile.append_block(path, block), "log block",
             self.warn, name="training_log.txt")
         self.say(report.format_summary(record, log))
+        if log is None:
+            self.outcome = "failed", f"the log block of this {status} run is lost (see above)"
         if self.trace and self.profiler is not None:
             write_trace(self.trace, self.profiler, self.backend, self.device, self.say,
                         self.warn)
@@ -330,6 +352,9 @@ class Trainer:
 
     def _drain_losses(self) -> None:
         self.runner.drain(self.losses, self.pos.step, divergence_advice(self.cfg))
+        with self.ledger.set_aside():  # a guard's reads, not the step's traffic
+            guard.check_loss_scale(self.optimizer.loss_scaler, self.backend.to_host,
+                                   self.pos.step, self.cfg.precision)
 
     def _validate(self) -> None:
         """Validation perplexity, into the curve; a new best writes the best checkpoint, and
@@ -338,7 +363,8 @@ class Trainer:
         self._val_step = self.pos.step
         self.say(f"step {self.pos.step}: validation perplexity {self.val_ppl:.2f}")
         if best:
-            with self._timed("checkpoint"):
+            # deferred: a best file and the history that names it agree
+            with self.signals.deferring(), self._timed("checkpoint"):
                 self.checkpoints.save_best()
         if stop:
             self.early_stopped = stop
@@ -365,6 +391,7 @@ class Trainer:
     def evaluate(self, split: str) -> float:
         """Perplexity over the whole split (exp of the mean per-token NLL)."""
         with self._timed("eval"):
+            hooks.pause("evaluation")
             return self.evaluator(split)
 
     @contextlib.contextmanager
@@ -437,7 +464,8 @@ def _silent(_message: str) -> None:
 
 
 def train(cfg: Config, say: Say = print, resume: str | None = None, progress: Any = None,
-          warn: Say | None = None, trace: str | None = None) -> report.RunRecord | None:
+          warn: Say | None = None, trace: str | None = None,
+          overwrite: bool = False) -> report.RunRecord | None:
     """Train per `cfg`, as one process or as one of a data-parallel run's (the launcher's
     environment says which); returns the run record also appended to the log (None when a
     resumed run had nothing left to do, and on every process but rank 0). `trace`: see
@@ -445,7 +473,7 @@ def train(cfg: Config, say: Say = print, resume: str | None = None, progress: An
     world = World.from_env()
     check_world(cfg, world)
     with process_group(world) as rendezvous:
-        trainer = Trainer(cfg, say, resume, progress, warn, trace, rendezvous, world)
+        trainer = Trainer(cfg, say, resume, progress, warn, trace, rendezvous, world, overwrite)
         clean = False
         try:
             record = trainer.run()
@@ -466,10 +494,18 @@ def warm_up(cfg: Config, say: Say = print) -> None:
     begins warm. Nothing is trained or written (no checkpoint, no log block). Silent where
     there is nothing to warm (the CPU, or a GPU run that would fall back to it: the training
     run says so itself)."""
-    trainer = Trainer(dataclasses.replace(cfg, profile=False), _silent, warn=_silent)
-    if trainer.backend.kind != "gpu":
-        return
-    trainer.runner.run(0)
+    with tempfile.TemporaryDirectory(prefix="rustyflow-warmup-") as scratch:
+        # its outputs point into a scratch folder: it claims (checks, locks) no run's files
+        trainer = Trainer(dataclasses.replace(cfg, profile=False, model_path=f"{scratch}/w.npz",
+                                              log_file=f"{scratch}/log.txt"),
+                          _silent, warn=_silent)
+        try:
+            if trainer.backend.kind != "gpu":
+                return
+            trainer.runner.run(0)
+        finally:
+            if trainer.lock is not None:
+                trainer.lock.release()
     up = trainer.runner.startup
     say(f"Warm-up: first step {up['first_step_s']:.2f}s (kernel cache {up['cache']}); the "
         "kernels are in CuPy's disk cache for the next run")

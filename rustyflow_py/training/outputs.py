@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from ..errors import TrainingError
+from . import hooks
 
 
 def _reason(exc: OSError) -> str:
@@ -73,14 +74,18 @@ def check_file_target(path: str, what: str, fix: str) -> None:
 
 def write_atomically(path: str | os.PathLike[str], fill: Callable[[BinaryIO], object]) -> Path:
     """fill(file) into a temporary file in `path`'s folder, fsynced, then renamed over `path`:
-    a reader never sees half a file, and a failed write leaves the old one in place."""
+    a reader never sees half a file, and a failed write leaves the old one in place. The
+    temporary's name holds this process's pid, so a later run can tell an orphan (its writer
+    is dead) from a write in progress (ownership.clean_stale_temporaries)."""
     target = Path(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.rustyflow-{os.getpid()}-",
+                               suffix=".tmp", dir=target.parent)
     try:
         with os.fdopen(fd, "wb") as f:
             fill(f)
             f.flush()
             os.fsync(f.fileno())
+        hooks.pause("checkpoint-rename")
         os.replace(tmp, target)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -108,10 +113,22 @@ def check_log_file(path: str) -> None:
 
 def fallbacks(path: str, name: str | None = None) -> list[Path]:
     """Other places for an output that could not be written: the current folder, then the
-    temporary folder, under `name` (default: the same file name)."""
+    temporary folder, under `name` (default: the same file name), or under a numbered name
+    when that exists: a fallback never writes over anything."""
     name = name or Path(path).name
-    places = [Path.cwd() / name, Path(tempfile.gettempdir()) / name]
+    places = [_free(Path.cwd() / name), _free(Path(tempfile.gettempdir()) / name)]
     return [p for p in places if p.resolve() != Path(path).resolve()]
+
+
+def _free(place: Path) -> Path:
+    """`place`, or the first of place-1, place-2, ... (before the suffix) that does not
+    exist."""
+    n = 0
+    while place.exists() or place.is_symlink():
+        n += 1
+        place = place.with_name(f"{place.stem.rsplit('-rescued', 1)[0]}-rescued{n}"
+                                f"{place.suffix}")
+    return place
 
 
 def write_with_fallback(path: str, write: Callable[[str], object], what: str,
@@ -131,7 +148,8 @@ def write_with_fallback(path: str, write: Callable[[str], object], what: str,
             continue
         warn(f"WARN: {first}; wrote it to {place} instead")
         return str(place)
-    warn(f"WARN: {first}, nor to {' or '.join(map(str, places))}: it is lost")
+    tried = f", nor to {' or '.join(map(str, places))}" if places else ""
+    warn(f"WARN: {first}{tried}: it is lost")
     return None
 
 

@@ -8,6 +8,7 @@ warning names them. The rest (logging, devices, paths) never changes what is com
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ from ..errors import CheckpointError, TrainingError
 from . import checkpoint
 from .config import KEYS, Config
 from .optimizers import OPTIMIZER_KEYS, relevant_keys
+from .ownership import new_run_id
 
 # CENTERED changes which state RMSprop keeps (as MOMENTUM 0 <-> > 0 does: restore names it).
 SHAPE_KEYS = ("DATASET", "SEQ_LEN", "EMBED_DIM", "NUM_HEADS", "NUM_LAYERS",
@@ -50,6 +52,7 @@ class History:
     best_val_ppl: float | None = None  # the best validation so far, and its step
     best_step: int | None = None
     stale_evals: int = 0  # validations since the best (early stopping counts these)
+    run_id: str = dataclasses.field(default_factory=new_run_id)  # kept by every resume
 
     def validated(self, ppl: float, patience: int) -> tuple[bool, str]:
         """Record a validation at the current step: whether it is the best so far, and why
@@ -57,22 +60,48 @@ class History:
         step = self.pos.step
         self.val_ppl = ppl
         self.val_curve.append([step, ppl])
-        if self.best_val_ppl is None or ppl < self.best_val_ppl:
+        if math.isfinite(ppl) and (self.best_val_ppl is None or ppl < self.best_val_ppl):
             self.best_val_ppl, self.best_step, self.stale_evals = ppl, step, 0
             return True, ""
         self.stale_evals += 1
         if not patience or self.stale_evals < patience:
             return False, ""
+        best = (f"best {self.best_val_ppl:.2f} at step {self.best_step}"
+                if self.best_val_ppl is not None else "none was finite")
         return False, (f"early-stopped at step {step}: no better validation in "
-                       f"{self.stale_evals} evaluations (PATIENCE={patience}; best "
-                       f"{self.best_val_ppl:.2f} at step {self.best_step})")
+                       f"{self.stale_evals} evaluations (PATIENCE={patience}; {best})")
 
     def to_meta(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self.pos), "losses": self.losses,
                 "epoch_times": self.epoch_times, "val_ppl": self.val_ppl,
                 "epoch_elapsed": self.epoch_elapsed, "val_curve": self.val_curve,
                 "best_val_ppl": self.best_val_ppl, "best_step": self.best_step,
-                "stale_evals": self.stale_evals}
+                "stale_evals": self.stale_evals, "run_id": self.run_id}
+
+
+_COUNTS = ("step", "epoch", "batch", "stale_evals")
+_NUMBERS = ("val_ppl", "epoch_elapsed", "best_val_ppl", "best_step")
+_LISTS = ("losses", "epoch_times", "val_curve")
+
+
+def _bad_history_field(t: dict[str, Any]) -> str | None:
+    """The first field of a checkpoint's saved history whose type is wrong (None if none)."""
+    def number(v: Any) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    for name in _COUNTS:
+        v = t.get(name, 0)
+        if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+            return name
+    for name in _NUMBERS:
+        if t.get(name) is not None and not number(t[name]):
+            return name
+    for name in _LISTS:
+        v = t.get(name, [])
+        if not isinstance(v, list) or not all(
+                number(x) or (isinstance(x, list) and all(map(number, x))) for x in v):
+            return name
+    return None
 
 
 def global_batch(config: dict[str, Any], world_size: int) -> tuple[int, str]:
@@ -125,10 +154,15 @@ def restore(path: str, cfg: Config, vocab: list[str], buffer: Any, optimizer: An
     if not isinstance(t, dict) or not {"step", "epoch", "batch"} <= t.keys():
         raise CheckpointError(f"--resume {path}: the checkpoint holds no training position "
                               "(written by an older version, or damaged)")
+    bad = _bad_history_field(t)
+    if bad:
+        raise CheckpointError(f"--resume {path}: the checkpoint's training state is damaged "
+                              f"({bad} has the wrong type); resume from another checkpoint")
     if changed:
         warn("WARN: --resume with changed settings, so the run no longer continues exactly: "
              + ", ".join(f"{k} {saved.get(k)} -> {mine[k]}" for k in changed))
     return History(Position(t["step"], t["epoch"], t["batch"]), list(t.get("losses", [])),
                    list(t.get("epoch_times", [])), t.get("val_ppl"),
                    t.get("epoch_elapsed", 0.0), list(t.get("val_curve", [])),
-                   t.get("best_val_ppl"), t.get("best_step"), t.get("stale_evals", 0))
+                   t.get("best_val_ppl"), t.get("best_step"), t.get("stale_evals", 0),
+                   str(t.get("run_id") or ckpt.meta.get("run_id") or new_run_id()))

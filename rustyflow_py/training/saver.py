@@ -10,6 +10,7 @@ from typing import Any
 
 from . import checkpoint, outputs
 from .config import Config
+from .ownership import checkpoint_meta, run_id_of
 from .resume import History
 
 
@@ -32,6 +33,9 @@ class RunCheckpoints:
         self.cfg, self.device, self.model, self.optimizer = cfg, device, model, optimizer
         self.vocab, self.history, self.set_aside, self.warn = vocab, history, set_aside, warn
         self.world_size, self.writes = world_size, writes
+        self.lost: list[str] = []  # outputs no place could take: the run cannot succeed
+        # the step whose weights the best file holds, when this run's history can trust it
+        self.best_written: int | None = _best_on_disk(self.best, history)
 
     def _meta(self) -> dict[str, Any]:
         return {"config": self.cfg.to_dict(), "device": self.device,
@@ -51,6 +55,8 @@ class RunCheckpoints:
                 "checkpoint", self.warn)
         if saved is not None:
             self.path = saved
+        else:
+            self.lost.append(f"checkpoint (step {self.history.pos.step})")
         return saved
 
     def save_best(self) -> None:
@@ -65,7 +71,16 @@ class RunCheckpoints:
                 self.best, lambda p: checkpoint.save(p, weights, meta, self.vocab),
                 "best checkpoint", self.warn)
         if saved is not None:
-            self.best = saved
+            self.best, self.best_written = saved, self.history.best_step
+        else:
+            self.best_written = None  # the file on disk is an older best: never load it
+            self.lost.append(f"best checkpoint (step {self.history.best_step})")
+
+    @property
+    def best_file(self) -> str | None:
+        """The best checkpoint, if it holds the best validated weights (else None)."""
+        step = self.history.best_step
+        return self.best if step is not None and self.best_written == step else None
 
     @contextlib.contextmanager
     def best_weights(self, now: int) -> Iterator[str]:
@@ -73,7 +88,7 @@ class RunCheckpoints:
         best, or none were saved); yields which weights those are. The last weights are put
         back afterwards, so the final checkpoint stays resumable."""
         h = self.history
-        if h.best_step is None or h.best_step == now or not Path(self.best).is_file():
+        if h.best_step == now or self.best_file is None:
             yield f"final (step {now})"
             return
         buffer = self.model.buffer
@@ -85,3 +100,11 @@ class RunCheckpoints:
         finally:
             with self.set_aside():
                 buffer.load_state_dict(last)
+
+
+def _best_on_disk(path: str, history: History) -> int | None:
+    """The best step a resumed run's best file holds, when it is that run's (else None)."""
+    meta = checkpoint_meta(path) if Path(path).is_file() else None
+    if meta is None or run_id_of(meta) != history.run_id:
+        return None
+    return history.best_step if meta["train"].get("step") == history.best_step else None

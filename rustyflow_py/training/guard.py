@@ -1,0 +1,132 @@
+"""What a run may claim at its start and must admit at its end.
+
+At the start (`claim_outputs`): its output paths are distinct, none is someone else's file or
+another run's checkpoint (without --overwrite), and the checkpoint is locked against a second
+run. At the end: a run is "completed" only if its results are finite, its loss scale did not
+collapse, every output was written, and no stop signal arrived while it was writing them;
+otherwise it says which, and the command exits non-zero.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+from collections.abc import Callable
+from typing import Any
+
+from ..errors import TrainingError
+from . import outputs
+from .lock import RunLock
+from .ownership import (
+    check_distinct,
+    check_replace,
+    checkpoint_meta,
+    clean_stale_temporaries,
+    foreign,
+    is_log,
+    is_trace,
+    run_id_of,
+)
+from .saver import best_path
+from .signals import Stopped
+
+Say = Callable[[str], None]
+
+
+def claim_outputs(ckpt: str, log: str, trace: str | None, resume: str | None,
+                  overwrite: bool, say: Say, warn: Say) -> RunLock:
+    """Check every output path of a run before any work, lock its checkpoints and clean the
+    partial writes its killed predecessors left; the lock is the caller's to release."""
+    best = best_path(ckpt)
+    check_distinct({"checkpoint": ckpt, "best checkpoint": best, "log file": log,
+                    "trace file": trace})
+    outputs.check_checkpoint_target(ckpt)
+    foreign(log, "log file", is_log, "set LOG_FILE to another file")
+    if trace:
+        foreign(trace, "trace file", is_trace, "pass --trace another file")
+    lock = RunLock()
+    try:
+        lock.acquire(ckpt, "checkpoint", warn)
+        lock.acquire(best, "best checkpoint", warn)
+        run_id = _run_id(resume)
+        check_replace(ckpt, "checkpoint", run_id, resume, overwrite, warn)
+        if check_replace(best, "best checkpoint", run_id, resume, overwrite, warn):
+            # now, not at this run's first validation: until then the old run's best file
+            # would sit beside this run's checkpoint as if it were this run's
+            os.unlink(best)
+        for path in (ckpt, best, trace):
+            if path:
+                clean_stale_temporaries(path, say)
+    except BaseException:
+        lock.release()
+        raise
+    return lock
+
+
+def releases_on_failure(init: Callable[..., None]) -> Callable[..., None]:
+    """For a run's __init__: if it fails after claim_outputs, its lock goes at once (not
+    when the half-made run object is collected), so the lock file does not outlive it."""
+    @functools.wraps(init)
+    def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+        try:
+            init(self, *args, **kwargs)
+        except BaseException:
+            held = getattr(self, "lock", None)
+            if held is not None:
+                held.release()
+            raise
+    return wrapper
+
+
+def _run_id(resume: str | None) -> str | None:
+    """The run id a resumed run continues (None for a new run, or an old checkpoint)."""
+    return None if resume is None else run_id_of(checkpoint_meta(resume))
+
+
+def check_loss_scale(scaler: Any, to_host: Any, step: int, precision: str) -> None:
+    """TrainingError when a float16 run's loss scale has collapsed: every step is skipped, so
+    the run only burns time, and its weights stop changing."""
+    if scaler is None:
+        return
+    why = scaler.collapse(to_host)
+    if why is None:
+        return
+    scale = float(to_host(scaler.scale))
+    raise TrainingError(
+        f"loss scale collapsed at step {step}: {why} (scale {scale:g}, "
+        f"{int(to_host(scaler.skipped))} steps skipped in all); PRECISION={precision} cannot "
+        f"represent these gradients: lower LEARNING_RATE, set GRAD_CLIP (e.g. 1.0), or train "
+        f"with PRECISION=bf16 (float32's range)")
+
+
+def check_results(val_ppl: float | None, test_ppl: float | None) -> None:
+    """TrainingError when a final metric is not finite: such a run did not complete."""
+    for name, value in (("validation", val_ppl), ("test", test_ppl)):
+        if value is not None and not math.isfinite(value):
+            raise TrainingError(f"the final {name} perplexity is {value}: the model's "
+                                f"outputs are not finite, so the run did not complete")
+
+
+def final_status(status: str, message: str | None, lost: list[str],
+                 signal_during_write: int | None) -> tuple[str, str | None]:
+    """The status the log block states once the final checkpoint write is over: a lost
+    write fails the run; a stop signal that arrived during the write (which was finished)
+    makes a completed run an interrupted one."""
+    if lost:
+        what = f"lost writes: {', '.join(lost)} could not be written anywhere"
+        return "failed", f"{message}; {what}" if message else what
+    if signal_during_write is not None and status == "completed":
+        name = Stopped(signal_during_write).args[0]
+        note = (f"{name} arrived during the final writes; the checkpoint was finished first "
+                f"and holds the final weights")
+        return "interrupted", f"{message}; {note}" if message else note
+    return status, message
+
+
+def late_stop(requested: int | None, stop: Stopped | None) -> Stopped | None:
+    """The stop to end the command with: one raised during the run, or one whose signal
+    arrived while the final outputs were written (deferred until they were)."""
+    if stop is not None or requested is None:
+        return stop
+    return Stopped(requested)

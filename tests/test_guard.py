@@ -1,0 +1,132 @@
+"""The pieces behind the fault matrix, one at a time: the size estimate, the loss-scale
+collapse rule, the run lock, ownership marks and fallback names."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from test_train import make_cfg, tiny_dir  # noqa: F401
+
+from rustyflow_py.errors import TrainingError
+from rustyflow_py.model.gpt import build_model
+from rustyflow_py.model.loss_scale import COLLAPSE_FLOOR, COLLAPSE_STREAK, LossScaler
+from rustyflow_py.training import ownership, sizing
+from rustyflow_py.training.lock import RunLock
+from rustyflow_py.training.outputs import fallbacks
+
+
+@pytest.mark.parametrize("shape", [
+    {}, {"NUM_LAYERS": 3, "EMBED_DIM": 48, "NUM_HEADS": 4}, {"SEQ_LEN": 7, "EMBED_DIM": 8},
+])
+def test_the_estimate_counts_the_parameters_a_model_has(shape: dict[str, int]) -> None:
+    cfg = make_cfg(**shape)
+    assert sizing.num_params(cfg, 37) == build_model(cfg, 37).num_params()
+
+
+def test_the_estimate_grows_with_each_knob_it_names() -> None:
+    base = sizing.estimate(make_cfg(), 50, gpu=False)
+    for knob in ({"BATCH_SIZE": 8}, {"SEQ_LEN": 32}, {"EMBED_DIM": 64}, {"NUM_LAYERS": 2}):
+        assert sizing.estimate(make_cfg(**knob), 50, gpu=False).total > base.total, knob
+    sgd = sizing.estimate(make_cfg(OPTIMIZER="sgd", MOMENTUM=0.0), 50, gpu=False)
+    assert sgd.parts["optimizer state"] == 0 < base.parts["optimizer state"]
+
+
+def _overflow(scaler: LossScaler, steps: int) -> str | None:
+    for _ in range(steps):
+        scaler.update(np.float32(np.inf))
+    return scaler.collapse(np.asarray)
+
+
+def test_the_loss_scale_collapses_after_a_streak_of_skips_or_below_the_floor() -> None:
+    high = LossScaler(np, init_scale=2.0**60)  # stays above the floor for the whole streak
+    assert _overflow(high, COLLAPSE_STREAK - 1) is None
+    assert _overflow(high, 1) == f"{COLLAPSE_STREAK} steps in a row were skipped for " \
+                                  "overflowing gradients"
+    low = LossScaler(np, init_scale=COLLAPSE_FLOOR * 4)
+    assert _overflow(low, 2) is None
+    assert "fell below" in str(_overflow(low, 1))
+    clean = LossScaler(np, init_scale=2.0**60)
+    _overflow(clean, COLLAPSE_STREAK - 1)
+    clean.update(np.float32(1.0))  # a clean step ends the streak
+    assert _overflow(clean, COLLAPSE_STREAK - 1) is None
+
+
+def test_a_held_lock_names_its_holder_and_a_released_one_is_free(tiny_dir: Path) -> None:  # noqa: F811
+    first, warned = RunLock(), []
+    first.acquire("model.npz", "checkpoint", warned.append)
+    with pytest.raises(TrainingError, match=rf"checkpoint model.npz is in use by pid "
+                                            rf"{os.getpid()} since \S+Z"):
+        RunLock().acquire("model.npz", "checkpoint", warned.append)
+    first.release()
+    assert not Path("model.npz.lock").exists()
+    again = RunLock()
+    again.acquire("model.npz", "checkpoint", warned.append)
+    again.release()
+    assert warned == []  # nothing was stale
+
+
+def test_marks_tell_rustyflow_files_from_others(tiny_dir: Path) -> None:  # noqa: F811
+    Path("log.txt").write_text("")
+    assert ownership.is_log(Path("log.txt"))
+    Path("log.txt").write_text("=== RustyFlow run 2026 | completed\n")
+    assert ownership.is_log(Path("log.txt"))
+    Path("notes.txt").write_text("shopping list\n")
+    assert not ownership.is_log(Path("notes.txt"))
+    assert not ownership.is_trace(Path("notes.txt"))
+    Path("t.json").write_text('{"otherData":{"producer":"rustyflow train --trace"}}')
+    assert ownership.is_trace(Path("t.json"))
+    np.savez("their.npz", meta=np.array('{"format": 2}'))
+    assert ownership.checkpoint_meta("their.npz") is None
+
+
+def test_a_fallback_place_never_names_an_existing_file(tiny_dir: Path) -> None:  # noqa: F811
+    Path("m.npz").write_text("someone's")
+    Path("m-rescued1.npz").write_text("someone else's")
+    assert fallbacks("models/m.npz")[0] == tiny_dir / "m-rescued2.npz"
+
+
+class _Pool:
+    def free_bytes(self) -> int:
+        return 2**30  # cached by CuPy, free for the run
+
+
+class _Device:
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __enter__(self) -> _Device:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        return None
+
+
+class _FakeCupy:
+    """What the size check reads of CuPy: memGetInfo on a device, the pool's free bytes."""
+
+    cuda = SimpleNamespace(Device=_Device,
+                           runtime=SimpleNamespace(memGetInfo=lambda: (7 * 2**30, 80 * 2**30)))
+
+    @staticmethod
+    def get_default_memory_pool() -> _Pool:
+        return _Pool()
+
+
+def test_the_gpu_check_compares_with_free_device_memory() -> None:
+    gpu = SimpleNamespace(kind="gpu", index=0, xp=_FakeCupy, hardware=lambda: "Fake GPU")
+    sizing.check_fits(make_cfg(), 50, gpu)  # a tiny model fits
+    huge = make_cfg(NUM_LAYERS=48, EMBED_DIM=8192, NUM_HEADS=8)
+    millions = f"{sizing.num_params(huge, 50) / 1e6:,.1f}"
+    with pytest.raises(TrainingError, match=rf"training L48 E8192 \(vocabulary 50\), "
+                       rf"{millions} M parameters needs about [\d.]+ GiB of GPU memory \(Fake "
+                       r"GPU\) \(parameters .*CUDA graph pool .*\), but 8.0 GiB is free: "
+                       r"reduce EMBED_DIM or NUM_LAYERS \(the model\)\Z"):
+        sizing.check_fits(huge, 50, gpu)
+    long = make_cfg(BATCH_SIZE=4096, SEQ_LEN=512)  # activations dominate
+    with pytest.raises(TrainingError, match=r"reduce BATCH_SIZE or SEQ_LEN \(the "
+                                            r"activations\), or use PRECISION=bf16"):
+        sizing.check_fits(long, 50, gpu)
