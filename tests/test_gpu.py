@@ -155,7 +155,8 @@ def _config(tmp_path: Path, device: str, **extra: object) -> Config:
 
 
 def _losses(cfg: Config) -> tuple[list[float], Trainer]:
-    trainer = Trainer(cfg, say=lambda _: None)
+    """Train `cfg`; the runs a test compares share its checkpoint path (`overwrite`)."""
+    trainer = Trainer(cfg, say=lambda _: None, overwrite=True)
     trainer.run()
     return trainer.losses, trainer
 

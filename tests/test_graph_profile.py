@@ -140,6 +140,7 @@ class FakeTracer:
     """CuptiTracer's interface over synthetic records (no CUDA)."""
 
     node_ops = {1: MM, 2: FWD, 3: BWD}
+    read_s = 0.004  # as if reading each sample's records took 4 ms
 
     def __init__(self) -> None:
         self.replays = iter(two_replays() * 10)
@@ -172,6 +173,7 @@ def test_sampling_skips_the_first_replay_and_stops_at_the_cap() -> None:
     summary = sampler.summary()
     assert summary["samples"] == 2 and summary["nodes_tagged"] == 3
     assert summary["cost_s"] == pytest.approx(sum(summary["sample_costs_s"]), abs=1e-5)
+    assert summary["cost_s"] >= 2 * FakeTracer.read_s  # reading the records is the cost
 
 
 def test_a_replay_is_sampled_only_in_a_run_of_busy_launches() -> None:

@@ -664,7 +664,8 @@ def test_graph_replay_matches_eager(tmp_path: Path, optimizer: str) -> None:
     far below the 1e-9 held here."""
     runs = []
     for graph in ("off", "on"):
-        trainer = Trainer(gpu_config(tmp_path, optimizer, graph=graph, precision="fp64"), quiet)
+        trainer = Trainer(gpu_config(tmp_path, optimizer, graph=graph, precision="fp64"), quiet,
+                          overwrite=True)  # the two runs share a checkpoint path
         trainer.run()
         runs.append(trainer)
     eager, graphed = runs

@@ -16,6 +16,7 @@ CUPTI allows one subscriber per process: with Nsight Systems (or another CUPTI t
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -64,6 +65,7 @@ class CuptiTracer:
         self.node_ops: dict[int, OpKey] = {}
         self._records: list[KernelRecord] = []
         self._names: dict[str, str] = {}  # mangled -> readable kernel names
+        self.read_s = 0.0  # the last `records` call's time from the device idle to the records
         self._registered = False
 
     # ---- capture: which op made each node ---------------------------------------------------
@@ -105,7 +107,9 @@ class CuptiTracer:
     # ---- replay: the kernel records -----------------------------------------------------------
     def records(self, run: Callable[[], None], synchronize: Callable[[], None]
                 ) -> list[KernelRecord]:
-        """Run `run` (replays) with kernel, memset and memcpy recording on; its records."""
+        """Run `run` (replays) with kernel, memset and memcpy recording on; its records.
+        `read_s` is then the time from the device's finishing them to the records in hand:
+        what recording adds to a run (the wait before it is for work queued anyway)."""
         cupti = self._cupti
         if not self._registered:
             cupti.activity_register_callbacks(self._buffer_requested, self._buffer_completed)
@@ -121,10 +125,12 @@ class CuptiTracer:
             run()
             synchronize()
         finally:
+            after_sync = time.perf_counter()
             for kind in kinds:
                 cupti.activity_disable(kind)
             cupti.activity_flush_all(1)
         records, self._records = self._records, []
+        self.read_s = time.perf_counter() - after_sync
         return records
 
     @staticmethod

@@ -106,15 +106,15 @@ class GraphSampler:
     def sample(self, replay: Callable[[], None], synchronize: Callable[[], None],
                step: int = 0) -> None:
         """Run one replay (training step number `step`) with kernel recording on and add its
-        records to the profile."""
-        start = time.perf_counter()
+        records to the profile. Its cost is the time the device then idles for it: from the
+        replay's end (the steps queued before it are training's own work) until the records
+        are read and attributed."""
         records = last_replay(self.tracer.records(replay, synchronize))
+        start = time.perf_counter()
         graph = self.profiler.graph
         assert graph is not None, "sample() before capture()"
-        span = graph.totals()["span_s"]
         graph.add_replay(records, step)
-        step_s = graph.totals()["span_s"] - span
-        self._last_cost = max(time.perf_counter() - start - step_s, 0.0)
+        self._last_cost = self.tracer.read_s + time.perf_counter() - start
         self.cost_s += self._last_cost
         self.costs.append(self._last_cost)
         self._streak = 0  # the sample waited for the device: it is idle again
