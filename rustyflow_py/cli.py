@@ -49,12 +49,6 @@ def _out_of_memory(exc: Exception) -> str | None:
             f"(activations grow with both), or EMBED_DIM/NUM_LAYERS (the model itself)")
 
 
-def _worker_error(message: str) -> None:
-    from .training.outputs import write_error_file
-
-    write_error_file(message)
-
-
 class _Main(click.Group):
     """The command group: every expected error (a RustyFlowError, a GPU out-of-memory) becomes
     one line and exit status 1; a stop signal exits 128 + its number; anything else is a bug
@@ -70,13 +64,11 @@ class _Main(click.Group):
         try:
             return super().invoke(ctx)
         except RustyFlowError as exc:
-            _worker_error(str(exc))
             raise click.ClickException(str(exc)) from None
         except Stopped as exc:
             sys.exit(exc.exit_code)
         except Exception as exc:
             message = _out_of_memory(exc)
-            _worker_error(message or f"{type(exc).__name__}: {exc}")
             if message is None:
                 raise
             raise click.ClickException(message) from None
@@ -99,24 +91,23 @@ def main() -> None:
 @click.option("--profile/--no-profile", default=None, help="per-op timing report")
 @click.option("--seed", type=int, default=None)
 @click.option("--gpus", "num_gpus", type=int, default=None, metavar="N",
-              help="data parallel: one worker process per GPU on this machine (NUM_GPUS)")
+              help="data parallel: start N processes, one per GPU, under mpiexec (NUM_GPUS)")
 @click.option("--trace", "trace", type=click.Path(dir_okay=False), default=None,
               metavar="FILE.json",
               help="write the first profiled steps as a Chrome/Perfetto trace (needs PROFILE)")
 @_hyperparameter_options
 def train(config: str | None, resume: str | None, trace: str | None, **overrides: Any) -> None:
     """Train a GPT; append the profiling report to the log."""
-    from .engine.world import World
+    from .distributed.world import World
     from .reporting.progress import TrainingProgress
     from .training.loop import train as run_training
 
     cfg = _load(config, overrides)
     if cfg.num_gpus > 1 and not World.from_env().distributed:
-        from .training.launch import launch
+        from .distributed.launcher import launch
 
         argv = click.get_current_context().find_root().meta["argv"]
-        sys.exit(launch([sys.executable, "-m", "rustyflow_py", *argv], cfg.num_gpus,
-                        say=click.echo, warn=_warn))
+        sys.exit(launch([sys.executable, "-m", "rustyflow_py", *argv], cfg.num_gpus, _warn))
     progress = TrainingProgress(cfg.num_epochs)
     try:
         run_training(cfg, click.echo, resume, progress, _warn, trace)

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.comm import Communicator
+from ..distributed.comm import Communicator
 from ..engine.graph import CapturedStep, GraphCaptureError
 from ..engine.profiler import Profiler
 from ..engine.tensor import Tensor, run_op
