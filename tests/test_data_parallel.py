@@ -1,7 +1,8 @@
 """Data-parallel training on the CPU: real MPI ranks (`mpiexec -n N python -m rustyflow_py
 train`, MPI's collectives on the CPU), the way a cluster starts them. The model (1 layer, 32
 wide) and the corpus (a few thousand tokens of random words, written to a temp folder) are
-tiny, so a run takes a few seconds and the tests can afford to compare exactly what data parallelism promises:
+tiny, so a run takes a few seconds and the tests can afford to compare exactly what data
+parallelism promises:
 
 - N ranks x BATCH_SIZE B == 1 process x N*B == 1 process x B x GRAD_ACCUM_STEPS N, step by
   step (fp32, to 1e-4), with and without ZeRO-1 (SHARD_OPTIMIZER), whose checkpoint holds the

@@ -1,28 +1,32 @@
 """Data parallelism on real GPUs (NCCL, CUDA-graph replay): skipped without the GPUs it needs.
 
-The CPU suite (test_data_parallel.py) covers the same logic over the socket transport; these
-run it where it matters: NCCL collectives captured in the step's graph, the bucket all-reduce
-overlapping backward on a second stream, ZeRO-1's reduce-scatter/all-gather.
+The CPU suite (test_data_parallel.py) covers the same logic over MPI's CPU collectives; these
+run it where it matters: NCCL (its id broadcast over MPI) captured in the step's graph, the
+bucket all-reduce overlapping backward on a second stream, ZeRO-1's reduce-scatter/all-gather.
+Every run goes through `mpiexec -n N`, as `rustyflow train --gpus N` does.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 from conftest import real_data_dir
 
+from rustyflow_py.distributed.launcher import launch
 from rustyflow_py.engine.devices import gpu_count
 from rustyflow_py.training.checkpoint import Checkpoint
-from rustyflow_py.training.launch import launch
 
 GPUS = gpu_count()
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(real_data_dir() is None, reason="needs WikiText-2 (RUSTYFLOW_DATA_DIR)"),
 ]
-two_gpus = pytest.mark.skipif(GPUS < 2, reason=f"needs 2 GPUs, this machine has {GPUS}")
+two_gpus = pytest.mark.skipif(GPUS < 2 or importlib.util.find_spec("mpi4py") is None,
+                              reason=f"needs 2 GPUs (this machine has {GPUS}) and the mpi extra")
 one_gpu = pytest.mark.skipif(GPUS < 1, reason="needs a GPU")
 
 TINY = ["--num-layers=2", "--num-heads=2", "--embed-dim=64", "--seq-len=32",
@@ -35,7 +39,8 @@ def run(tmp: Path, name: str, gpus: int, *flags: str) -> list[float]:
     model = tmp / f"{name}.npz"
     cmd = [sys.executable, "-m", "rustyflow_py", "train", "--device=gpu", *TINY,
            f"--log-file={tmp / 'log.txt'}", f"--model-path={model}", *flags]
-    assert launch(cmd, gpus, grace=10) == 0
+    status = subprocess.run(cmd).returncode if gpus == 1 else launch(cmd, gpus, print)
+    assert status == 0
     return Checkpoint(str(tmp / f"{name}-gpu.npz")).meta["train"]["losses"]
 
 
@@ -72,7 +77,7 @@ def test_a_sharded_checkpoint_resumes_on_one_gpu(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "rustyflow_py", "train", "--device=gpu", *TINY,
            "--max-steps=6", "--batch-size=4", "--shard-optimizer",
            f"--log-file={tmp_path / 'log.txt'}", f"--model-path={model}"]
-    assert launch(cmd, 2, grace=10) == 0
+    assert launch(cmd, 2, print) == 0
     ckpt = tmp_path / "half-gpu.npz"
     resumed = run(tmp_path, "half", 1, "--batch-size=8", f"--resume={ckpt}")
     assert close(resumed, straight), (resumed, straight)
