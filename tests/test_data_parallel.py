@@ -399,7 +399,7 @@ def test_resume_refused_on_more_ranks_stops_every_rank(runs: Runs) -> None:
     config = runs.config("refused_3", BATCH_SIZE=4, MAX_STEPS=9)
     status, output, seconds = launch_run(
         train_command(config, "--resume", str(runs.checkpoint_path("dp2"))), 3)
-    assert status == 1, output
+    assert status != 0, output  # 1, or 9 when mpiexec reports a rank it killed after
     text = " ".join(output.split())
     assert "took 8 token streams" in text and "this run's take 12" in text, output
     assert "x 3 processes" in text and "product is 8" in text, output
@@ -414,7 +414,7 @@ def test_a_rank_configured_differently_fails_the_run_naming_the_key(runs: Runs) 
     config = runs.config("mismatch", BATCH_SIZE=4)
     shell = 'if [ "$PMI_RANK" = 1 ]; then export LEARNING_RATE=0.02; fi; exec "$0" "$@"'
     status, output, seconds = launch_run(["sh", "-c", shell, *train_command(config)], 2)
-    assert status == 1, output
+    assert status != 0, output  # 1, or 9 when mpiexec reports a rank it killed after
     assert seconds < 60
     failed = [line for line in output.splitlines() if "configured differently" in line]
     assert failed, output
@@ -439,7 +439,7 @@ def test_a_rank_that_fails_after_joining_ends_the_job_naming_it(runs: Runs) -> N
     shell = (f"cd {shlex.quote(str(runs.folder))} && "
              'if [ "$PMI_RANK" = 1 ]; then cd elsewhere; fi; exec "$0" "$@"')
     status, output, seconds = launch_run(["sh", "-c", shell, *train_command(config)], 2)
-    assert status == 1, output
+    assert status != 0, output  # 1, or 9 when mpiexec reports a rank it killed after
     assert seconds < 60
     warning = next((line for line in output.splitlines() if "Error: rank 1 failed: " in line),
                    "")
