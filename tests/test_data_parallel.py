@@ -447,14 +447,23 @@ def test_a_rank_that_fails_after_joining_ends_the_job_naming_it(runs: Runs) -> N
     assert not runs.checkpoint_path("short_data").exists()
 
 
-def start_training(runs: Runs, name: str, mark: str, until: str,
+def start_training(runs: Runs, name: str, mark: str, until: str, *, via_gpus: bool = False,
                    **keys: Any) -> tuple[subprocess.Popen[str], Path, Path]:
-    """A long run on 2 ranks under mpiexec (1000 epochs of ~23 steps), returned once `until`
-    has shown (a checkpoint's path, or a line of the output to wait for).
-    (mpiexec, checkpoint, its output file)"""
+    """A long run on 2 ranks (1000 epochs of ~23 steps), returned once `until` has shown (a
+    checkpoint's path, or a line of the output to wait for): under mpiexec, or `via_gpus`
+    as `rustyflow train --gpus 2` (DEVICE=auto, no GPU: both ranks on the CPU).
+    (mpiexec or rustyflow, checkpoint, its output file)"""
+    if via_gpus:
+        keys.setdefault("DEVICE", "auto")
     config = runs.config(name, BATCH_SIZE=4, NUM_EPOCHS=1000, MAX_STEPS=0, **keys)
     out = runs.folder / f"{name}.out"
-    proc = start_launcher(train_command(config), 2, mark, out=out)
+    if via_gpus:
+        with open(out, "w") as stream:
+            proc = subprocess.Popen([*train_command(config), "--gpus", "2"], stdout=stream,
+                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                    text=True, env=child_env(mark))
+    else:
+        proc = start_launcher(train_command(config), 2, mark, out=out)
     ckpt = runs.checkpoint_path(name)
 
     def shown() -> bool:
@@ -476,16 +485,8 @@ def mark() -> Iterator[str]:
 def test_a_sigkilled_rank_ends_the_job_naming_it_through_gpus(runs: Runs, mark: str) -> None:
     """`rustyflow train --gpus 2` (DEVICE=auto, no GPU: both ranks on the CPU): mpiexec kills
     the job when rank 1 dies, and --gpus turns its report into one line naming the rank."""
-    config = runs.config("sigkill", BATCH_SIZE=4, NUM_EPOCHS=1000, MAX_STEPS=0, DEVICE="auto")
-    out = runs.folder / "sigkill.out"
-    with open(out, "w") as stream:
-        proc = subprocess.Popen([*train_command(config), "--gpus", "2"], stdout=stream,
-                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                env=child_env(mark))
-    ckpt = runs.checkpoint_path("sigkill")
+    proc, ckpt, out = start_training(runs, "sigkill", mark, "checkpoint", via_gpus=True)
     try:
-        wait_until(lambda: ckpt.exists() or proc.poll() is not None, "the first checkpoint")
-        assert proc.poll() is None, out.read_text()
         [rank1] = marked_pids(mark, rank=1)
         os.kill(rank1, signal.SIGKILL)
         killed = time.monotonic()
@@ -502,6 +503,19 @@ def test_a_sigkilled_rank_ends_the_job_naming_it_through_gpus(runs: Runs, mark: 
     saved = Checkpoint(ckpt)  # atomically written: whole, whenever the kill landed
     assert saved.meta["world_size"] == 2 and saved.meta["train"]["step"] > 0
     assert all(np.isfinite(w).all() for w in saved.weights.values())
+
+
+@needs_mpi
+def test_killing_gpus_itself_stops_the_ranks_it_started(runs: Runs, mark: str) -> None:
+    """`rustyflow train --gpus 2` SIGKILLed (no chance to forward anything): mpiexec gets a
+    SIGTERM from the kernel as its parent dies (or SIGPIPE at its next line of output), and
+    no process of the job is left running."""
+    proc, ckpt, _ = start_training(runs, "orphans", mark, "checkpoint", via_gpus=True)
+    assert len(marked_pids(mark, rank=0)) == len(marked_pids(mark, rank=1)) == 1
+    proc.kill()
+    proc.wait()
+    wait_until(lambda: not marked_pids(mark), "the ranks to stop", 60)
+    Checkpoint(ckpt)
 
 
 @needs_mpi
@@ -532,10 +546,11 @@ def test_a_stopped_rank_ends_the_job_within_the_timeout_naming_it(runs: Runs,
 
 
 @needs_mpi
-def test_sigterm_to_the_launcher_interrupts_once_and_resumes(runs: Runs, mark: str) -> None:
-    """ZeRO-1, so the interrupted save also gathers the optimizer's shards."""
-    proc, ckpt, out = start_training(runs, "sigterm", mark, "  step 2 (", SHARD_OPTIMIZER=True)
-    time.sleep(1)  # mpiexec forwards the signal: let both ranks get past their setup
+def test_sigterm_to_gpus_interrupts_once_and_resumes(runs: Runs, mark: str) -> None:
+    """SIGTERM to `rustyflow train --gpus 2`, which forwards it to mpiexec, which forwards it
+    to each rank; ZeRO-1, so the interrupted save also gathers the optimizer's shards."""
+    proc, ckpt, out = start_training(runs, "sigterm", mark, "  step 2 (", via_gpus=True,
+                                     SHARD_OPTIMIZER=True)
     try:
         proc.send_signal(signal.SIGTERM)
         status = proc.wait(timeout=60)
@@ -544,6 +559,7 @@ def test_sigterm_to_the_launcher_interrupts_once_and_resumes(runs: Runs, mark: s
         proc.wait()
     output = out.read_text()
     assert status == 143, output
+    assert "Error:" not in output, output  # a stop is no failure
     text = runs.log_path("sigterm").read_text()
     assert text.count(BLOCK_START) == 1, text
     [record] = read_log(runs.log_path("sigterm"))

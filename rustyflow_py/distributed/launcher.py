@@ -84,7 +84,7 @@ def launch(command: list[str], ranks: int, warn: Callable[[str], None]) -> int:
         try:
             proc = subprocess.Popen([mpiexec, "-n", str(ranks), *command], env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                    start_new_session=True)
+                                    start_new_session=True, preexec_fn=_stop_with_parent)
         except OSError as exc:
             raise DistributedError(f"cannot start {mpiexec}: {exc.strerror or exc}: "
                                    f"{EXTRA_HINT}") from None
@@ -144,3 +144,16 @@ def _signal_name(signum: int) -> str:
         return signal.Signals(signum).name
     except ValueError:
         return f"signal {signum}"
+
+
+def _stop_with_parent() -> None:
+    """In mpiexec's child, before exec: SIGTERM it if we die (SIGKILLed, say), so the ranks
+    stop as from a stop signal instead of running on with nobody to report them, even when
+    they print nothing that would break the pipe to us (Linux's PR_SET_PDEATHSIG; elsewhere
+    nothing)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
