@@ -41,12 +41,6 @@ def test_launched_size_reads_each_process_manager(env: dict[str, str], size: int
 def test_no_launcher_is_one_process_without_loading_mpi() -> None:
     world = World.from_env({"PATH": "/usr/bin"})
     assert world == World() and not world.distributed and world.main
-    assert world.describe() == "single process"
-
-
-def test_describe_names_rank_node_and_launcher() -> None:
-    world = World(rank=3, size=4, local_rank=1, local_size=2, nodes=2, launcher="srun")
-    assert world.describe() == "rank 3 of 4 (local 1 of 2 on 2 nodes, srun)"
 
 
 RANK_SCRIPT = """
@@ -57,7 +51,7 @@ from rustyflow_py.distributed.world import World
 from rustyflow_py.engine.backend import get_backend
 
 world = World.from_env()
-assert (world.size, world.local_size, world.nodes, world.launcher) == (3, 3, 1, "mpiexec")
+assert (world.size, world.local_size, world.launcher) == (3, 3, "mpiexec")
 assert world.rank == MPI.COMM_WORLD.Get_rank() == world.local_rank
 comm = communicator(get_backend("cpu"), MPI.COMM_WORLD.Dup())
 r = world.rank

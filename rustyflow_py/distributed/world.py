@@ -24,7 +24,6 @@ class World:
     size: int = 1
     local_rank: int = 0
     local_size: int = 1
-    nodes: int = 1
     launcher: str = "none"  # "mpiexec" | "srun" | "none"
 
     @property
@@ -34,14 +33,6 @@ class World:
     @property
     def main(self) -> bool:
         return self.rank == 0
-
-    def describe(self) -> str:
-        """One line for the banner, e.g. 'rank 1 of 4 (local 1 of 2 on 2 nodes, srun)'."""
-        if not self.distributed:
-            return "single process"
-        return (f"rank {self.rank} of {self.size} (local {self.local_rank} of "
-                f"{self.local_size} on {self.nodes} node{'s' if self.nodes > 1 else ''}, "
-                f"{self.launcher})")
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> World:
@@ -62,7 +53,5 @@ class World:
             local_rank, local_size = node.Get_rank(), node.Get_size()
         finally:
             node.Free()
-        nodes = world.allreduce(1 if local_rank == 0 else 0)
         launcher = "srun" if "SLURM_STEP_ID" in env or "SLURM_STEPID" in env else "mpiexec"
-        return cls(world.Get_rank(), world.Get_size(), local_rank, local_size, nodes,
-                   launcher)
+        return cls(world.Get_rank(), world.Get_size(), local_rank, local_size, launcher)
