@@ -9,12 +9,16 @@ Every run goes through `mpiexec -n N`, as `rustyflow train --gpus N` does.
 from __future__ import annotations
 
 import importlib.util
+import os
+import signal
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 from conftest import real_data_dir
+from test_data_parallel import MARK, kill_marked, marked_pids, wait_until
 
 from rustyflow_py.distributed.launcher import launch
 from rustyflow_py.engine.devices import gpu_count
@@ -81,3 +85,35 @@ def test_a_sharded_checkpoint_resumes_on_one_gpu(tmp_path: Path) -> None:
     ckpt = tmp_path / "half-gpu.npz"
     resumed = run(tmp_path, "half", 1, "--batch-size=8", f"--resume={ckpt}")
     assert close(resumed, straight), (resumed, straight)
+
+
+@two_gpus
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGSTOP], ids=["kill", "stop"])
+def test_a_dead_or_stopped_rank_ends_the_gpu_job_naming_it(tmp_path: Path, signum: int) -> None:
+    """Rank 1 SIGKILLed (mpiexec ends the job) or SIGSTOPped (rank 0's heartbeat, its main
+    thread blocked in NCCL, ends it within COMM_TIMEOUT): a non-zero exit, a line naming
+    rank 1, and no process left."""
+    mark = uuid.uuid4().hex
+    out = tmp_path / "out.txt"
+    cmd = [sys.executable, "-m", "rustyflow_py", "train", "--device=gpu", *TINY,
+           "--max-steps=0", "--num-epochs=1000", "--comm-timeout=10", "--gpus=2",
+           f"--log-file={tmp_path / 'log.txt'}", f"--model-path={tmp_path / 'm.npz'}"]
+    with open(out, "w") as stream:
+        proc = subprocess.Popen(cmd, stdout=stream, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env={**os.environ, MARK: mark})
+    try:
+        wait_until(lambda: "  step 2 (" in out.read_text() or proc.poll() is not None,
+                   "step 2", 120)
+        [rank1] = marked_pids(mark, rank=1)
+        os.kill(rank1, signum)
+        status = proc.wait(timeout=40)
+        output = out.read_text()
+        assert status != 0, output
+        want = ("Error: rank 1 was killed by SIGKILL" if signum == signal.SIGKILL
+                else "Error: rank 1 has been silent for")
+        assert want in output, output
+        wait_until(lambda: not marked_pids(mark), "every rank to be gone", 15)
+    finally:
+        proc.kill()
+        proc.wait()
+        kill_marked(mark)
