@@ -4,8 +4,9 @@ MPI aborts the whole job when a process dies under `mpiexec`, but a process that
 without dying (SIGSTOP, a hung driver, a node that drops off the network, a dead task under
 an srun that keeps the others going) leaves every other rank blocked for ever in its next
 collective. So each rank runs a thread that sends a one-byte message to every other rank
-every `timeout / 10` seconds and reads theirs; a rank not heard from for `timeout`
-(COMM_TIMEOUT) seconds is named, and the job is aborted. The thread keeps beating while its
+every `timeout / 10` seconds and reads theirs; a rank not heard from for `timeout - interval`
+seconds is named and the job aborted, so the job ends within COMM_TIMEOUT of the rank's
+last beat (the check runs once an interval). The thread keeps beating while its
 own main thread computes or waits in a collective (MPI and NumPy release the GIL), so only a
 process that is stopped, or hung outside Python for that long, falls silent.
 
@@ -27,7 +28,7 @@ _TAG = 7
 class Heartbeat:
     """Beats to and listens for every rank of `comm` (an MPI communicator of its own) in a
     daemon thread; calls `on_silent(rank, seconds)` once, from that thread, for the first rank
-    silent for `timeout` seconds."""
+    found silent (within `timeout` seconds of its last beat)."""
 
     def __init__(self, comm: Any, timeout: float,
                  on_silent: Callable[[int, float], None]) -> None:
@@ -64,7 +65,7 @@ class Heartbeat:
                 last[source] = time.monotonic()
             now = time.monotonic()
             silent = max(self.peers, key=lambda p: now - last[p], default=None)
-            if silent is not None and now - last[silent] > self.timeout:
+            if silent is not None and now - last[silent] > self.timeout - self.interval:
                 self.on_silent(silent, now - last[silent])
                 return
             self.stopping.wait(self.interval)
