@@ -59,6 +59,18 @@ class _Main(click.Group):
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return self._invoke(ctx)
+        except click.exceptions.Exit:
+            raise
+        except Exception as exc:  # one rank of an MPI job failing before it joined the run
+            from .distributed.group import end_job_if_rank
+
+            end_job_if_rank(exc.format_message() if isinstance(exc, click.ClickException)
+                            else f"{type(exc).__name__}: {exc}")
+            raise
+
+    def _invoke(self, ctx: click.Context) -> Any:
         from .training.signals import Stopped
 
         try:

@@ -463,6 +463,20 @@ def test_a_rank_that_fails_after_joining_ends_the_job_naming_it(runs: Runs) -> N
     assert not runs.checkpoint_path("short_data").exists()
 
 
+def test_a_rank_that_fails_before_joining_ends_the_job_naming_it(runs: Runs) -> None:
+    """A bad flag on rank 1 only: it fails in the command line, before it has joined the run,
+    while rank 0 goes on into MPI; rank 1 still ends the job instead of leaving rank 0 to
+    wait for it for ever."""
+    config = runs.config("bad_flag", BATCH_SIZE=4, NUM_EPOCHS=1000, MAX_STEPS=0)
+    shell = 'if [ "$PMI_RANK" = 1 ]; then set -- "$@" --seq-len x; fi; exec "$0" "$@"'
+    status, output, seconds = launch_run(["sh", "-c", shell, *train_command(config)], 2)
+    assert status != 0, output
+    assert seconds < 60
+    line = next((x for x in output.splitlines() if x.startswith("Error: rank 1 failed: ")), "")
+    assert "SEQ_LEN='x' is not valid" in line, output
+    assert not runs.checkpoint_path("bad_flag").exists()
+
+
 def start_training(runs: Runs, name: str, mark: str, until: str, *, via_gpus: bool = False,
                    **keys: Any) -> tuple[subprocess.Popen[str], Path, Path]:
     """A long run on 2 ranks (1000 epochs of ~23 steps), returned once `until` has shown (a

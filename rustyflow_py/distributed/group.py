@@ -10,24 +10,37 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import sys
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, NoReturn
 
 from ..engine.backend import device_name
 from ..engine.devices import gpu_unavailable_reason
 from ..errors import ConfigError, RustyFlowError
 from .heartbeat import Heartbeat
 from .launcher import leave_error, leave_pid
-from .mpi import load_mpi
+from .mpi import launched_size, load_mpi
 from .world import World
 
 
-def abort(comm: Any, rank: int, message: str) -> None:
-    """Say why on stderr and in the launcher's error file, then end the whole job."""
+def abort(comm: Any, rank: int, message: str) -> NoReturn:
+    """Say why on stderr and in the launcher's error file, then end the whole job. MPI_Abort
+    may return before the launcher's kill arrives: this process then exits at once, so that
+    nothing more (a second report, a traceback) comes from it."""
     leave_error(rank, message)
     print(f"Error: {message}", file=sys.stderr, flush=True)
     comm.Abort(1)
+    os._exit(1)
+
+
+def end_job_if_rank(message: str) -> None:
+    """In a process an MPI launcher started, failing outside `process_group` (a bad flag, a
+    config error): end the job, or the other ranks would wait for this one in MPI for ever;
+    nothing in a single process."""
+    if launched_size() > 1:
+        world = load_mpi().COMM_WORLD
+        abort(world, world.Get_rank(), f"rank {world.Get_rank()} failed: {message}")
 
 
 @contextlib.contextmanager
@@ -54,7 +67,6 @@ def process_group(world: World, timeout: float) -> Iterator[Any]:
     except BaseException as exc:
         text = str(exc) if isinstance(exc, RustyFlowError) else f"{type(exc).__name__}: {exc}"
         abort(comm, world.rank, f"rank {world.rank} failed: {text}")
-        raise
     finally:
         heartbeat.stop()
 
