@@ -117,7 +117,7 @@ def test_cpu_trace_schema_nesting_and_sums() -> None:
     assert {e["name"] for e in timed(doc) if e["cat"] == "step"} == {
         f"step {n}" for n in range(1, 7)}
     assert {e["name"] for e in timed(doc) if e["cat"] == "phase"} == {
-        "forward", "backward", "optimizer"}
+        "data", "forward", "backward", "optimizer"}
     assert list(tracks(doc)) == [(1, 1)]  # the CPU runs its ops on the main thread
     stats = trainer.profiler.stats
     sums = self_times(doc, 1)
