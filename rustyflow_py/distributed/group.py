@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import sys
+import time
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
@@ -23,13 +24,18 @@ from .launcher import leave_error, leave_pid
 from .mpi import launched_size, load_mpi
 from .world import World
 
+ABORT_GRACE_S = 1.0  # between a failing rank's last line and MPI_Abort
+
 
 def abort(comm: Any, rank: int, message: str) -> NoReturn:
-    """Say why on stderr and in the launcher's error file, then end the whole job. MPI_Abort
-    may return before the launcher's kill arrives: this process then exits at once, so that
-    nothing more (a second report, a traceback) comes from it."""
+    """Say why on stderr and in the launcher's error file, then end the whole job. The kill
+    that MPI_Abort brings can overtake mpiexec's relay of our last line, so the line gets a
+    moment's start (a failing job can spare it); MPI_Abort may return before the kill arrives:
+    this process then exits at once, so that nothing more (a second report, a traceback)
+    comes from it."""
     leave_error(rank, message)
     print(f"Error: {message}", file=sys.stderr, flush=True)
+    time.sleep(ABORT_GRACE_S)
     comm.Abort(1)
     os._exit(1)
 
