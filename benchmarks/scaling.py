@@ -1,8 +1,8 @@
 """Data-parallel scaling on one machine: tokens/s on 1 and N GPUs, loss equivalence, ZeRO-1
 memory, and the NCCL all-reduce time that projections to more GPUs start from.
 
-Every measurement runs the real trainer (`training.loop.Trainer`) in worker processes started
-by RustyFlow's own launcher, one per GPU, exactly as `rustyflow train --gpus N` does:
+Every measurement runs the real trainer (`training.loop.Trainer`) in MPI processes started by
+`mpiexec`, one per GPU, exactly as `rustyflow train --gpus N` does:
 - throughput: after warm-up and CUDA-graph capture, K replayed steps are timed, at the same
   per-GPU batch on 1 and on N GPUs (weak scaling), so the speed-up is N x (1-GPU step time /
   N-GPU step time);
@@ -29,11 +29,11 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # time the working tree's package, installed or not
 
-from rustyflow_py.engine.world import World  # noqa: E402
+from rustyflow_py.distributed.group import process_group  # noqa: E402
+from rustyflow_py.distributed.launcher import launch  # noqa: E402
+from rustyflow_py.distributed.world import World  # noqa: E402
 from rustyflow_py.training.checkpoint import Checkpoint  # noqa: E402
 from rustyflow_py.training.config import Config  # noqa: E402
-from rustyflow_py.training.data_parallel import process_group  # noqa: E402
-from rustyflow_py.training.launch import launch  # noqa: E402
 from rustyflow_py.training.loop import Trainer  # noqa: E402
 
 SHAPES = {  # layers, heads, embed, seq_len, per-GPU batch: vs_pytorch.py's
@@ -54,10 +54,10 @@ def worker(spec: dict[str, Any]) -> None:
     """Time spec["steps"] replayed steps after spec["warmup"]; rank 0 writes the result."""
     world = World.from_env()
     tmp = Path(spec["out"]).parent
-    with process_group(world) as rendezvous:
-        cfg = Config.from_dict({**spec["config"], "LOG_FILE": f"{tmp}/log.txt",
-                                "MODEL_PATH": f"{tmp}/m.npz"})
-        trainer = Trainer(cfg, lambda _m: None, rendezvous=rendezvous, world=world)
+    cfg = Config.from_dict({**spec["config"], "LOG_FILE": f"{tmp}/log.txt",
+                            "MODEL_PATH": f"{tmp}/m.npz"})
+    with process_group(world, cfg.comm_timeout) as group:
+        trainer = Trainer(cfg, lambda _m: None, group=group, world=world)
         runner, backend = trainer.runner, trainer.backend
         for step in range(spec["warmup"]):
             runner.run(step)
@@ -116,7 +116,7 @@ def measure(gpus: int, config: dict[str, Any], warmup: int, steps: int, repeats:
     out = tmp / f"r{time.monotonic_ns()}.json"
     spec = {"config": config, "warmup": warmup, "steps": steps, "repeats": repeats,
             "out": str(out)}
-    code = launch([sys.executable, __file__, "--worker", json.dumps(spec)], gpus, grace=10)
+    code = launch([sys.executable, __file__, "--worker", json.dumps(spec)], gpus, print)
     if code != 0:
         raise SystemExit(f"measurement failed (exit {code}): {config}")
     return json.loads(out.read_text())
@@ -130,7 +130,7 @@ def losses(gpus: int, config: dict[str, Any], steps: int, tmp: Path, name: str) 
     cmd = [sys.executable, "-m", "rustyflow_py", "train", "--device", "gpu", "--no-profile",
            f"--max-steps={steps}", "--log-interval=1", f"--log-file={tmp / 'log.txt'}",
            f"--model-path={model}", *flags]
-    code = launch(cmd, gpus, grace=10)
+    code = launch(cmd, gpus, print)
     if code != 0:
         raise SystemExit(f"run failed (exit {code}): {shlex.join(cmd)}")
     return Checkpoint(str(model).replace(".npz", "-gpu.npz")).meta["train"]["losses"]

@@ -56,12 +56,6 @@ def _path_error(exc: OSError) -> str:
     return f"{shown}: {exc.strerror or exc}: pass a path that can be used here"
 
 
-def _worker_error(message: str) -> None:
-    from .training.outputs import write_error_file
-
-    write_error_file(message)
-
-
 class _Main(click.Group):
     """The command group: every expected error (a RustyFlowError, a GPU out-of-memory, a path
     the file system refuses) becomes one line and exit status 1; a stop signal exits 128 + its
@@ -72,24 +66,32 @@ class _Main(click.Group):
         return super().parse_args(ctx, args)
 
     def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return self._invoke(ctx)
+        except click.exceptions.Exit:
+            raise
+        except Exception as exc:  # one rank of an MPI job failing before it joined the run
+            from .distributed.group import end_job_if_rank
+
+            end_job_if_rank(exc.format_message() if isinstance(exc, click.ClickException)
+                            else f"{type(exc).__name__}: {exc}")
+            raise
+
+    def _invoke(self, ctx: click.Context) -> Any:
         from .training.signals import Stopped
 
         try:
             return super().invoke(ctx)
         except RustyFlowError as exc:
-            _worker_error(str(exc))
             raise click.ClickException(str(exc)) from None
         except Stopped as exc:
             sys.exit(exc.exit_code)
         except OSError as exc:
             if exc.filename is None:  # not about a path the user gave: a bug
                 raise
-            message = _path_error(exc)
-            _worker_error(message)
-            raise click.ClickException(message) from None
+            raise click.ClickException(_path_error(exc)) from None
         except Exception as exc:
             message = _out_of_memory(exc)
-            _worker_error(message or f"{type(exc).__name__}: {exc}")
             if message is None:
                 raise
             raise click.ClickException(message) from None
@@ -114,7 +116,7 @@ def _train_options(fn: Any) -> Any:
         click.option("--profile/--no-profile", default=None, help="per-op timing report"),
         click.option("--seed", type=int, default=None),
         click.option("--gpus", "num_gpus", type=int, default=None, metavar="N",
-                     help="data parallel: one worker process per GPU on this machine "
+                     help="data parallel: start N processes, one per GPU, under mpiexec "
                           "(NUM_GPUS)"),
         click.option("--trace", "trace", type=click.Path(dir_okay=False), default=None,
                      metavar="FILE.json", help="write the profiled steps as a Chrome/Perfetto "
@@ -132,17 +134,16 @@ def _train_options(fn: Any) -> Any:
 def train(config: str | None, resume: str | None, trace: str | None, overwrite: bool,
           **overrides: Any) -> None:
     """Train a GPT; append the profiling report to the log."""
-    from .engine.world import World
+    from .distributed.world import World
     from .reporting.progress import TrainingProgress
     from .training.loop import train as run_training
 
     cfg = _load(config, overrides)
     if cfg.num_gpus > 1 and not World.from_env().distributed:
-        from .training.launch import launch
+        from .distributed.launcher import launch
 
         argv = click.get_current_context().find_root().meta["argv"]
-        sys.exit(launch([sys.executable, "-m", "rustyflow_py", *argv], cfg.num_gpus,
-                        say=click.echo, warn=_warn))
+        sys.exit(launch([sys.executable, "-m", "rustyflow_py", *argv], cfg.num_gpus, _warn))
     progress = TrainingProgress(cfg.num_epochs)
     try:
         run_training(cfg, click.echo, resume, progress, _warn, trace, overwrite)

@@ -32,5 +32,5 @@ class TrainingError(RustyFlowError):
 
 
 class DistributedError(RustyFlowError):
-    """A multi-process run cannot start or go on: a bad launcher environment, a rendezvous
-    that timed out, a worker that died (the message names its rank)."""
+    """A multi-process run cannot start or go on: no MPI, a launcher and an MPI that disagree,
+    an mpiexec that cannot start (the message names the fix)."""

@@ -1,28 +1,36 @@
 """Data parallelism on real GPUs (NCCL, CUDA-graph replay): skipped without the GPUs it needs.
 
-The CPU suite (test_data_parallel.py) covers the same logic over the socket transport; these
-run it where it matters: NCCL collectives captured in the step's graph, the bucket all-reduce
-overlapping backward on a second stream, ZeRO-1's reduce-scatter/all-gather.
+The CPU suite (test_data_parallel.py) covers the same logic over MPI's CPU collectives; these
+run it where it matters: NCCL (its id broadcast over MPI) captured in the step's graph, the
+bucket all-reduce overlapping backward on a second stream, ZeRO-1's reduce-scatter/all-gather.
+Every run goes through `mpiexec -n N`, as `rustyflow train --gpus N` does.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import signal
+import subprocess
 import sys
+import uuid
 from pathlib import Path
 
 import pytest
 from conftest import real_data_dir
+from test_data_parallel import MARK, kill_marked, marked_pids, wait_until
 
+from rustyflow_py.distributed.launcher import launch
 from rustyflow_py.engine.devices import gpu_count
 from rustyflow_py.training.checkpoint import Checkpoint
-from rustyflow_py.training.launch import launch
 
 GPUS = gpu_count()
 pytestmark = [
     pytest.mark.gpu,
     pytest.mark.skipif(real_data_dir() is None, reason="needs WikiText-2 (RUSTYFLOW_DATA_DIR)"),
 ]
-two_gpus = pytest.mark.skipif(GPUS < 2, reason=f"needs 2 GPUs, this machine has {GPUS}")
+two_gpus = pytest.mark.skipif(GPUS < 2 or importlib.util.find_spec("mpi4py") is None,
+                              reason=f"needs 2 GPUs (this machine has {GPUS}) and the mpi extra")
 one_gpu = pytest.mark.skipif(GPUS < 1, reason="needs a GPU")
 
 TINY = ["--num-layers=2", "--num-heads=2", "--embed-dim=64", "--seq-len=32",
@@ -35,7 +43,8 @@ def run(tmp: Path, name: str, gpus: int, *flags: str) -> list[float]:
     model = tmp / f"{name}.npz"
     cmd = [sys.executable, "-m", "rustyflow_py", "train", "--device=gpu", *TINY,
            f"--log-file={tmp / 'log.txt'}", f"--model-path={model}", *flags]
-    assert launch(cmd, gpus, grace=10) == 0
+    status = subprocess.run(cmd).returncode if gpus == 1 else launch(cmd, gpus, print)
+    assert status == 0
     return Checkpoint(str(tmp / f"{name}-gpu.npz")).meta["train"]["losses"]
 
 
@@ -72,7 +81,39 @@ def test_a_sharded_checkpoint_resumes_on_one_gpu(tmp_path: Path) -> None:
     cmd = [sys.executable, "-m", "rustyflow_py", "train", "--device=gpu", *TINY,
            "--max-steps=6", "--batch-size=4", "--shard-optimizer",
            f"--log-file={tmp_path / 'log.txt'}", f"--model-path={model}"]
-    assert launch(cmd, 2, grace=10) == 0
+    assert launch(cmd, 2, print) == 0
     ckpt = tmp_path / "half-gpu.npz"
     resumed = run(tmp_path, "half", 1, "--batch-size=8", f"--resume={ckpt}")
     assert close(resumed, straight), (resumed, straight)
+
+
+@two_gpus
+@pytest.mark.parametrize("signum", [signal.SIGKILL, signal.SIGSTOP], ids=["kill", "stop"])
+def test_a_dead_or_stopped_rank_ends_the_gpu_job_naming_it(tmp_path: Path, signum: int) -> None:
+    """Rank 1 SIGKILLed (mpiexec ends the job) or SIGSTOPped (rank 0's heartbeat, its main
+    thread blocked in NCCL, ends it within COMM_TIMEOUT): a non-zero exit, a line naming
+    rank 1, and no process left."""
+    mark = uuid.uuid4().hex
+    out = tmp_path / "out.txt"
+    cmd = [sys.executable, "-m", "rustyflow_py", "train", "--device=gpu", *TINY,
+           "--max-steps=0", "--num-epochs=1000", "--comm-timeout=10", "--gpus=2",
+           f"--log-file={tmp_path / 'log.txt'}", f"--model-path={tmp_path / 'm.npz'}"]
+    with open(out, "w") as stream:
+        proc = subprocess.Popen(cmd, stdout=stream, stderr=subprocess.STDOUT,
+                                stdin=subprocess.DEVNULL, env={**os.environ, MARK: mark})
+    try:
+        wait_until(lambda: "  step 2 (" in out.read_text() or proc.poll() is not None,
+                   "step 2", 120)
+        [rank1] = marked_pids(mark, rank=1)
+        os.kill(rank1, signum)
+        status = proc.wait(timeout=40)
+        output = out.read_text()
+        assert status != 0, output
+        want = ("Error: rank 1 was killed by SIGKILL" if signum == signal.SIGKILL
+                else "Error: rank 1 has been silent for")
+        assert want in output, output
+        wait_until(lambda: not marked_pids(mark), "every rank to be gone", 15)
+    finally:
+        proc.kill()
+        proc.wait()
+        kill_marked(mark)

@@ -73,7 +73,7 @@ class ParallelRecord(TypedDict):
     grad_accum_steps: int
     effective_batch: int  # BATCH_SIZE x GRAD_ACCUM_STEPS x world_size streams per step
     shard_optimizer: bool  # ZeRO-1: each process keeps its shard of the optimizer state
-    launcher: str  # rustyflow | torchrun | slurm | openmpi | none
+    launcher: str  # mpiexec | srun | none (older logs: rustyflow, torchrun, slurm, openmpi)
     tokens_per_s_per_rank: float | None
     bucket_mb: float  # the gradient all-reduce bucket limit, MiB
     buckets: int  # 0 when no bucketed all-reduce ran (one process, or ZeRO-1)

@@ -242,6 +242,8 @@ KEYS: dict[str, Key] = dict([
     _k("BUCKET_MB", "float", 25.0, "data parallel: gradient all-reduce bucket size in MiB "
        "(whole tensors; each bucket starts as soon as backward has finished it)", lo=0,
        lo_open=True),
+    _k("COMM_TIMEOUT", "float", 300.0, "data parallel: seconds a rank may go unheard (its "
+       "heartbeat) before the others end the job naming it", lo=0, lo_open=True),
 ])
 _D = {key.name: key.default for key in KEYS.values()}
 
@@ -342,6 +344,7 @@ class Config:
     grad_accum_steps: int = _D["GRAD_ACCUM_STEPS"]
     shard_optimizer: bool = _D["SHARD_OPTIMIZER"]
     bucket_mb: float = _D["BUCKET_MB"]
+    comm_timeout: float = _D["COMM_TIMEOUT"]
     source: dict[str, str] = field(default_factory=dict, compare=False, repr=False)
 
     def __post_init__(self) -> None:

@@ -20,12 +20,13 @@ from typing import Any
 import numpy as np
 
 from .. import data
+from ..distributed.comm import communicator
+from ..distributed.data_parallel import BucketedAllReduce, ReduceScatter, ShardedOptimizer
+from ..distributed.group import check_same_config, process_group, rank_device
+from ..distributed.world import World
 from ..engine.backend import get_backend, resolve_device
-from ..engine.comm import communicator
 from ..engine.precision import GPU_ONLY, Precision
 from ..engine.profiler import Profiler
-from ..engine.rendezvous import Rendezvous
-from ..engine.world import World
 from ..errors import ConfigError, TrainingError
 from ..model.gpt import build_model
 from ..model.loss_scale import LossScaler
@@ -34,15 +35,6 @@ from ..reporting.trace import MAX_STEPS as TRACE_STEPS
 from ..reporting.trace import chrome_trace, graph_trace
 from . import guard, hooks, outputs, sizing
 from .config import Config
-from .data_parallel import (
-    BucketedAllReduce,
-    ReduceScatter,
-    ShardedOptimizer,
-    check_same_config,
-    on_peer_failure,
-    process_group,
-    rank_device,
-)
 from .evaluate import SplitEvaluator, upload_split
 from .graph_profile import GraphSampler, choose_mode
 from .optimizers import make_optimizer
@@ -67,7 +59,7 @@ class Trainer:
     @guard.releases_on_failure
     def __init__(self, cfg: Config, say: Say = print, resume: str | None = None,
                  progress: Any = None, warn: Say | None = None,
-                 trace: str | None = None, rendezvous: Rendezvous | None = None,
+                 trace: str | None = None, group: Any = None,
                  world: World | None = None, overwrite: bool = False) -> None:
         self.world = world = world or World()
         main = world.main  # only rank 0 talks, logs and writes checkpoints
@@ -78,8 +70,8 @@ class Trainer:
             outputs.check_log_file(cfg.log_file)
         if self.trace:
             check_trace(self.trace, cfg)
-        if rendezvous is not None:
-            check_same_config(rendezvous, world, cfg.to_dict())
+        if group is not None:
+            check_same_config(group, world, cfg.to_dict())
         self.device, self.fallback = resolve_device(
             rank_device(cfg.device, world), cfg.strict_device or world.distributed, self.say,
             self.warn)
@@ -93,10 +85,7 @@ class Trainer:
         check_precision(cfg.precision, self.backend.kind, self.fallback)
         self.backend.set_precision(self.precision)
         self.backend.kernels.set_attention(cfg.attention)
-        self.comm = (communicator(self.backend, rendezvous, world.rank, world.size)
-                     if rendezvous is not None else None)
-        if rendezvous is not None:
-            rendezvous.watch(on_peer_failure(self.comm, world.rank, self.warn))
+        self.comm = communicator(self.backend, group) if group is not None else None
         sharded = cfg.shard_optimizer and self.comm is not None
         if cfg.shard_optimizer and not sharded:
             self.warn("WARN: SHARD_OPTIMIZER=true in a single process: nothing to shard")
@@ -152,7 +141,7 @@ class Trainer:
         self.checkpoints = RunCheckpoints(
             cfg.model_path_for(self.device), cfg, self.device, self.model, self.optimizer,
             self.corpus.vocab.to_array(), self.history, self.ledger.set_aside, self.warn,
-            world.size, writes=main)
+            world.size, writes=main, barrier=self.comm.barrier if self.comm else None)
         self.evaluator = SplitEvaluator(self.model, self.corpus, cfg.batch_size, cfg.seq_len,
                                         cfg.eval_stride, self.progress, self.ledger.set_aside)
         self.signals = StopSignals(self.say)
@@ -472,8 +461,8 @@ def train(cfg: Config, say: Say = print, resume: str | None = None, progress: An
     Trainer."""
     world = World.from_env()
     check_world(cfg, world)
-    with process_group(world) as rendezvous:
-        trainer = Trainer(cfg, say, resume, progress, warn, trace, rendezvous, world, overwrite)
+    with process_group(world, cfg.comm_timeout) as group:
+        trainer = Trainer(cfg, say, resume, progress, warn, trace, group, world, overwrite)
         clean = False
         try:
             record = trainer.run()
@@ -515,11 +504,12 @@ def check_world(cfg: Config, world: World) -> None:
     """NUM_GPUS asks for a launch; under a launcher already, it must agree with it."""
     if not world.distributed and cfg.num_gpus > 1:
         raise ConfigError(f"NUM_GPUS={cfg.num_gpus} needs one process per GPU: start it with "
-                          f"`rustyflow train --gpus {cfg.num_gpus}` (or torchrun, srun, mpirun)")
+                          f"`rustyflow train --gpus {cfg.num_gpus}` (or mpiexec -n "
+                          f"{cfg.num_gpus}, or srun)")
     if world.distributed and cfg.num_gpus not in (1, world.size):
         raise ConfigError(f"NUM_GPUS={cfg.num_gpus} but the launcher ({world.launcher}) "
                           f"started {world.size} processes: drop NUM_GPUS (the launcher's "
-                          "WORLD_SIZE decides) or make them agree")
+                          "process count decides) or make them agree")
 
 
 def check_precision(precision: str, kind: str, fallback: str | None) -> None:

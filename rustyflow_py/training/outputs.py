@@ -151,17 +151,3 @@ def write_with_fallback(path: str, write: Callable[[str], object], what: str,
     tried = f", nor to {' or '.join(map(str, places))}" if places else ""
     warn(f"WARN: {first}{tried}: it is lost")
     return None
-
-
-def write_error_file(message: str) -> None:
-    """A launcher's worker leaves its one-line error where the launcher reads it
-    ($RUSTYFLOW_ERROR_FILE, as torchrun's workers do with TORCHELASTIC_ERROR_FILE), so the
-    launcher can name it when it stops the others. Best effort: the process is failing."""
-    path = os.environ.get("RUSTYFLOW_ERROR_FILE")
-    if not path:
-        return
-    try:
-        with open(path, "w", encoding="utf-8") as f:
-            f.write(" ".join(message.split()) + "\n")
-    except OSError:
-        pass  # the launcher then says the worker left no message

@@ -23,16 +23,17 @@ def best_path(path: str) -> str:
 class RunCheckpoints:
     """The checkpoints of one run. `set_aside` wraps their host copies so they do not count as
     the training step's traffic. In a data-parallel run every process calls `save` (a sharded
-    optimizer gathers its state from all of them) and only the one that `writes` writes."""
+    optimizer gathers its state from all of them) and only the one that `writes` writes,
+    after `barrier` (every process at the same step: the file is one consistent state)."""
 
     def __init__(self, path: str, cfg: Config, device: str, model: Any, optimizer: Any,
                  vocab: Any, history: History, set_aside: Callable[[], Any],
                  warn: Callable[[str], None], world_size: int = 1,
-                 writes: bool = True) -> None:
+                 writes: bool = True, barrier: Callable[[], None] | None = None) -> None:
         self.path, self.best = path, best_path(path)
         self.cfg, self.device, self.model, self.optimizer = cfg, device, model, optimizer
         self.vocab, self.history, self.set_aside, self.warn = vocab, history, set_aside, warn
-        self.world_size, self.writes = world_size, writes
+        self.world_size, self.writes, self.barrier = world_size, writes, barrier
         self.lost: list[str] = []  # outputs no place could take: the run cannot succeed
         # the step whose weights the best file holds, when this run's history can trust it
         self.best_written: int | None = _best_on_disk(self.best, history)
@@ -47,6 +48,8 @@ class RunCheckpoints:
         meta = self._meta()
         with self.set_aside():
             state = self.optimizer.state_dict()
+            if self.barrier is not None:
+                self.barrier()
             if not self.writes:
                 return None
             weights = self.model.buffer.state_dict()

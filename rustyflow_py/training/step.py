@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.comm import Communicator
+from ..distributed.comm import Communicator
 from ..engine.cupti_trace import CuptiUnavailable
 from ..engine.graph import CapturedStep, GraphCaptureError
 from ..engine.profiler import Profiler

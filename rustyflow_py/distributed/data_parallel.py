@@ -12,26 +12,17 @@ whole step, collectives included, is still one CUDA graph.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import json
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from ..engine.autograd import run_op
-from ..engine.backend import device_name
-from ..engine.comm import Communicator
-from ..engine.devices import gpu_unavailable_reason
-from ..engine.rendezvous import Rendezvous
 from ..engine.tensor import Tensor
-from ..engine.world import World
-from ..errors import ConfigError, RustyFlowError
 from ..model.optim import Optimizer
 from ..model.params import ParameterBuffer
-from .outputs import write_error_file
+from .comm import Communicator
 
 
 class BucketedAllReduce:
@@ -189,71 +180,3 @@ class ShardedOptimizer:
         self.inner.step_count[...] = backend.from_host(np.asarray(state["step_count"]))
         if self.inner.loss_scaler is not None:
             self.inner.loss_scaler.load_state_dict(state, backend.from_host)
-
-
-def rank_device(requested: str, world: World) -> str:
-    """The device this process trains on: in a data-parallel run, GPU LOCAL_RANK (DEVICE=gpu
-    or auto with a usable GPU; every process must resolve alike) or the CPU."""
-    if not world.distributed or requested == "cpu":
-        return requested
-    if requested == "auto" and gpu_unavailable_reason(world.local_rank) is not None:
-        return "cpu"
-    if ":" in requested and world.local_size > 1:
-        raise ConfigError(f"DEVICE={requested} pins every process to one GPU, but "
-                          f"{world.local_size} processes share this machine: set DEVICE=gpu "
-                          "(each process takes GPU LOCAL_RANK)")
-    return requested if ":" in requested else device_name("gpu", world.local_rank)
-
-
-@contextlib.contextmanager
-def process_group(world: World) -> Iterator[Rendezvous | None]:
-    """Join the run's other processes (None when alone). An error here tells them at once,
-    naming this rank, so none waits in a collective for a process that is gone; a stop
-    signal is no error (every process stops at the same step)."""
-    if not world.distributed:
-        yield None
-        return
-    rendezvous = Rendezvous.connect(world)
-    try:
-        yield rendezvous
-    except KeyboardInterrupt:
-        raise
-    except BaseException as exc:
-        text = str(exc) if isinstance(exc, RustyFlowError) else f"{type(exc).__name__}: {exc}"
-        rendezvous.report_failure(text)
-        raise
-    finally:
-        rendezvous.close()
-
-
-# Settings that may differ between processes: where this machine keeps the data, and the
-# outputs only rank 0 writes.
-PER_PROCESS_KEYS = ("DATA_DIR", "LOG_FILE", "MODEL_PATH", "THREADS")
-
-
-def check_same_config(rendezvous: Rendezvous, world: World, config: dict[str, Any]) -> None:
-    """Every process must train the same run: compare each one's settings with the others'."""
-    config = {k: v for k, v in config.items() if k not in PER_PROCESS_KEYS}
-    mine = json.dumps(config, sort_keys=True, default=str).encode()
-    for rank, theirs in enumerate(rendezvous.all_gather(mine)):
-        if theirs != mine:
-            other = json.loads(theirs)
-            diff = [f"{k}={config.get(k)} here vs {other.get(k)}" for k in sorted(config)
-                    if config.get(k) != other.get(k)]
-            raise ConfigError(f"rank {world.rank} and rank {rank} are configured differently "
-                              f"({', '.join(diff[:5])}): start every process with the same "
-                              "config file, flags and environment")
-
-
-def on_peer_failure(comm: Any, rank: int, warn: Callable[[str], None]) -> Callable[[int, str],
-                                                                                    None]:
-    """What this process does when another one dies: say who and why, unblock NCCL, exit 1
-    (the last checkpoint was written atomically, so it stays intact)."""
-    def stop(peer: int, message: str) -> None:
-        write_error_file(f"stopped because rank {peer} failed: {message}")
-        warn(f"Error: rank {peer} failed: {message}; rank {rank} stops too (the last "
-             "checkpoint is intact: resume with --resume)")
-        if comm is not None:
-            comm.abort()
-        os._exit(1)
-    return stop

@@ -1,13 +1,12 @@
 """Collectives between the processes of a data-parallel run, one process per device.
 
-GPUs talk through NCCL (CuPy's binding): its collectives are kernels on a stream, so they
-order with the step's other kernels, overlap with them on a second stream, and are captured
-into the step's CUDA graph like any kernel. The NCCL unique id travels over the rendezvous.
-
-The CPU has a transport too, over the rendezvous's data sockets (rank 0 sums, then sends the
-result back): it is slow and exists so the data-parallel logic runs, and is tested, on any
-machine. Every collective is in place and sums; callers scale before (a gradient average is
-a sum of gradients already divided by the number of contributions).
+On the CPU they are MPI's (mpi4py on the NumPy buffer itself, in place): the library picks a
+ring, recursive halving or whatever suits the sizes and the network. GPUs talk through NCCL
+(CuPy's binding): its collectives are kernels on a stream, so they order with the step's
+other kernels, overlap with them on a second stream, and are captured into the step's CUDA
+graph like any kernel; MPI only carries NCCL's unique id from rank 0 to the others. Every
+collective is in place and sums; callers scale before (a gradient average is a sum of
+gradients already divided by the number of contributions).
 """
 
 from __future__ import annotations
@@ -16,16 +15,16 @@ from typing import Any
 
 import numpy as np
 
-from .backend import Backend
-from .rendezvous import Rendezvous
+from ..engine.backend import Backend
 
 
 class Communicator:
-    """In-place sum collectives over `size` processes; `stream` is a GPU stream to run on
-    (default: the backend's), ignored on the CPU."""
+    """In-place sum collectives over the processes of `mpi_comm`; `stream` is a GPU stream
+    to run on (default: the backend's), ignored on the CPU."""
 
-    def __init__(self, backend: Backend, rendezvous: Rendezvous, rank: int, size: int) -> None:
-        self.backend, self.rendezvous, self.rank, self.size = backend, rendezvous, rank, size
+    def __init__(self, backend: Backend, mpi_comm: Any) -> None:
+        self.backend, self.mpi_comm = backend, mpi_comm
+        self.rank, self.size = mpi_comm.Get_rank(), mpi_comm.Get_size()
 
     def all_reduce(self, x: Any, stream: Any = None) -> None:
         """x <- the sum of every rank's x."""
@@ -45,6 +44,11 @@ class Communicator:
         n = x.size // self.size
         return slice(self.rank * n, (self.rank + 1) * n)
 
+    def barrier(self) -> None:
+        """Return once every rank's queued work is done and every rank got here."""
+        self.backend.synchronize()
+        self.mpi_comm.Barrier()
+
     def abort(self) -> None:
         """Unblock whatever waits on a peer that is gone (best effort)."""
 
@@ -52,51 +56,51 @@ class Communicator:
         """Leave the group. `clean`: every process got here (a finished or agreed-stopped
         run), so wait for all of them first; otherwise just tear down this end."""
         if clean:
-            self.backend.synchronize()
-            self.rendezvous.barrier()
+            self.barrier()
         self.abort()
 
 
-class SocketCommunicator(Communicator):
-    """The CPU transport: each collective is a gather at rank 0 and a broadcast back."""
+class MpiCommunicator(Communicator):
+    """The CPU transport: MPI's collectives straight on the NumPy buffers."""
+
+    def __init__(self, backend: Backend, mpi_comm: Any) -> None:
+        super().__init__(backend, mpi_comm)
+        from mpi4py import MPI
+
+        self.in_place = MPI.IN_PLACE
 
     def all_reduce(self, x: Any, stream: Any = None) -> None:
-        x[...] = self._summed(x)
+        self.mpi_comm.Allreduce(self.in_place, _flat(x))
 
     def reduce_scatter(self, x: Any, stream: Any = None) -> None:
+        # In place, MPI leaves this rank's summed shard at the front of the buffer.
+        self.mpi_comm.Reduce_scatter_block(self.in_place, x)
         mine = self.shard(x)
-        x[mine] = self._summed(x)[mine]
+        if mine.start:
+            x[mine] = x[: mine.stop - mine.start]
 
     def all_gather(self, x: Any, stream: Any = None) -> None:
-        parts = self.rendezvous.all_gather(np.ascontiguousarray(x[self.shard(x)]).tobytes())
-        x[...] = np.frombuffer(b"".join(parts), dtype=x.dtype)
+        self.mpi_comm.Allgather(self.in_place, x)
 
-    def _summed(self, x: Any) -> np.ndarray:
-        """The sum over ranks, added in rank order (every rank gets the same bits)."""
-        parts = self.rendezvous.gather(np.ascontiguousarray(x).tobytes())
-        total = None
-        if parts is not None:
-            arrays = [np.frombuffer(p, dtype=x.dtype).reshape(x.shape) for p in parts]
-            total = arrays[0].copy()
-            for a in arrays[1:]:
-                total += a
-        data = self.rendezvous.broadcast(None if total is None else total.tobytes())
-        return np.frombuffer(data, dtype=x.dtype).reshape(x.shape)
+
+def _flat(x: np.ndarray) -> np.ndarray:
+    """A 0-d array as the 1-element buffer MPI takes (the same memory)."""
+    return x.reshape(1) if x.ndim == 0 else x
 
 
 class NcclCommunicator(Communicator):
     """NCCL on this process's GPU; every call is an asynchronous kernel on `stream`."""
 
-    def __init__(self, backend: Backend, rendezvous: Rendezvous, rank: int, size: int) -> None:
-        super().__init__(backend, rendezvous, rank, size)
+    def __init__(self, backend: Backend, mpi_comm: Any) -> None:
+        super().__init__(backend, mpi_comm)
         from cupy.cuda import nccl
 
         self.nccl = nccl
-        uid = rendezvous.broadcast(_pack_id(nccl.get_unique_id()) if rank == 0 else None)
+        uid = mpi_comm.bcast(_pack_id(nccl.get_unique_id()) if self.rank == 0 else None, root=0)
         try:
-            self.comm = nccl.NcclCommunicator(size, uid, rank)  # CuPy 13+: the id as bytes
+            self.comm = nccl.NcclCommunicator(self.size, uid, self.rank)  # CuPy 13+: bytes
         except TypeError:  # older CuPy: a tuple of its chars
-            self.comm = nccl.NcclCommunicator(size, tuple(uid), rank)
+            self.comm = nccl.NcclCommunicator(self.size, tuple(uid), self.rank)
         self.types = {np.dtype(np.float32): nccl.NCCL_FLOAT32,
                       np.dtype(np.float64): nccl.NCCL_FLOAT64,
                       np.dtype(np.float16): nccl.NCCL_FLOAT16,
@@ -132,8 +136,7 @@ def _pack_id(uid: bytes | tuple[int, ...]) -> bytes:
     return uid if isinstance(uid, bytes) else bytes(v & 0xFF for v in uid)
 
 
-def communicator(backend: Backend, rendezvous: Rendezvous, rank: int,
-                 size: int) -> Communicator:
-    """NCCL on a GPU, the socket transport on the CPU."""
-    cls = NcclCommunicator if backend.kind == "gpu" else SocketCommunicator
-    return cls(backend, rendezvous, rank, size)
+def communicator(backend: Backend, mpi_comm: Any) -> Communicator:
+    """NCCL on a GPU, MPI on the CPU."""
+    cls = NcclCommunicator if backend.kind == "gpu" else MpiCommunicator
+    return cls(backend, mpi_comm)
