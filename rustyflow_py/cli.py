@@ -119,7 +119,7 @@ def train(config: str | None, resume: str | None, trace: str | None, **overrides
                         say=click.echo, warn=_warn))
     progress = TrainingProgress(cfg.num_epochs)
     try:
-        run_training(cfg, click.echo, resume, progress, _warn, trace)
+        run_training(cfg, progress.say, resume, progress, progress.warn, trace)
     finally:
         progress.close()
 
@@ -133,16 +133,24 @@ def _warn(message: str) -> None:
 @click.option("--split", type=click.Choice(["valid", "test"]), default="valid")
 @click.option("--device", default="auto", metavar="DEVICE", show_default=True,
               help="auto, cpu, gpu or gpu:N")
-@click.option("--data-dir", default=None, help="where the dataset lives (DATA_DIR)")
-def eval_(model_path: str, split: str, device: str, data_dir: str | None) -> None:
+@click.option("--data-dir", default=None, help="where the dataset lives (DATA_DIR); must exist")
+@click.option("--eval-tokens", "budget", type=click.IntRange(min=0), default=0,
+              show_default=True, help="score only the first N tokens of the split (0 = all)")
+def eval_(model_path: str, split: str, device: str, data_dir: str | None, budget: int) -> None:
     """Word-level perplexity of a checkpoint on a split."""
     from .reporting.progress import TrainingProgress
+    from .reporting.report import on_tokens
     from .training.evaluate import evaluate_checkpoint
 
-    result = evaluate_checkpoint(model_path, split, device, data_dir,
-                                 TrainingProgress(1).evaluating)
+    progress = TrainingProgress(1)
+    try:
+        result = evaluate_checkpoint(model_path, split, device, data_dir, progress.evaluating,
+                                     budget)
+    finally:
+        progress.close()
     click.echo(f"{split} perplexity {result['perplexity']:.3f} (mean NLL "
-               f"{result['nll']:.4f} over {result['tokens']} tokens, {result['device']})")
+               f"{result['nll']:.4f} on {on_tokens(result['tokens'], result['of'])}, "
+               f"{result['device']})")
 
 
 @main.command()

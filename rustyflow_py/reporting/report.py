@@ -115,6 +115,7 @@ class RunRecord(TypedDict, total=False):
     best_checkpoint: str | None  # MODEL_PATH with -best: the best validated weights
     early_stopped: bool  # PATIENCE ended the run
     eval_protocol: str  # how perplexity was measured ("non-overlapping 64-token windows")
+    eval_tokens: dict[str, list[int]]  # split -> [tokens scored, tokens of a full evaluation]
     final_loss: float | None
     checkpoint: str | None
     message: str | None
@@ -291,7 +292,24 @@ def _eval_line(r: Record) -> str:
     if r.get("best_checkpoint"):
         line += f" ({_text(r['best_checkpoint'])})"
     line += f" | test ppl {_fmt(r.get('test_ppl'), '.2f')} of {_text(r.get('test_ppl_of'))}"
+    line += _scored(r.get("eval_tokens"))
     return line + (" | early-stopped" if r.get("early_stopped") else "")
+
+
+def on_tokens(scored: int, full: int) -> str:
+    """How much of a split a perplexity is on: `217,600 tokens` or `20,000 of 217,600
+    tokens` (an EVAL_TOKENS subset says so wherever its result is shown)."""
+    return f"{scored:,} tokens" if scored == full else f"{scored:,} of {full:,} tokens"
+
+
+def _scored(counts: Any) -> str:
+    """` | scored: valid 217,600 tokens, test 20,000 of 245,504 tokens` (EVAL_TOKENS makes a
+    subset, and says so); nothing for older blocks, which lack the counts."""
+    if not isinstance(counts, dict):
+        return ""
+    parts = [f"{split} {on_tokens(pair[0], pair[1])}" for split, pair in counts.items()
+             if isinstance(pair, list) and len(pair) == 2 and all(map(_is_num, pair))]
+    return f" | scored: {', '.join(parts)}" if parts else ""
 
 
 def _parallel_lines(r: Record) -> list[str]:

@@ -226,6 +226,9 @@ KEYS: dict[str, Key] = dict([
     _k("EVAL_STRIDE", "int", 0, "perplexity windows: 0 = non-overlapping SEQ_LEN windows; S = "
        "sliding SEQ_LEN windows advancing S tokens, each token scored once (S <= SEQ_LEN)",
        lo=0),
+    _k("EVAL_TOKENS", "int", 0, "evaluate only the first N scored tokens of each split (0 = "
+       "all): a quick look, not a comparable result; results say how many were scored",
+       lo=0),
     _k("MAX_STEPS", "int", 0, "stop after this many optimizer steps (0 = no limit)", lo=0),
     _k("NUM_GPUS", "int", 1, "data-parallel worker processes on this machine, one per GPU "
        "(rustyflow train --gpus N); each trains BATCH_SIZE streams of every step", lo=1,
@@ -332,6 +335,7 @@ class Config:
     eval_interval: int = _D["EVAL_INTERVAL"]
     patience: int = _D["PATIENCE"]
     eval_stride: int = _D["EVAL_STRIDE"]
+    eval_tokens: int = _D["EVAL_TOKENS"]
     max_steps: int = _D["MAX_STEPS"]
     num_gpus: int = _D["NUM_GPUS"]
     grad_accum_steps: int = _D["GRAD_ACCUM_STEPS"]

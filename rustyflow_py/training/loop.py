@@ -139,7 +139,8 @@ class Trainer:
             self.corpus.vocab.to_array(), self.history, self.ledger.set_aside, self.warn,
             world.size, writes=main)
         self.evaluator = SplitEvaluator(self.model, self.corpus, cfg.batch_size, cfg.seq_len,
-                                        cfg.eval_stride, self.progress, self.ledger.set_aside)
+                                        cfg.eval_stride, self.progress, self.ledger.set_aside,
+                                        cfg.eval_tokens)
         self.signals = StopSignals(self.say)
         # Processes must stop at the same step: a stop request waits for the next agreement
         # (see _check_stop) instead of interrupting evaluation on one process only.
@@ -184,7 +185,7 @@ class Trainer:
             except Stopped as exc:
                 stop = exc
                 status, message = "interrupted", f"interrupted at step {self.pos.step}"
-                self.say(f"\nInterrupted at step {self.pos.step} ({exc}): saving checkpoint "
+                self.say(f"Interrupted at step {self.pos.step} ({exc}): saving checkpoint "
                          "and log block")
             except TrainingError as exc:
                 status, message = "failed", str(exc)
@@ -239,6 +240,8 @@ class Trainer:
                     break
             self.backend.synchronize()
             self._drain_losses()
+            if self.progress and self.losses:  # the bar ends at its total
+                self.progress.update(pos, self.losses[-1], self._tokens_per_s())
             if pos.batch < nb:
                 break  # stopped by MAX_STEPS or early stopping mid-epoch
             self.epoch_times.append(time.perf_counter() - self._epoch_start)
@@ -289,7 +292,8 @@ class Trainer:
         PATIENCE validations in a row without one stop the run."""
         best, stop = self.history.validated(self.evaluate("valid"), self.cfg.patience)
         self._val_step = self.pos.step
-        self.say(f"step {self.pos.step}: validation perplexity {self.val_ppl:.2f}")
+        self.say(f"step {self.pos.step}: validation perplexity {self.val_ppl:.2f} on "
+                 f"{self.evaluator.on('valid')}")
         if best:
             self.checkpoints.save_best()
         if stop:

@@ -106,6 +106,7 @@ def build_record(trainer: Any, status: str, message: str | None, train_time: flo
         "best_checkpoint": trainer.best_path if trainer.history.best_step is not None else None,
         "early_stopped": bool(trainer.early_stopped),
         "eval_protocol": protocol(cfg.seq_len, cfg.eval_stride),
+        "eval_tokens": {split: list(n) for split, n in trainer.evaluator.counts.items()},
         "final_loss": next((x for x in reversed(trainer.losses) if math.isfinite(x)), None),
         "checkpoint": ckpt,
         "message": message,
