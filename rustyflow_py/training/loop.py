@@ -185,6 +185,9 @@ class Trainer:
             except Stopped as exc:
                 stop = exc
                 status, message = "interrupted", f"interrupted at step {self.pos.step}"
+                if not self._in_step:  # the bar shows the step the run stopped at
+                    self._drain_losses()
+                    self._show_progress()
                 self.say(f"Interrupted at step {self.pos.step} ({exc}): saving checkpoint "
                          "and log block")
             except TrainingError as exc:
@@ -240,8 +243,7 @@ class Trainer:
                     break
             self.backend.synchronize()
             self._drain_losses()
-            if self.progress and self.losses:  # the bar ends at its total
-                self.progress.update(pos, self.losses[-1], self._tokens_per_s())
+            self._show_progress()  # the bar ends at its total
             if pos.batch < nb:
                 break  # stopped by MAX_STEPS or early stopping mid-epoch
             self.epoch_times.append(time.perf_counter() - self._epoch_start)
@@ -264,8 +266,12 @@ class Trainer:
             self._in_step = False
         if self.pos.step - len(self.losses) == len(self.runner.ring):
             self._drain_losses()
-            if self.progress:
-                self.progress.update(self.pos, self.losses[-1], self._tokens_per_s())
+            self._show_progress()
+
+    def _show_progress(self) -> None:
+        """The bar at the current step, with the latest loss (call after a loss drain)."""
+        if self.progress and self.losses:
+            self.progress.update(self.pos, self.losses[-1], self._tokens_per_s())
 
     def _check_stop(self) -> None:
         """Stop here if asked to. In a data-parallel run every process must stop at the same
