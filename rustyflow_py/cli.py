@@ -153,28 +153,42 @@ def eval_(model_path: str, split: str, device: str, data_dir: str | None, budget
                f"{result['device']})")
 
 
-@main.command()
-@click.option("--log", "log_path", default="training_log.txt", type=click.Path(dir_okay=False))
-@click.option("--last", type=click.IntRange(min=1), default=None, help="only the last N runs")
-@click.option("--format", "fmt", type=click.Choice(["table", "markdown", "json"]),
-              default="table")
-def report(log_path: str, last: int | None, fmt: str) -> None:
-    """The runs in the log, CPU-vs-GPU speed-ups and the latest profiling report."""
+_LOG_OPTION = click.option(
+    "--log", "logs", multiple=True, type=click.Path(dir_okay=False),
+    help="a log to read; repeat to read several together [default: training_log.txt]")
+
+
+def _read_logs(logs: tuple[str, ...]) -> list[Any]:
+    """The runs of every --log, in time order (a log's own order for equal times); each
+    log's warnings on stderr. A missing log is an error, never silently skipped."""
     from .reporting import report as rep
 
     warnings: list[str] = []
-    try:
-        records = rep.read_log(log_path, warnings)
-    except FileNotFoundError as exc:
-        raise click.ClickException(str(exc)) from None
+    records = []
+    for path in logs or ("training_log.txt",):
+        try:
+            records += rep.read_log(path, warnings)
+        except FileNotFoundError as exc:
+            raise click.ClickException(str(exc)) from None
     for w in warnings:
         click.echo(f"WARN: {w}", err=True)
-    click.echo(rep.render_report(records, fmt, last))
+    return sorted(records, key=lambda r: str(r.get("timestamp", ""))) if len(logs) > 1 else records
 
 
 @main.command()
-@click.option("--log", "logs", multiple=True, type=click.Path(dir_okay=False),
-              help="a log to read; repeat to read several [default: training_log.txt]")
+@_LOG_OPTION
+@click.option("--last", type=click.IntRange(min=1), default=None, help="only the last N runs")
+@click.option("--format", "fmt", type=click.Choice(["table", "markdown", "json"]),
+              default="table")
+def report(logs: tuple[str, ...], last: int | None, fmt: str) -> None:
+    """The runs in the log(s), CPU-vs-GPU speed-ups and the latest profiling report."""
+    from .reporting import report as rep
+
+    click.echo(rep.render_report(_read_logs(logs), fmt, last))
+
+
+@main.command()
+@_LOG_OPTION
 @click.option("--out", "folder", default="plots", show_default=True,
               type=click.Path(file_okay=False), help="folder for the PNG and SVG files")
 @click.option("--last", type=click.IntRange(min=1), default=None, help="only the last N runs")
@@ -186,18 +200,9 @@ def plot(logs: tuple[str, ...], folder: str, last: int | None, runs: tuple[str, 
          formats: tuple[str, ...]) -> None:
     """Pictures of the runs: loss curves, per-op breakdown, CPU vs GPU (needs matplotlib)."""
     from .reporting import plot as pictures
-    from .reporting import report as rep
 
     pictures.pyplot()  # without matplotlib, say how to get it before reading anything
-    warnings: list[str] = []
-    records = []
-    for path in logs or ("training_log.txt",):
-        try:
-            records += rep.read_log(path, warnings)
-        except FileNotFoundError as exc:
-            raise click.ClickException(str(exc)) from None
-    for w in warnings:
-        click.echo(f"WARN: {w}", err=True)
+    records = _read_logs(logs)
     written, skipped = pictures.plot_runs(pictures.select(records, last, runs), folder,
                                           formats or pictures.FORMATS)
     for path in written:
