@@ -320,6 +320,7 @@ def banner(train_args: tuple[str, ...]) -> None:
     from pathlib import Path
 
     from .data import where_found
+    from .reporting.report import plural
     from .training.optimizers import describe as describe_optimizer
 
     with train.make_context("rustyflow train", list(train_args)) as ctx:
@@ -334,8 +335,8 @@ def banner(train_args: tuple[str, ...]) -> None:
     model_path = {"cpu": cpu_path, "gpu": f"{gpu_path} ({cpu_path} if it falls back to the CPU)",
                   "auto": f"{gpu_path} on a usable GPU, else {cpu_path}"}[
                       cfg.device.partition(":")[0]]
-    epochs = f"{cfg.num_epochs}" + (f" (stop after {cfg.max_steps} steps)" if cfg.max_steps
-                                    else "")
+    epochs = f"{cfg.num_epochs}" + (f" (stop after {plural(cfg.max_steps, 'step')})"
+                                    if cfg.max_steps else "")
     rows = [
         ("config", shown or "none (built-in defaults, environment and flags)"),
         ("dataset", cfg.dataset + (f" (DATA_DIR={cfg.data_dir})" if cfg.data_dir else "")),

@@ -27,12 +27,9 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
+from .report import plural
+
 Advance = Callable[[int], None]
-
-
-def plural(count: int, word: str) -> str:
-    """`1 step`, `2 steps`, `1,000 steps`."""
-    return f"{count:,} {word}{'' if count == 1 else 's'}"
 
 
 class TrainingProgress:

@@ -248,7 +248,7 @@ def _epoch_time(r: Record) -> tuple[float | None, str | None]:
         prof = r.get("profile") if isinstance(r.get("profile"), dict) else {}
         eval_s = _num((prof.get("phases") or {}).get("eval"))
         step_s = max(train - eval_s, 0.0)
-        note = f"{steps:,} steps in {step_s:.3f}s scaled to {per_epoch:,} steps/epoch"
+        note = f"{plural(steps, 'step')} in {step_s:.3f}s scaled to {per_epoch:,} steps/epoch"
         return step_s / steps * per_epoch, note
     return None, "nothing to extrapolate from"
 
@@ -294,6 +294,11 @@ def _eval_line(r: Record) -> str:
     line += f" | test ppl {_fmt(r.get('test_ppl'), '.2f')} of {_text(r.get('test_ppl_of'))}"
     line += _scored(r.get("eval_tokens"))
     return line + (" | early-stopped" if r.get("early_stopped") else "")
+
+
+def plural(count: int, word: str) -> str:
+    """`1 step`, `2 steps`, `1,000 steps`."""
+    return f"{count:,} {word}{'' if count == 1 else 's'}"
 
 
 def on_tokens(scored: int, full: int) -> str:
@@ -461,7 +466,7 @@ def _traffic_lines(prof: Record) -> list[str]:
             per.append(f"{kind.upper()} {NA}")
     return [
         f"Host<->device traffic per step: {', '.join(per)}",
-        f"Host<->device traffic over {n:,} steps: {', '.join(total)}",
+        f"Host<->device traffic over {plural(n, 'step')}: {', '.join(total)}",
     ]
 
 

@@ -352,7 +352,8 @@ def check_trace(path: str, cfg: Config) -> None:
 
 def nothing_left(cfg: Config, step: int, total_steps: int) -> str:
     """What a resume of a finished run says (it trains nothing and logs nothing)."""
-    done = f"all {cfg.num_epochs} epoch(s)" if step >= total_steps else f"MAX_STEPS={cfg.max_steps}"
+    done = (f"all {report.plural(cfg.num_epochs, 'epoch')}" if step >= total_steps
+            else f"MAX_STEPS={cfg.max_steps}")
     return (f"Nothing left to do: the checkpoint is at step {step}, which completes {done}. "
             f"To train longer, resume with --num-epochs {cfg.num_epochs + 1} (or more), or a "
             "larger --max-steps.")
