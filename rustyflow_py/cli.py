@@ -331,6 +331,8 @@ def banner(train_args: tuple[str, ...]) -> None:
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     shown = config or ("config.env" if Path("config.env").is_file() else None)
+    if shown and Path(shown).is_absolute() and Path(shown).is_relative_to(Path.cwd()):
+        shown = str(Path(shown).relative_to(Path.cwd()))  # as the scripts' caller wrote it
     cpu_path, gpu_path = cfg.model_path_for("cpu"), cfg.model_path_for("gpu")
     model_path = {"cpu": cpu_path, "gpu": f"{gpu_path} ({cpu_path} if it falls back to the CPU)",
                   "auto": f"{gpu_path} on a usable GPU, else {cpu_path}"}[

@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DataError
+from .errors import DataError, command
 
 EOS = "<eos>"
 UNK = "<unk>"
@@ -317,7 +317,7 @@ def _read_verified(source: Source, name: str, path: Path) -> str:
         raise DataError(
             f"checksum mismatch: {path} has sha256 {digest}, expected {expected} "
             f"({source.title}); the file is damaged or a different version. Delete it and run "
-            f"`rustyflow data download`, or to train on your own text set DATASET=<path>")
+            f"`{command()} data download`, or to train on your own text set DATASET=<path>")
     return read_text(path, data)
 
 
@@ -334,7 +334,7 @@ def _missing(dataset: str, source: Source, dirs: list[tuple[Path, str]], why: st
         f"  1. copy the files into one of those folders (e.g. ./data/{source.folder}/);\n"
         f"  2. point at a folder holding {source.folder}/: --data-dir DIR, DATA_DIR=DIR in "
         f"config.env, or the environment variable RUSTYFLOW_DATA_DIR=DIR;\n"
-        f"  3. download it: `rustyflow data download {dataset}` (from {source.urls[0]}, "
+        f"  3. download it: `{command()} data download {dataset}` (from {source.urls[0]}, "
         f"checksums verified; on an offline machine, run it elsewhere and copy ./data over).")
 
 
@@ -448,7 +448,7 @@ def info_problem(info: dict[str, Any]) -> str | None:
     if info.get("checksum_ok") is False:
         bad = [f["name"] for f in info["files"] if f["checksum_ok"] is False]
         return (f"{name}: checksum mismatch in {', '.join(bad)}; delete the damaged files and "
-                f"run `rustyflow data download {name}`")
+                f"run `{command()} data download {name}`")
     if "error" in info:
         return f"{name}: {info['error']}"
     return None

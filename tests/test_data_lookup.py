@@ -85,7 +85,7 @@ def test_not_found_lists_every_folder_and_three_fixes(cwd: Path,
     assert "Download failed: no network in tests" in message
     assert "Three ways to fix it" in message
     for fix in ("./data/wikitext-2/", "--data-dir DIR", "DATA_DIR=DIR",
-                "RUSTYFLOW_DATA_DIR=DIR", "rustyflow data download wikitext-2"):
+                "RUSTYFLOW_DATA_DIR=DIR", " data download wikitext-2"):
         assert fix in message
 
 

@@ -9,30 +9,22 @@ prints plain lines with no control code at all.
 
 from __future__ import annotations
 
-import fcntl
-import os
-import pty
 import re
-import select
-import signal
-import struct
 import subprocess
 import sys
-import termios
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-pyte = pytest.importorskip("pyte", reason="the dev extra's pyte renders the terminal")
+pytest.importorskip("pyte", reason="the dev extra's pyte renders the terminal")
 
-COLS, ROWS = 120, 60
-BAR = "━"
+from screen import BAR, bar_counts, content, on_screen  # noqa: E402  (after the skip)
+
 # A tiny model on a tiny text: a run takes a second or two.
-TINY = ["train", "--device", "cpu", "--dataset", "words.txt", "--batch-size", "4", "--seq-len", "8",
-        "--embed-dim", "16", "--num-heads", "2", "--num-layers", "1", "--cpu-jit", "off",
+TINY = ["train", "--device", "cpu", "--dataset", "words.txt", "--batch-size", "4", "--seq-len",
+        "8", "--embed-dim", "16", "--num-heads", "2", "--num-layers", "1", "--cpu-jit", "off",
         "--log-interval", "2", "--no-profile", "--warmup-steps", "1"]
+RUSTYFLOW = [sys.executable, "-m", "rustyflow_py"]
 
 
 @pytest.fixture
@@ -45,54 +37,8 @@ def workdir(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def on_screen(args: list[str], cwd: Path,
-              interrupt: Callable[[list[str]], bool] | None = None) -> tuple[list[str], int]:
-    """Run `rustyflow ARGS` on a pseudo-terminal of COLS x ROWS, feeding everything it writes
-    to a pyte screen; send one SIGINT as soon as `interrupt(screen lines)` is true. Returns
-    the final screen (right-stripped lines) and the exit status."""
-    pid, fd = pty.fork()
-    if pid == 0:  # the child: its stdout and stderr are the terminal
-        os.environ.update(COLUMNS=str(COLS), LINES=str(ROWS), TERM="xterm")
-        os.chdir(cwd)
-        os.execv(sys.executable, [sys.executable, "-m", "rustyflow_py", *args])
-    fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", ROWS, COLS, 0, 0))
-    screen = pyte.Screen(COLS, ROWS)
-    stream = pyte.ByteStream(screen)
-    sent, deadline = False, time.monotonic() + 120
-    while time.monotonic() < deadline:
-        if select.select([fd], [], [], 0.2)[0]:
-            try:
-                chunk = os.read(fd, 1 << 16)
-            except OSError:  # EIO: the child has exited and the terminal is closed
-                break
-            if not chunk:
-                break
-            stream.feed(chunk)
-        if interrupt and not sent and interrupt(screen.display):
-            os.kill(pid, signal.SIGINT)
-            sent = True
-    else:
-        os.kill(pid, signal.SIGKILL)
-    _, status = os.waitpid(pid, 0)
-    os.close(fd)
-    return [line.rstrip() for line in screen.display], os.waitstatus_to_exitcode(status)
-
-
-def content(screen: list[str]) -> list[str]:
-    """The screen's lines from the first to the last non-empty one."""
-    filled = [i for i, line in enumerate(screen) if line.strip()]
-    return screen[filled[0]: filled[-1] + 1] if filled else []
-
-
-def bar_counts(line: str) -> tuple[int, int]:
-    """(done, total) of a bar line (after its `epoch E/N` label)."""
-    match = re.search(r" (\d+)/(\d+) +loss ", line)
-    assert match, line
-    return int(match.group(1)), int(match.group(2))
-
-
 def test_the_final_screen_of_two_epochs(workdir: Path) -> None:
-    screen, status = on_screen([*TINY, "--num-epochs", "2"], workdir)
+    screen, status = on_screen([*RUSTYFLOW, *TINY, "--num-epochs", "2"], workdir)
     lines = content(screen)
     text = "\n".join(lines)
     assert status == 0, text
@@ -121,7 +67,8 @@ def test_the_final_screen_of_an_interrupted_run(workdir: Path) -> None:
         bars = [line for line in screen if line.startswith("epoch ") and BAR in line]
         return bool(bars) and bar_counts(bars[-1])[0] >= 4
 
-    screen, status = on_screen([*TINY, "--num-epochs", "50"], workdir, interrupt=started)
+    screen, status = on_screen([*RUSTYFLOW, *TINY, "--num-epochs", "50"], workdir,
+                               interrupt=started)
     lines = content(screen)
     text = "\n".join(lines)
     assert status == 130, text

@@ -60,6 +60,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
+from ..errors import command
 from .curves import curve, sparkline
 
 Record = dict[str, Any]  # a record as read back from a log: any version, any field missing
@@ -600,7 +601,7 @@ def format_summary(record: RunRecord | Record, log: str | None, top: int = 5) ->
     ckpt = r.get("checkpoint")
     lines.append(f"Checkpoint: {_text(ckpt)}" if ckpt else
                  "Checkpoint: none written (see the message above)")
-    lines.append(f"Full report: appended to {log} (`rustyflow report --log {log}` shows it)"
+    lines.append(f"Full report: appended to {log} (`{command()} report --log {log}` shows it)"
                  if log else "Full report: not written (see the warning above)")
     return "\n".join(lines)
 

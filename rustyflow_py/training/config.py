@@ -138,8 +138,8 @@ def _k(name: str, type_: str, default: object, help_: str, **kw: object) -> tupl
 KEYS: dict[str, Key] = dict([
     _k("DATASET", "str", "wikitext-2",
        "wikitext-2, tinyshakespeare, or the path of a UTF-8 text file (split 90/10)"),
-    _k("DATA_DIR", "str", "", "folder holding the datasets; empty = $RUSTYFLOW_DATA_DIR, then "
-       "./data", allow_empty=True),
+    _k("DATA_DIR", "str", "", "folder holding the datasets (must exist); empty = "
+       "$RUSTYFLOW_DATA_DIR, then ./data, then ../shared/data", allow_empty=True),
     _k("SEQ_LEN", "int", 64, "tokens per training window (context length)", lo=1),
     _k("BATCH_SIZE", "int", 16, "parallel token streams per step", lo=1),
     _k("NUM_EPOCHS", "int", 1, "passes over the training tokens", lo=1),
@@ -246,8 +246,8 @@ _D = {key.name: key.default for key in KEYS.values()}
 
 
 def markdown_table() -> list[str]:
-    """README's configuration table (header and one row per key), generated from KEYS;
-    tests/test_config.py holds the README to it."""
+    """docs/configuration.md's key table (header and one row per key), generated from KEYS;
+    tests/test_config.py holds the page to it."""
     rows = ["| Key | Flag | Default | Valid values | Meaning |", "|---|---|---|---|---|"]
     for key in KEYS.values():
         flag = (f"`{key.flag}` / `--no-{key.flag[2:]}`" if key.type == "bool"
