@@ -223,5 +223,5 @@ class SplitEvaluator:
             return result["perplexity"]
 
     def on(self, split: str) -> str:
-        """`on_tokens` of the split's last evaluation."""
-        return on_tokens(*self.counts[split])
+        """` on <on_tokens>` of the split's last evaluation ("" before there was one)."""
+        return f" on {on_tokens(*self.counts[split])}" if split in self.counts else ""

@@ -298,7 +298,7 @@ class Trainer:
         PATIENCE validations in a row without one stop the run."""
         best, stop = self.history.validated(self.evaluate("valid"), self.cfg.patience)
         self._val_step = self.pos.step
-        self.say(f"step {self.pos.step}: validation perplexity {self.val_ppl:.2f} on "
+        self.say(f"step {self.pos.step}: validation perplexity {self.val_ppl:.2f}"
                  f"{self.evaluator.on('valid')}")
         if best:
             self.checkpoints.save_best()
@@ -325,7 +325,8 @@ class Trainer:
         return self.cfg.batch_size * self.shards.count * self.cfg.seq_len
 
     def evaluate(self, split: str) -> float:
-        """Perplexity over the whole split (exp of the mean per-token NLL)."""
+        """Perplexity of a split (exp of the mean per-token NLL): all of it, or its first
+        EVAL_TOKENS scored tokens."""
         start = time.perf_counter()
         result = self.evaluator(split)
         self.runner.phases["eval"] += time.perf_counter() - start
