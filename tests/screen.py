@@ -26,11 +26,11 @@ BAR = "━"
 
 
 def on_screen(argv: Sequence[str], cwd: Path, interrupt: Callable[[list[str]], bool] | None = None,
-              env: dict[str, str] | None = None, cols: int = COLS,
-              rows: int = ROWS) -> tuple[list[str], int]:
+              env: dict[str, str] | None = None, cols: int = COLS, rows: int = ROWS,
+              timeout: float = 300) -> tuple[list[str], int]:
     """Run `argv` on a pseudo-terminal of cols x rows, feeding everything it writes to a pyte
-    screen; send one SIGINT as soon as `interrupt(screen lines)` is true. Returns the final
-    screen (right-stripped lines) and the exit status."""
+    screen; send one SIGINT as soon as `interrupt(screen lines)` is true, SIGKILL after
+    `timeout` seconds. Returns the final screen (right-stripped lines) and the exit status."""
     import pyte
 
     pid, fd = pty.fork()
@@ -42,7 +42,7 @@ def on_screen(argv: Sequence[str], cwd: Path, interrupt: Callable[[list[str]], b
     fcntl.ioctl(fd, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
     screen = pyte.Screen(cols, rows)
     stream = pyte.ByteStream(screen)
-    sent, deadline = False, time.monotonic() + 300
+    sent, deadline = False, time.monotonic() + timeout
     while time.monotonic() < deadline:
         if select.select([fd], [], [], 0.2)[0]:
             try:
