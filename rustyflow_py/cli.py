@@ -88,22 +88,31 @@ def main() -> None:
     """RustyFlow: train a GPT on WikiText-2 with a from-scratch engine on NumPy or CuPy."""
 
 
+def _train_options(fn: Any) -> Any:
+    """The options of `train` (`warmup` takes the same, so a script can pass one list)."""
+    for option in reversed((
+        click.option("--config", "config", type=click.Path(dir_okay=False), default=None,
+                     help="config file (default: ./config.env when present)"),
+        click.option("--device", default=None, metavar="DEVICE", help="auto, cpu, gpu or gpu:N"),
+        click.option("--resume", type=click.Path(dir_okay=False, exists=True), default=None,
+                     help="continue exactly from a checkpoint written by train"),
+        click.option("--max-steps", "max_steps", type=int, default=None,
+                     help="stop after N optimizer steps (the LR schedule is unchanged)"),
+        click.option("--profile/--no-profile", default=None, help="per-op timing report"),
+        click.option("--seed", type=int, default=None),
+        click.option("--gpus", "num_gpus", type=int, default=None, metavar="N",
+                     help="data parallel: one worker process per GPU on this machine "
+                          "(NUM_GPUS)"),
+        click.option("--trace", "trace", type=click.Path(dir_okay=False), default=None,
+                     metavar="FILE.json", help="write the profiled steps as a Chrome/Perfetto "
+                     "trace (needs PROFILE)"),
+    )):
+        fn = option(fn)
+    return _hyperparameter_options(fn)
+
+
 @main.command()
-@click.option("--config", "config", type=click.Path(dir_okay=False), default=None,
-              help="config file (default: ./config.env when present)")
-@click.option("--device", default=None, metavar="DEVICE", help="auto, cpu, gpu or gpu:N")
-@click.option("--resume", type=click.Path(dir_okay=False, exists=True), default=None,
-              help="continue exactly from a checkpoint written by train")
-@click.option("--max-steps", "max_steps", type=int, default=None,
-              help="stop after N optimizer steps (the LR schedule is unchanged)")
-@click.option("--profile/--no-profile", default=None, help="per-op timing report")
-@click.option("--seed", type=int, default=None)
-@click.option("--gpus", "num_gpus", type=int, default=None, metavar="N",
-              help="data parallel: one worker process per GPU on this machine (NUM_GPUS)")
-@click.option("--trace", "trace", type=click.Path(dir_okay=False), default=None,
-              metavar="FILE.json",
-              help="write the first profiled steps as a Chrome/Perfetto trace (needs PROFILE)")
-@_hyperparameter_options
+@_train_options
 def train(config: str | None, resume: str | None, trace: str | None, **overrides: Any) -> None:
     """Train a GPT; append the profiling report to the log."""
     from .engine.world import World
@@ -126,6 +135,19 @@ def train(config: str | None, resume: str | None, trace: str | None, **overrides
 
 def _warn(message: str) -> None:
     click.echo(message, err=True)
+
+
+@main.command()
+@_train_options
+def warmup(config: str | None, resume: str | None, trace: str | None,
+           **overrides: Any) -> None:
+    """Compile the GPU kernels a training run of this config needs into CuPy's disk cache, so
+    that the run itself starts warm. Takes train's options (--resume, --trace, --max-steps and
+    --gpus do not change the kernels); trains nothing and writes no file of its own."""
+    from .training.loop import warm_up
+
+    overrides.update(max_steps=None, num_gpus=None)
+    warm_up(_load(config, overrides), click.echo)
 
 
 @main.command("eval")

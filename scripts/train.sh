@@ -31,4 +31,10 @@ py="$(scripts/bootstrap.sh ${bootstrap[@]+"${bootstrap[@]}"})"
 export PYTHONUNBUFFERED=1  # lines reach a pipe or log file as they are printed
 args=(--device "$device" ${config[@]+"${config[@]}"} "$@")
 "$py" -m rustyflow_py banner "${args[@]}"
+if [[ $device == gpu ]]; then
+    # compile the GPU kernels into CuPy's disk cache first (quick when it is warm), so that the
+    # run's own start-up and first epoch are not slowed by compilation; a failure here is the
+    # trainer's to report, so it is not fatal
+    "$py" -m rustyflow_py warmup "${args[@]}" || true
+fi
 exec "$py" -m rustyflow_py train "${args[@]}"

@@ -11,11 +11,13 @@ from click.testing import CliRunner
 
 from rustyflow_py.cli import main
 from rustyflow_py.reporting import plot
+from rustyflow_py.reporting.profile_text import roofline
 from rustyflow_py.reporting.report import read_log
 
 RUNS = Path(__file__).resolve().parents[1] / "benchmarks/results/runs"
 CURVES_LOG = RUNS / "curves-cpu.log"
 OLD_LOGS = [RUNS / "seed-epoch-cpu-amd-epyc-2core.log", RUNS / "seed-epoch-h100.log"]
+GRAPH_LOG = RUNS / "h100-seed-graph-profile.log"
 
 
 def records(*paths: Path) -> list[dict]:
@@ -47,7 +49,7 @@ def test_without_matplotlib_the_command_says_how_to_get_it(
 def test_all_three_pictures_from_the_committed_logs(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     written, skipped = plot.plot_runs(records(CURVES_LOG, *OLD_LOGS), tmp_path)
-    assert skipped == []
+    assert [s.split(":")[0] for s in skipped] == ["roofline"]  # logged before peaks were
     names = sorted(p.name for p in written)
     assert names == sorted(f"{stem}.{fmt}" for stem in ("loss-curves", "op-breakdown",
                                                          "cpu-vs-gpu") for fmt in plot.FORMATS)
@@ -60,7 +62,21 @@ def test_pictures_a_log_cannot_give_are_named_not_drawn(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib")
     written, skipped = plot.plot_runs(records(OLD_LOGS[0]), tmp_path)
     assert sorted(p.name for p in written) == ["op-breakdown.png", "op-breakdown.svg"]
-    assert [s.split(":")[0] for s in skipped] == ["loss-curves", "cpu-vs-gpu"]
+    assert [s.split(":")[0] for s in skipped] == ["loss-curves", "roofline", "cpu-vs-gpu"]
+
+
+def test_roofline_of_a_graph_profile(tmp_path: Path) -> None:
+    """A real H100 run's graph profile (committed log) draws its roofline: GEMM ops against
+    the table's fp32 roof, the other ops against the bandwidth."""
+    pytest.importorskip("matplotlib")
+    log = records(GRAPH_LOG)
+    written, skipped = plot.plot_runs(log, tmp_path, formats=("png",))
+    assert "roofline.png" in {p.name for p in written}, skipped
+    prof = log[-1]["profile"]
+    rows = roofline(prof["ops"], prof["peaks"], "fp32", prof["profiled_steps"])
+    gemms = [r for r in rows if r["kind"] == "GEMM fp32"]
+    assert gemms and all(r["peak"] == 67.0 and 0 < r["share"] < 1 for r in gemms)
+    assert any(r["kind"] == "memory" and r["peak"] == 3350.0 for r in rows)
 
 
 def test_plot_command(tmp_path: Path) -> None:
@@ -70,6 +86,6 @@ def test_plot_command(tmp_path: Path) -> None:
                                        "--out", str(out), "--format", "png"])
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in out.iterdir()) == ["loss-curves.png", "op-breakdown.png"]
-    assert "not drawn: cpu-vs-gpu" in result.output
+    assert "not drawn: roofline" in result.output and "not drawn: cpu-vs-gpu" in result.output
     missing = CliRunner().invoke(main, ["plot", "--log", str(tmp_path / "nope.txt")])
     assert missing.exit_code == 1 and "not found" in missing.output

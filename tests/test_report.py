@@ -289,7 +289,7 @@ def test_gpu_partial_window_block() -> None:
     window = prof["profiled_time_s"]
     assert (
         f"Total matmul time (CPU + GPU): {matmul:.3f}s ({100 * p:.1f}% of the {window:.3f}s "
-        "of profiled training steps)" in lines
+        "of profiled training steps on the device)" in lines
     )
     amdahl = index_of(lines, "Amdahl's bound:")
     assert lines[amdahl].startswith(f"Amdahl's bound: {1 / (1 - p):.2f}x ")
@@ -570,7 +570,7 @@ def test_data_parallel_block_lines() -> None:
         "Tokens/s: 812,345 total, 406,172 per process"
     )
     assert index_of(lines, "Total training time:") < index_of(lines, "Data parallel:")
-    assert index_of(lines, "Tokens/s:") < index_of(lines, "Per-op profile:")
+    assert index_of(lines, "Tokens/s:") < index_of(lines, "Per-op profile")
     zero = parallel(4, launcher="torchrun", grad_accum_steps=2, effective_batch=128,
                     shard_optimizer=True, buckets=0)  # reduce-scatter: no all-reduce buckets
     lines = lines_of(format_block(dp_record(4, parallel=zero)))

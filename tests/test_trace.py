@@ -117,7 +117,7 @@ def test_cpu_trace_schema_nesting_and_sums() -> None:
     assert {e["name"] for e in timed(doc) if e["cat"] == "step"} == {
         f"step {n}" for n in range(1, 7)}
     assert {e["name"] for e in timed(doc) if e["cat"] == "phase"} == {
-        "forward", "backward", "optimizer"}
+        "data", "forward", "backward", "optimizer"}
     assert list(tracks(doc)) == [(1, 1)]  # the CPU runs its ops on the main thread
     stats = trainer.profiler.stats
     sums = self_times(doc, 1)
@@ -130,7 +130,8 @@ def test_cpu_trace_schema_nesting_and_sums() -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(gpu_unavailable_reason() is not None, reason=str(gpu_unavailable_reason()))
 def test_gpu_trace_has_host_and_device_tracks() -> None:
-    trainer = Trainer(tiny_cfg("gpu", MAX_STEPS=8, PROFILE_STEPS=3), quiet, trace="t.json")
+    trainer = Trainer(tiny_cfg("gpu", MAX_STEPS=8, PROFILE_STEPS=3, PROFILE_MODE="eager"),
+                      quiet, trace="t.json")
     trainer.run()
     doc = json.loads(Path("t.json").read_text())
     check_schema(doc)

@@ -37,6 +37,15 @@ def run_op(name: str, category: str, phase: str, fn: Callable[..., Any], *args: 
     return prof.record(name, category, phase, fn, args)
 
 
+def count_gemm(a: Any, product: Any) -> Any:
+    """Tell the profiler (if one is attached) of a GEMM A @ B -> product, inside the op that
+    is timing it, so the op's FLOPs are known; returns the product."""
+    prof = _profiler
+    if prof is not None:
+        prof.add_gemm(a, product)
+    return product
+
+
 @contextlib.contextmanager
 def no_grad() -> Iterator[None]:
     """Evaluate without recording the graph (no saved activations)."""
@@ -73,6 +82,10 @@ class RowGrad:
 
 def _add_into(dst: Any, g: Any) -> None:
     dst += g
+
+
+def _sum(a: Any, b: Any) -> Any:
+    return a + b
 
 
 class Function:
@@ -117,7 +130,7 @@ class Function:
         already, so its product is not recorded twice."""
         mm = self.kernels.matmul
         if self.category == "matmul":
-            return mm(a, b, transpose_b=transpose_b, out=out)
+            return count_gemm(a, mm(a, b, transpose_b=transpose_b, out=out))
         return self.gemm(phase)(mm, a, b, transpose_b=transpose_b, out=out)
 
     def gemm(self, phase: str) -> Callable[..., Any]:
@@ -127,7 +140,8 @@ class Function:
         name = f"{self.name}.matmul"
 
         def run(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
-            return run_op(name, "matmul", phase, lambda *a: fn(*a, **kwargs), *args)
+            return run_op(name, "matmul", phase,
+                          lambda *a: count_gemm(a[0], fn(*a, **kwargs)), *args)
 
         return run
 
@@ -252,7 +266,8 @@ class Tensor:
         if grad is None:
             if self.data.size != 1:
                 raise RuntimeError("backward() without a gradient needs a scalar output")
-            grad = self.backend.xp.ones_like(self.data)
+            grad = run_op("loss_seed", "other", "backward", self.backend.xp.ones_like,
+                          self.data)
         order = _topological_order(root)
         grads: dict[int, Any] = {id(root): grad}  # by the op whose output they are of
         self._ctx = None
@@ -281,7 +296,8 @@ class Tensor:
                 if isinstance(ig, RowGrad):
                     ig = ig.dense()
                 key = id(parent)
-                grads[key] = ig if key not in grads else grads[key] + ig
+                grads[key] = ig if key not in grads else run_op(
+                    "grad_sum", "other", "backward", _sum, grads[key], ig)  # branches join
             fn.release()
 
     def _accumulate(self, g: Any) -> None:

@@ -1,8 +1,17 @@
-"""The profiler that hooks the op choke point (tensor.run_op).
+"""The profiler that hooks the op choke point (autograd.run_op).
 
-CPU: wall time around each op. GPU: a pair of CUDA events recorded on the stream around each
-op and resolved once per step (`step_end`), so timing never synchronizes per op. Ops nested
-inside a fused op (its matmuls) are charged to themselves; the parent keeps its self time.
+Three ways to time an op, one per way a step runs:
+- CPU (`wall`): wall time around each op of every step.
+- GPU eager window (`events`): a pair of CUDA events recorded on the stream around each op and
+  resolved once per step (`step_end`), so timing never synchronizes per op. This describes an
+  eager step, which training does not run once the step is a CUDA graph: PROFILE_MODE=eager.
+- GPU graph (`tag`, the default): while the step is captured the profiler only says which op is
+  running (`current`), so that CUPTI can tag every graph node with its op; the times then come
+  from kernel records of sampled replays (`graph`, a kernel_records.KernelAttribution).
+
+Ops nested inside a fused op (its matmuls) are charged to themselves; the parent keeps its
+self time. Every mode also counts each op's work (op_cost): GEMM FLOPs and shapes, and the
+bytes its arrays hold, for the roofline.
 
 For a timeline (`rustyflow train --trace`), the first `trace_steps` profiled steps also keep
 each op's start and end (`spans`): host times around its launch, and on the GPU its device
@@ -19,6 +28,8 @@ from typing import Any, NamedTuple
 
 from . import autograd
 from .backend import Backend
+from .kernel_records import KernelAttribution, OpKey
+from .op_cost import gemm_cost, op_bytes
 
 
 class OpSpan(NamedTuple):
@@ -40,13 +51,19 @@ class Profiler:
         self.backend = backend
         self.gpu = backend.kind == "gpu"
         # (name, phase, category) -> [calls, seconds]
-        self.stats: dict[tuple[str, str, str], list[float]] = defaultdict(lambda: [0, 0.0])
+        self.stats: dict[OpKey, list[float]] = defaultdict(lambda: [0, 0.0])
+        # (name, phase, category) -> [FLOPs, bytes] over the same calls, and the GEMM shapes
+        self.costs: dict[OpKey, list[float]] = defaultdict(lambda: [0.0, 0.0])
+        self.shapes: dict[OpKey, dict[tuple[tuple[int, ...], str], int]] = defaultdict(dict)
+        self._open: list[OpKey] = []  # the ops running now, innermost last
         self._stack: list[list[Any]] = []  # open records: [key, start, child_time | children]
         # GPU: (key, start event, end event, children's event pairs, host start, host end)
-        self._pending: list[tuple[tuple[str, str, str], Any, Any, list[Any], float, float]] = []
+        self._pending: list[tuple[OpKey, Any, Any, list[Any], float, float]] = []
         self._events: list[Any] = []
         self._next_event = 0
         self.steps = 0
+        self.tagging = False  # capturing: only say which op runs (see `current`)
+        self.graph: KernelAttribution | None = None  # the sampled replays' kernel times
         self.trace_steps = trace_steps
         self.spans: list[OpSpan] = []  # the ops of the first `trace_steps` steps
         self.step_numbers: list[int] = []  # the training step number of each traced step
@@ -62,8 +79,36 @@ class Profiler:
     # ---- the hook --------------------------------------------------------------------------------
     def record(self, name: str, category: str, phase: str, fn: Any, args: tuple[Any, ...]) -> Any:
         key = (name, phase, category)
-        if self.gpu:
-            return self._record_gpu(key, fn, args)
+        self._open.append(key)
+        try:
+            if self.tagging:
+                out = fn(*args)
+                self.stats[key][0] += 1
+            elif self.gpu:
+                out = self._record_gpu(key, fn, args)
+            else:
+                out = self._record_cpu(key, fn, args)
+        finally:
+            self._open.pop()
+        saved = getattr(fn, "__self__", None) if phase == "backward" else None
+        self.costs[key][1] += op_bytes(args, out, saved)
+        return out
+
+    def current(self) -> OpKey | None:
+        """The innermost op running now (None between ops)."""
+        return self._open[-1] if self._open else None
+
+    def add_gemm(self, a: Any, product: Any) -> None:
+        """A GEMM A @ B -> product ran inside the current op: add its FLOPs and shape."""
+        key, cost = self.current(), gemm_cost(a, product)
+        if key is None or cost is None:
+            return
+        flops, shape, dtypes = cost
+        self.costs[key][0] += flops
+        seen = self.shapes[key]
+        seen[(shape, dtypes)] = seen.get((shape, dtypes), 0) + 1
+
+    def _record_cpu(self, key: OpKey, fn: Any, args: tuple[Any, ...]) -> Any:
         frame = [key, 0.0]
         self._stack.append(frame)
         start = time.perf_counter()
@@ -79,7 +124,7 @@ class Profiler:
         if self._stack:
             self._stack[-1][1] += elapsed
         if self.steps < self.trace_steps:
-            self.spans.append(OpSpan(self.steps, name, phase, category, start, end, None, None))
+            self.spans.append(OpSpan(self.steps, *key, start, end, None, None))
         return out
 
     def _event(self) -> Any:
@@ -90,7 +135,7 @@ class Profiler:
         self.backend.record(ev)
         return ev
 
-    def _record_gpu(self, key: tuple[str, str, str], fn: Any, args: tuple[Any, ...]) -> Any:
+    def _record_gpu(self, key: OpKey, fn: Any, args: tuple[Any, ...]) -> Any:
         children: list[Any] = []
         self._stack.append(children)
         host_start = time.perf_counter()
@@ -140,17 +185,36 @@ class Profiler:
 
     # ---- results -----------------------------------------------------------------------------
     def ops(self) -> list[dict[str, Any]]:
-        rows = [
-            {"name": n, "category": c, "phase": p, "calls": int(calls), "time_s": secs}
-            for (n, p, c), (calls, secs) in self.stats.items()
-        ]
+        """One row per op: calls and seconds over the profiled steps, its work (FLOPs, bytes,
+        GEMM shapes) and, from graph replays, its kernels. Longest first."""
+        if self.graph is not None:
+            times = self.graph.op_times()
+            scale = self.graph.replays  # the capture saw one step; the replays repeat it
+            keys = set(times) | set(self.stats)
+        else:
+            times = {k: v[1] for k, v in self.stats.items()}
+            scale, keys = 1, set(self.stats)
+        rows = []
+        for key in keys:
+            name, phase, category = key
+            flops, nbytes = self.costs.get(key, (0.0, 0.0))
+            row = {"name": name, "category": category, "phase": phase,
+                   "calls": int(self.stats[key][0] * scale) if key in self.stats else 0,
+                   "time_s": times.get(key, 0.0), "flops": flops * scale,
+                   "bytes": nbytes * scale}
+            if key in self.shapes:
+                row["gemms"] = [{"shape": list(shape), "dtypes": dtypes, "calls": n}
+                                for (shape, dtypes), n in self.shapes[key].items()]
+            if self.graph is not None:
+                row["kernels"] = self.graph.kernels(key)
+            rows.append(row)
         return sorted(rows, key=lambda r: -r["time_s"])
 
     def phase_times(self) -> dict[str, float]:
         out: dict[str, float] = defaultdict(float)
-        for (_, phase, _), (_, secs) in self.stats.items():
-            out[phase] += secs
+        for row in self.ops():
+            out[row["phase"]] += row["time_s"]
         return dict(out)
 
     def total(self, category: str | None = None) -> float:
-        return sum(s for (_, _, c), (_, s) in self.stats.items() if category in (None, c))
+        return sum(r["time_s"] for r in self.ops() if category in (None, r["category"]))

@@ -8,8 +8,18 @@ The binding happens here, above both, so that the ops (which need autograd) and 
 from __future__ import annotations
 
 from . import ops
-from .autograd import Function, RowGrad, Tensor, grad_enabled, no_grad, run_op, set_profiler
+from .autograd import (
+    Function,
+    RowGrad,
+    Tensor,
+    count_gemm,
+    grad_enabled,
+    no_grad,
+    run_op,
+    set_profiler,
+)
 
 ops.bind_operators(Tensor)
 
-__all__ = ["Function", "RowGrad", "Tensor", "grad_enabled", "no_grad", "run_op", "set_profiler"]
+__all__ = ["Function", "RowGrad", "Tensor", "count_gemm", "grad_enabled", "no_grad", "run_op",
+           "set_profiler"]

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.tensor import run_op
+from ..engine.tensor import count_gemm, run_op
 from .loss_scale import LossScaler
 from .params import ParameterBuffer
 
@@ -73,12 +73,18 @@ class Optimizer:
         return clip if scaler is None else scaler.factor(self.grad_norm, clip)
 
     def step(self) -> None:
+        """One update. Each part runs as an op of its own (the kernel-level profile of a
+        replayed step attributes every kernel to the op that launched it)."""
+        run_op("lr_schedule", "other", "optimizer", self._advance)
+        self._update(run_op("grad_clip", "other", "optimizer", self.clip_scale))
+        if self.loss_scaler is not None:
+            run_op("loss_scale", "other", "optimizer", self.loss_scaler.update, self.grad_norm)
+        run_op("compute_copy", "other", "optimizer", self.buffer.sync_compute)
+
+    def _advance(self) -> None:
+        """Count the step and set its learning rate (on the device: no host read)."""
         self.step_count += 1
         self._set_lr()
-        self._update(self.clip_scale())
-        if self.loss_scaler is not None:
-            self.loss_scaler.update(self.grad_norm)
-        self.buffer.sync_compute()
 
     def _set_lr(self) -> None:
         self.lr[...] = self.schedule(self.step_count, self.xp)
@@ -363,4 +369,5 @@ class Muon(Optimizer):
         """Newton-Schulz's GEMMs, timed as matmuls of the optimizer phase."""
         mm = self.kernels.matmul
         return run_op("newton_schulz.matmul", "matmul", "optimizer",
-                      lambda a, b: mm(a, b, transpose_b=transpose_b, out=out), a, b)
+                      lambda a, b: count_gemm(a, mm(a, b, transpose_b=transpose_b, out=out)),
+                      a, b)

@@ -20,8 +20,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from ..errors import RustyFlowError
 from .curves import curve
+from .profile_text import roofline
 from .report import Record, speedups
 
 FORMATS = ("png", "svg")
@@ -71,7 +74,7 @@ def plot_runs(records: list[Record], folder: str | Path,
     out.mkdir(parents=True, exist_ok=True)
     written, skipped = [], []
     for stem, draw in (("loss-curves", _curves), ("op-breakdown", _ops),
-                       ("cpu-vs-gpu", _cpu_vs_gpu)):
+                       ("roofline", _roofline), ("cpu-vs-gpu", _cpu_vs_gpu)):
         fig_or_reason = draw(plt, records)
         if isinstance(fig_or_reason, str):
             skipped.append(f"{stem}: {fig_or_reason}")
@@ -148,10 +151,72 @@ def _ops(plt: Any, records: list[Record]) -> Any:
                color=[COLORS.get(op.get("category"), "tab:gray") for op in top])
     right.set(title=f"top {len(top)} ops", xlabel="ms per step")
     right.tick_params(axis="y", labelsize=8)
-    timing = "device time, CUDA events" if prof.get("timing") == "cuda-events" else "wall time"
+    timing = {"cuda-events": "device time, CUDA events of an eager window",
+              "cupti-graph": "device time of sampled CUDA-graph replays"}.get(
+                  str(prof.get("timing")), "wall time")
     fig.suptitle(f"{label(r)} ({r.get('hardware', '?')}): {steps:,} profiled steps, {timing}",
                  fontsize=10)
     return fig
+
+
+def _roofline(plt: Any, records: list[Record]) -> Any:
+    """The latest profiled run's ops against the device's limits, each a point sized by its
+    time: GEMM ops by arithmetic intensity and TFLOP/s under the compute and memory roofs,
+    the other ops by bytes and GB/s under the bandwidth."""
+    runs = [r for r in records if isinstance(r.get("profile"), dict)
+            and r["profile"].get("peaks") and r["profile"].get("ops")]
+    if not runs:
+        return "no selected run has a profile with the device's peaks (older runs have none)"
+    r = runs[-1]
+    prof = r["profile"]
+    rows = roofline(prof["ops"], prof["peaks"], str(r.get("precision", "fp32")),
+                    int(prof.get("profiled_steps") or 1))
+    if not rows:
+        return "the latest profiled run has no op with counted work"
+    peaks = prof["peaks"]
+    fig, (gemm, memory) = plt.subplots(1, 2, figsize=(13, 4.6), layout="constrained")
+    biggest = max(row["ms_per_step"] for row in rows)
+    for ax, kind in ((gemm, "GEMM"), (memory, "memory")):
+        points = [row for row in rows if row["kind"].startswith(kind)]
+        if not points:
+            ax.set_axis_off()
+            continue
+        points = [row for row in points if kind != "GEMM" or row["intensity"]]
+        x = [row["intensity"] if kind == "GEMM" else row["bytes_per_step"] for row in points]
+        y = [row["rate"] for row in points]
+        size = [20 + 600 * row["ms_per_step"] / biggest for row in points]
+        ax.scatter(x, y, s=size, alpha=0.6, color=COLORS["matmul" if kind == "GEMM" else
+                                                          "other"])
+        for row, xi, yi in zip(points[:8], x, y, strict=False):
+            ax.annotate(f"{row['name']} ({row['phase'][:3]})", (xi, yi), fontsize=7)
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.grid(alpha=0.3, which="both")
+    _roofs(gemm, peaks, rows)
+    if peaks.get("bandwidth_gbs"):
+        memory.axhline(peaks["bandwidth_gbs"], color="tab:red", linewidth=1,
+                       label=f"bandwidth {peaks['bandwidth_gbs']:,.0f} GB/s")
+        memory.legend(fontsize=8)
+    gemm.set(title="GEMM ops", xlabel="FLOP per byte (arrays at the op boundary)",
+             ylabel="achieved TFLOP/s")
+    memory.set(title="other ops", xlabel="bytes per step", ylabel="GB/s (bytes estimated)")
+    fig.suptitle(f"Roofline: {label(r)} ({r.get('hardware', '?')}), point size = time per "
+                 f"step; peaks: {peaks.get('source', '?')}", fontsize=10)
+    return fig
+
+
+def _roofs(ax: Any, peaks: dict[str, Any], rows: list[Record]) -> None:
+    """Each GEMM kind's roof: min(peak, bandwidth x intensity)."""
+    kinds = sorted({row["kind"].split()[1] for row in rows if row["kind"].startswith("GEMM")})
+    bandwidth = peaks.get("bandwidth_gbs")
+    x = np.geomspace(0.1, 1e4, 200)
+    for kind in kinds:
+        peak = (peaks.get("tflops") or {}).get(kind)
+        if peak:
+            y = np.minimum(peak, bandwidth * x / 1e3) if bandwidth else np.full_like(x, peak)
+            ax.plot(x, y, linewidth=1, label=f"{kind} roof, {peak:,.0f} TFLOP/s")
+    if kinds:
+        ax.legend(fontsize=8)
 
 
 def _cpu_vs_gpu(plt: Any, records: list[Record]) -> Any:

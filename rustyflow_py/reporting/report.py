@@ -61,6 +61,7 @@ from pathlib import Path
 from typing import Any, Literal, TypedDict
 
 from ..errors import command
+from . import profile_text
 from .curves import curve, sparkline
 
 Record = dict[str, Any]  # a record as read back from a log: any version, any field missing
@@ -245,11 +246,17 @@ def _epoch_time(r: Record) -> tuple[float | None, str | None]:
     # this process's steps over this process's time (a resumed run ran only some of them)
     steps, per_epoch = r.get("steps_here", r.get("steps")), r.get("steps_per_epoch")
     train = r.get("train_time_s")
-    if _is_num(steps) and _is_num(per_epoch) and _is_num(train) and steps > 0 and per_epoch > 0:
+    if _is_num(r.get("timed_steps")) and _is_num(r.get("steps_time_s")):
+        # evaluation and start-up already out (records since the graph profile)
+        steps, step_s = r["timed_steps"], float(r["steps_time_s"])
+        excluded = "evaluation and start-up excluded"
+    else:
         prof = r.get("profile") if isinstance(r.get("profile"), dict) else {}
-        eval_s = _num((prof.get("phases") or {}).get("eval"))
-        step_s = max(train - eval_s, 0.0)
-        note = f"{plural(steps, 'step')} in {step_s:.3f}s scaled to {per_epoch:,} steps/epoch"
+        step_s = max(_num(train) - _num((prof.get("phases") or {}).get("eval")), 0.0)
+        excluded = "evaluation excluded"
+    if _is_num(steps) and _is_num(per_epoch) and _is_num(train) and steps > 0 and per_epoch > 0:
+        note = (f"{plural(steps, 'step')} in {step_s:.3f}s ({excluded}) scaled to "
+                f"{per_epoch:,} steps/epoch")
         return step_s / steps * per_epoch, note
     return None, "nothing to extrapolate from"
 
@@ -362,7 +369,9 @@ def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[s
     return [line(headers), line(["-" * w for w in widths]), *(line(row) for row in rows)]
 
 
-def _op_lines(ops: list[Record], window: float) -> list[str]:
+def _op_lines(ops: list[Record], window: float, idle: float | None = None) -> list[str]:
+    """The per-op table, longest first, with its shares of `window`; `idle` (a graph profile's
+    device time between kernels) gets a row of its own before the total."""
     rows = []
     for op in sorted(ops, key=lambda op: -_num(op.get("time_s"))):
         calls, secs = op.get("calls"), _num(op.get("time_s"))
@@ -380,6 +389,10 @@ def _op_lines(ops: list[Record], window: float) -> list[str]:
         )
     total = sum(_num(op.get("time_s")) for op in ops)
     calls = sum(int(_num(op.get("calls"))) for op in ops)
+    if idle is not None:
+        rows.append(["(idle between kernels)", "", "", "", f"{idle:.3f}", "",
+                     _share(idle, window)])
+        total += idle
     rows.append(["all ops", "", "", f"{calls:,}", f"{total:.3f}", "", _share(total, window)])
     headers = ["Op", "Phase", "Category", "Calls", "Total s", "ms/call", "Share %"]
     return _table(headers, rows, right={3, 4, 5, 6})
@@ -410,7 +423,7 @@ def _matmul_lines(
         bound = "unbounded" if p >= 1.0 else f"{1.0 / (1.0 - p):.2f}x"
     lines = [
         f"Total matmul time (CPU + GPU): {matmul:.3f}s ({_pct(matmul, window)} of the "
-        f"{window:.3f}s of profiled training steps)",
+        f"{window:.3f}s of profiled training steps{' on the device' if gpu else ''})",
     ]
     if has_comm:
         label = _COMM_GPU if gpu else _COMM_CPU
@@ -421,7 +434,11 @@ def _matmul_lines(
         f"excluded): {other:.3f}s ({_pct(other, window)} of the same)",
         f"Amdahl's bound: {bound} max speed-up from faster matmuls alone (p={_fmt(p, '.3f')})",
     ]
-    if profiled < steps:
+    if profiled < steps and "CUDA-graph replays" in str(note):
+        lines.append(f"Per-op numbers and shares come from {profiled:,} sampled replays of the "
+                     f"{steps:,} training steps, all replays of one captured step "
+                     f"({window:.3f}s of device time)")
+    elif profiled < steps:
         lines.append(
             f"Per-op numbers and shares come from the profiled window ({profiled:,} of "
             f"{steps:,} steps, {window:.3f}s), not the whole run: {_text(note)}"
@@ -440,11 +457,14 @@ def _phase_lines(r: Record, prof: Record, window: float) -> list[str]:
         ]
         for name in _PHASES
     ]
-    eval_s, train = phases.get("eval"), _num(r.get("train_time_s"))
-    rows.append(["eval", _fmt(eval_s, ".3f"), _share(_num(eval_s), train), "training time"])
+    train = _num(r.get("train_time_s"))
+    for aside in ("eval", "checkpoint"):  # outside the steps: shares of the run's time
+        if aside in phases:
+            value = phases.get(aside)
+            rows.append([aside, _fmt(value, ".3f"), _share(_num(value), train), "training time"])
     lines = ["Phase split", *_table(["Phase", "Time s", "Share %", "Of"], rows, right={1, 2})]
     host, busy = prof.get("host_launch_s"), prof.get("device_busy_s")
-    if host is not None or busy is not None:
+    if host is not None:  # an eager window: the host launching against the device working
         lines.append(
             f"GPU host vs device: host launching {_fmt(host, '.3f', 's')}, device busy "
             f"{_fmt(busy, '.3f', 's')} ({_pct(_num(busy), window)} of the {window:.3f}s window)"
@@ -510,23 +530,35 @@ def _profile_lines(r: Record) -> list[str]:
     if not (_is_num(window) and window > 0):
         window = sum(_num(op.get("time_s")) for op in ops)
     steps, profiled = int(_num(r.get("steps"))), int(_num(prof.get("profiled_steps")))
+    graph = prof.get("timing") == "cupti-graph"
+    what = "device time" if graph or _kind(r) == "gpu" else "wall"
     head = (
-        f"Per-op profile: {_text(prof.get('timing'))} timing, {profiled:,} of {steps:,} steps "
-        f"profiled, {window:.3f}s wall"
+        f"Per-op profile ({_text(prof.get('timing'))}): {_text(prof.get('note'))}; "
+        f"{profiled:,} of {steps:,} steps profiled, {window:.3f}s {what}"
     )
-    if profiled >= steps and prof.get("note"):
-        head += f" ({_text(prof['note'])})"
+    idle = _idle_row(prof) if graph else None
     return [
         head,
-        *_op_lines(ops, window),
+        *_op_lines(ops, window, idle),
         *_matmul_lines(ops, window, profiled, steps, prof.get("note"), _kind(r) == "gpu"),
+        *profile_text.graph_lines(prof, r.get("steps_time_s")),
         "",
         *_phase_lines(r, prof, window),
         "",
+        *profile_text.kernel_lines(r),
+        *profile_text.roofline_lines(r),
         *_traffic_lines(prof),
         *_memory_lines(prof),
         *_floor_lines(prof),
     ]
+
+
+def _idle_row(prof: Record) -> float | None:
+    """Seconds the replayed steps' device was idle between kernels (a row of its own, so
+    the table adds up to the step's device time)."""
+    s = prof.get("sampling") if isinstance(prof.get("sampling"), dict) else {}
+    span, busy = s.get("span_s"), s.get("busy_s")
+    return max(span - busy, 0.0) if _is_num(span) and _is_num(busy) else None
 
 
 def format_block(record: Record) -> str:
@@ -552,6 +584,7 @@ def format_block(record: Record) -> str:
         f"{_fmt(avg, '.3f', 's')}{' (estimate)' if avg is not None and estimate else ''} | "
         f"tokens/s: {_fmt(r.get('tokens_per_s'), ',.0f')}{_total_note(r)} | "
         f"steps: {_fmt(r.get('steps'), ',')}",
+        *profile_text.startup_line(r),
         *_parallel_lines(r),
         *_loss_scale_lines(r),
         "",

@@ -22,6 +22,7 @@ from collections import defaultdict
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..engine.kernel_records import KernelRecord, OpKey, short_kernel_name
 from ..engine.profiler import OpSpan
 
 MAX_STEPS = 20  # profiled steps a trace keeps
@@ -109,9 +110,47 @@ def _track(spans: Sequence[OpSpan], step_numbers: Sequence[int], times: Times, p
 
 
 def _x(name: str, cat: str, pid: int, start: float, end: float, t0: float,
-       args: dict[str, Any]) -> dict[str, Any]:
+       args: dict[str, Any], tid: int = TID) -> dict[str, Any]:
     """A complete event; start and end are rounded to the nanosecond each (not the duration),
     so an event that lies inside another still does after rounding."""
     ts, stop = round((start - t0) * 1e6, 3), round((end - t0) * 1e6, 3)
     return {"name": name, "cat": cat, "ph": "X", "ts": ts, "dur": round(stop - ts, 3),
-            "pid": pid, "tid": TID, "args": args}
+            "pid": pid, "tid": tid, "args": args}
+
+
+def graph_trace(first: Sequence[tuple[OpKey, KernelRecord]], step: int, *, device: str,
+                hardware: str, replays: int) -> dict[str, Any]:
+    """The trace of a graph profile: one sampled replay of the captured step on the device,
+    from its kernel records. Track ``ops``: step > phase > op, each op from its first kernel's
+    start to its last kernel's end (consecutive kernels of one op make one slice); track
+    ``kernels``: every kernel, memset and memcpy, named, with its op in the arguments."""
+    spans: list[OpSpan] = []
+    for op, r in first:
+        start, end = r.start_ns / 1e9, r.end_ns / 1e9
+        if spans and (spans[-1].name, spans[-1].phase, spans[-1].category) == op:
+            last = spans[-1]
+            spans[-1] = last._replace(host_end=end, device_end=end)
+        else:
+            spans.append(OpSpan(0, *op, start, end, start, end))
+    t0 = min((s.device_start or 0.0 for s in spans), default=0.0)
+    kernels = [_x(short_kernel_name(r.name), "kernel", DEVICE_PID, r.start_ns / 1e9,
+                  r.end_ns / 1e9, t0, {"op": op[0], "phase": op[1], "kernel": r.name},
+                  tid=TID + 1) for op, r in first]
+    return {
+        "traceEvents": [
+            _meta("process_name", DEVICE_PID, {"name": f"GPU {device} ({hardware})"}),
+            _meta("thread_name", DEVICE_PID, {"name": "ops (from their kernels)"}),
+            {"name": "thread_name", "ph": "M", "pid": DEVICE_PID, "tid": TID + 1,
+             "args": {"name": "kernels"}},
+            *_track(spans, [step], _device_times, DEVICE_PID, t0),
+            *kernels,
+        ],
+        "displayTimeUnit": "ms",
+        "otherData": {
+            "producer": "rustyflow train --trace", "device": device, "hardware": hardware,
+            "timing": "cupti-graph", "steps_traced": 1, "steps_profiled": replays,
+            "note": f"replayed CUDA-graph step {step}, the first of {replays} sampled replays: "
+                    "device times from CUPTI kernel records, each kernel tagged with its op "
+                    "when the step was captured",
+        },
+    }

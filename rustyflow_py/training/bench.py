@@ -5,10 +5,9 @@ Each grid point builds the model (`build_model`), the optimizer (`make_optimizer
 runner training uses, on random tokens (the time of a step does not depend on the text). The
 step runs as it does in training: eager on the CPU, replayed as a CUDA graph on the GPU. After
 warm-up, one step is timed to size the run, then enough steps to fill `seconds` (at least
-`MIN_STEPS`), with the device synchronised before each clock read. A short window with the
-profiler then gives the matmul share of the step on each side: of the step's wall time on the
-CPU, of the device's busy time on the GPU (a replayed graph leaves the device no idle time
-between kernels, which the eager profiled steps would otherwise add).
+`MIN_STEPS`), with the device synchronised before each clock read. The profiler then gives the
+matmul share of the step that runs, measured as training measures it: of the step's wall time
+on the CPU, of the device time of sampled CUDA-graph replays on the GPU.
 """
 
 from __future__ import annotations
@@ -32,6 +31,7 @@ from ..reporting.plot import PlotError, plot_sweep
 from ..reporting.sweep import format_sweep
 from .config import Config
 from .evaluate import upload_split
+from .graph_profile import GraphSampler, choose_mode
 from .loop import make_optimizer
 from .step import StepRunner, quiet_float_errors, use_graph
 
@@ -134,14 +134,15 @@ def _time_point(point: Point, kind: str, vocab: int, seconds: float,
             stream = upload_split(backend, tokens, point.batch)
             optimizer = make_optimizer(cfg, model.buffer, total_steps=10**6)
 
-            def runner(profiler: Profiler | None, graph: bool) -> StepRunner:
+            def runner(profiler: Profiler | None, graph: bool,
+                       sampler: GraphSampler | None = None) -> StepRunner:
                 return StepRunner(model, optimizer, stream, point.seq_len, log_interval=1,
                                   profiler=profiler, profile_steps=PROFILED_STEPS, graph=graph,
-                                  warn=warn)
+                                  warn=warn, sampler=sampler)
 
             timed = _steps_per_second(runner(None, use_graph("auto", kind, warn)),
                                       backend, seconds)
-            share = _matmul_share(runner, backend)
+            share = _matmul_share(runner, backend, warn)
     except Exception as exc:
         if type(exc).__name__ != "OutOfMemoryError":
             raise
@@ -177,14 +178,24 @@ def _steps_per_second(runner: StepRunner, backend: Any, seconds: float) -> dict[
             "graph": runner.captured is not None}
 
 
-def _matmul_share(runner: Callable[[Profiler | None, bool], StepRunner], backend: Any) -> float:
-    """The matmul share of a short eager window with the profiler (the GPU's first step is
-    the runner's unprofiled warm-up): of the wall time on the CPU, of device time on the GPU."""
+def _matmul_share(runner: Callable[..., StepRunner], backend: Any,
+                  warn: Say) -> float:
+    """The matmul share of the step that runs, measured as training measures it: on the GPU
+    of the device time of sampled CUDA-graph replays (the eager window when the graph profile
+    cannot be made, which the warning says), on the CPU of the wall time of a few steps."""
     prof = Profiler(backend)
-    window = runner(prof, False)
-    for step in range(PROFILED_STEPS + (backend.kind == "gpu")):
-        window.run(step)
-    whole = prof.total() if backend.kind == "gpu" else window.profiled_wall
+    mode, tracer = choose_mode("auto", backend.kind, True, warn)
+    if mode == "graph" and tracer is not None:
+        window = runner(prof, True, GraphSampler(prof, tracer, PROFILED_STEPS, budget=None))
+        for step in range(PROFILED_STEPS + 3):  # warm-up, capture, a first replay, samples
+            window.run(step)
+        assert prof.graph is not None
+        whole = prof.graph.totals()["span_s"]
+    else:
+        window = runner(prof, False)
+        for step in range(PROFILED_STEPS + (backend.kind == "gpu")):
+            window.run(step)
+        whole = prof.total() if backend.kind == "gpu" else window.profiled_wall
     return prof.total("matmul") / whole if whole > 0 else 0.0
 
 

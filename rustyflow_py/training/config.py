@@ -213,8 +213,12 @@ KEYS: dict[str, Key] = dict([
     _k("GRAPH", "choice", "auto", "CUDA-graph replay of the training step on the GPU: "
        "auto, on or off", choices=("auto", "on", "off")),
     _k("PROFILE", "bool", True, "collect and report per-op times"),
-    _k("PROFILE_STEPS", "int", 20, "GPU: eager steps after warm-up whose per-op device times "
-       "are measured", lo=0),
+    _k("PROFILE_MODE", "choice", "auto", "GPU per-op profile: auto or graph (kernel records "
+       "of sampled CUDA-graph replays, the step that runs; needs cupti-python) or eager (an "
+       "eager window of PROFILE_STEPS steps timed by CUDA events)",
+       choices=("auto", "graph", "eager")),
+    _k("PROFILE_STEPS", "int", 20, "GPU: the most replays sampled (graph profile), or the "
+       "eager steps timed (eager window)", lo=0),
     _k("LOG_FILE", "str", "training_log.txt", "append-only run log with the profiling report"),
     _k("LOG_INTERVAL", "int", 50, "steps between loss read-backs and progress updates", lo=1),
     _k("THREADS", "int", 0, "CPU threads for BLAS and NumPy work (0 = all cores)", lo=0),
@@ -327,6 +331,7 @@ class Config:
     strict_device: bool = _D["STRICT_DEVICE"]
     graph: str = _D["GRAPH"]
     profile: bool = _D["PROFILE"]
+    profile_mode: str = _D["PROFILE_MODE"]
     profile_steps: int = _D["PROFILE_STEPS"]
     log_file: str = _D["LOG_FILE"]
     log_interval: int = _D["LOG_INTERVAL"]

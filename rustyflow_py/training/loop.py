@@ -8,10 +8,12 @@ be written, every split fits the batch layout, a resume checkpoint matches. A st
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -28,7 +30,7 @@ from ..model.gpt import build_model
 from ..model.loss_scale import LossScaler
 from ..reporting import logfile, report
 from ..reporting.trace import MAX_STEPS as TRACE_STEPS
-from ..reporting.trace import chrome_trace
+from ..reporting.trace import chrome_trace, graph_trace
 from . import outputs
 from .config import Config
 from .data_parallel import (
@@ -41,6 +43,7 @@ from .data_parallel import (
     rank_device,
 )
 from .evaluate import SplitEvaluator, upload_split
+from .graph_profile import GraphSampler, choose_mode
 from .optimizers import make_optimizer
 from .record import TransferLedger, build_record
 from .resume import History, restore
@@ -127,12 +130,17 @@ class Trainer:
         self.start_step = self.pos.step  # this process's steps are counted from here
         self.profiler = (Profiler(self.backend, TRACE_STEPS if self.trace else 0)
                          if cfg.profile else None)
+        graph = use_graph(cfg.graph, self.backend.kind, self.warn)
+        self.profile_mode, tracer = (choose_mode(cfg.profile_mode, self.backend.kind, graph,
+                                                 self.warn) if cfg.profile else ("off", None))
+        sampler = (GraphSampler(self.profiler, tracer, cfg.profile_steps,
+                                busy=lambda: not self.backend.stream.done)
+                   if tracer is not None and self.profiler is not None else None)
         self.runner = StepRunner(
             self.model, self.optimizer, self.train_stream, cfg.seq_len,
             log_interval=cfg.log_interval, profiler=self.profiler,
-            profile_steps=cfg.profile_steps,
-            graph=use_graph(cfg.graph, self.backend.kind, self.warn), warn=self.warn,
-            shards=self.shards)
+            profile_steps=cfg.profile_steps, graph=graph, warn=self.warn,
+            shards=self.shards, sampler=sampler)
         self.ledger = TransferLedger(self.backend)
         self.checkpoints = RunCheckpoints(
             cfg.model_path_for(self.device), cfg, self.device, self.model, self.optimizer,
@@ -146,6 +154,7 @@ class Trainer:
         # (see _check_stop) instead of interrupting evaluation on one process only.
         self.signals.deferred = world.distributed
         self._epoch_start = self._run_start = time.perf_counter()
+        self._epoch_marks = (0.0, 0.0, self.pos.step)  # start-up, eval and step at its start
         self._in_step = False  # a stop forced inside a step must not overwrite the checkpoint
 
     # The history's parts, as the loop and the record read them.
@@ -161,6 +170,22 @@ class Trainer:
         """The step the run stops at (MAX_STEPS, or the end of the last epoch)."""
         return min(self.cfg.max_steps or self.total_steps, self.total_steps)
 
+    @property
+    def startup_s(self) -> float:
+        """The GPU start-up so far (warm-up step and capture), kept out of the training time."""
+        return self.runner.startup["first_step_s"] + self.runner.startup["capture_s"]
+
+    @property
+    def aside_s(self) -> float:
+        """The run's time outside its training steps so far: evaluation, checkpoint writes."""
+        return self.runner.phases["eval"] + self.runner.phases["checkpoint"]
+
+    @property
+    def startup_steps(self) -> int:
+        """How many of this process's steps ran inside the start-up (uncounted in tok/s)."""
+        up = self.runner.startup
+        return int(up["first_step_s"] > 0) + int(up["capture_s"] > 0)
+
     # ---- the run -----------------------------------------------------------------------------
     def run(self) -> report.RunRecord | None:
         """Train, evaluate, save, log. Returns the record (None if nothing was left to do, and
@@ -172,6 +197,7 @@ class Trainer:
             return None
         status, message, stop = "completed", None, None
         start = self._run_start = time.perf_counter()
+        self.runner.last_step = self.limit
         self.ledger.reset()
         with self.signals.installed(), quiet_float_errors():
             try:
@@ -230,6 +256,7 @@ class Trainer:
             # a resumed run continues the epoch clock where the checkpoint left it
             self._epoch_start = time.perf_counter() - self.history.epoch_elapsed
             self.history.epoch_elapsed = 0.0
+            self._epoch_marks = (self.startup_s, self.aside_s, pos.step)
             if self.progress:
                 self.progress.start_epoch(pos.epoch, min(nb, pos.batch + self.limit - pos.step),
                                           pos.batch)
@@ -246,7 +273,7 @@ class Trainer:
             self._show_progress()  # the bar ends at its total
             if pos.batch < nb:
                 break  # stopped by MAX_STEPS or early stopping mid-epoch
-            self.epoch_times.append(time.perf_counter() - self._epoch_start)
+            self.epoch_times.append(self._epoch_time())
             pos.epoch, pos.batch = pos.epoch + 1, 0
             self.say(f"epoch {pos.epoch}/{cfg.num_epochs}: {self.epoch_times[-1]:.2f}s")
             if self._val_step != pos.step:
@@ -254,6 +281,24 @@ class Trainer:
             with self.signals.deferring():
                 self.save()
             self._check_stop()
+
+    def _epoch_clock(self) -> float:
+        """The current epoch's time so far, less its evaluation, checkpoint writes and
+        start-up (kernel compilation, capture)."""
+        startup, aside, _ = self._epoch_marks
+        return (time.perf_counter() - self._epoch_start - (self.aside_s - aside)
+                - (self.startup_s - startup))
+
+    def _epoch_time(self) -> float:
+        """The finished epoch's time: its clock, with the steps that ran inside the start-up
+        counted at the epoch's own step time, so that a cold kernel cache and a warm one give
+        the same epoch time."""
+        clock, (startup, _, first) = self._epoch_clock(), self._epoch_marks
+        steps = self.pos.step - first
+        if self.startup_s - startup <= 0:
+            return clock
+        counted = steps - self.startup_steps
+        return clock * steps / counted if counted > 0 else clock
 
     def _step(self) -> None:
         """One step, with stop signals deferred to its end; the losses are read back (and
@@ -301,7 +346,8 @@ class Trainer:
         self.say(f"step {self.pos.step}: validation perplexity {self.val_ppl:.2f}"
                  f"{self.evaluator.on('valid')}")
         if best:
-            self.checkpoints.save_best()
+            with self._timed("checkpoint"):
+                self.checkpoints.save_best()
         if stop:
             self.early_stopped = stop
             self.say(stop)
@@ -315,9 +361,9 @@ class Trainer:
     def _tokens_per_s(self) -> float:
         """The run's throughput so far, every process's tokens (read at a loss drain, i.e.
         after a sync)."""
-        elapsed = time.perf_counter() - self._run_start - self.runner.phases["eval"]
-        steps = self.pos.step - self.start_step
-        return steps * self.tokens_per_step / max(elapsed, 1e-9)
+        elapsed = time.perf_counter() - self._run_start - self.aside_s - self.startup_s
+        steps = self.pos.step - self.start_step - self.startup_steps
+        return max(steps, 0) * self.tokens_per_step / max(elapsed, 1e-9)
 
     @property
     def tokens_per_step(self) -> int:
@@ -327,18 +373,28 @@ class Trainer:
     def evaluate(self, split: str) -> float:
         """Perplexity of a split (exp of the mean per-token NLL): all of it, or its first
         EVAL_TOKENS scored tokens."""
+        with self._timed("eval"):
+            return self.evaluator(split)
+
+    @contextlib.contextmanager
+    def _timed(self, what: str) -> Iterator[None]:
+        """Time spent inside goes to `what` (eval, checkpoint), never to the training steps,
+        also when it is interrupted. The device finishes the queued steps first: waiting for
+        them is training time."""
+        self.backend.synchronize()
         start = time.perf_counter()
-        result = self.evaluator(split)
-        self.runner.phases["eval"] += time.perf_counter() - start
-        return result
+        try:
+            yield
+        finally:
+            self.runner.phases[what] += time.perf_counter() - start
 
     # ---- output ------------------------------------------------------------------------------
     def save(self) -> str | None:
         """Write the resumable checkpoint (see RunCheckpoints.save); where it went."""
         self._drain_losses()
-        self.history.epoch_elapsed = (time.perf_counter() - self._epoch_start
-                                      if self.pos.batch else 0.0)
-        saved = self.checkpoints.save()
+        self.history.epoch_elapsed = self._epoch_clock() if self.pos.batch else 0.0
+        with self._timed("checkpoint"):
+            saved = self.checkpoints.save()
         self.history.epoch_elapsed = 0.0
         return saved
 
@@ -368,14 +424,21 @@ def divergence_advice(cfg: Config) -> str:
 
 def write_trace(path: str, prof: Profiler, backend: Any, device: str, say: Say,
                 warn: Say) -> None:
-    """The profiled steps' timeline as a Chrome trace (also after an interrupted run)."""
-    doc = chrome_trace(prof.spans, prof.step_numbers, gpu=backend.kind == "gpu", device=device,
-                       hardware=backend.hardware(), profiled_steps=prof.steps)
+    """The profiled steps' timeline as a Chrome trace (also after an interrupted run): a
+    graph profile's first sampled replay, else the first profiled steps."""
+    if prof.graph is not None and prof.graph.first:
+        doc = graph_trace(prof.graph.first, prof.graph.first_step, device=device,
+                          hardware=backend.hardware(), replays=prof.graph.replays)
+    else:
+        doc = chrome_trace(prof.spans, prof.step_numbers, gpu=backend.kind == "gpu",
+                           device=device, hardware=backend.hardware(),
+                           profiled_steps=prof.steps)
     data = json.dumps(doc, separators=(",", ":")).encode()
     where = outputs.write_with_fallback(
         str(path), lambda p: outputs.write_atomically(p, lambda f: f.write(data)), "trace", warn)
     if where:
-        say(f"Trace of {len(prof.step_numbers)} profiled steps: {where} (open it in "
+        traced = 1 if prof.graph is not None and prof.graph.first else len(prof.step_numbers)
+        say(f"Trace of {traced} profiled step{'s' if traced != 1 else ''}: {where} (open it in "
             "ui.perfetto.dev or chrome://tracing)")
 
 
@@ -405,6 +468,21 @@ def train(cfg: Config, say: Say = print, resume: str | None = None, progress: An
             if trainer.comm is not None:
                 trainer.runner.release_graph()
                 trainer.comm.close(clean)
+
+
+def warm_up(cfg: Config, say: Say = print) -> None:
+    """Run the first (eager) step of `cfg`'s training on a throwaway copy of its model: the GPU
+    kernels it needs are compiled into CuPy's disk cache, and a training run started next
+    begins warm. Nothing is trained or written (no checkpoint, no log block). Silent where
+    there is nothing to warm (the CPU, or a GPU run that would fall back to it: the training
+    run says so itself)."""
+    trainer = Trainer(dataclasses.replace(cfg, profile=False), _silent, warn=_silent)
+    if trainer.backend.kind != "gpu":
+        return
+    trainer.runner.run(0)
+    up = trainer.runner.startup
+    say(f"Warm-up: first step {up['first_step_s']:.2f}s (kernel cache {up['cache']}); the "
+        "kernels are in CuPy's disk cache for the next run")
 
 
 def check_world(cfg: Config, world: World) -> None:

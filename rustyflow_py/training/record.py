@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from ..engine import peaks
 from ..engine.backend import Backend
 from ..reporting.curves import MAX_POINTS, evenly_spaced, sample
 from ..reporting.report import RunRecord
@@ -54,14 +55,17 @@ def build_record(trainer: Any, status: str, message: str | None, train_time: flo
     cfg, m, runner = trainer.cfg, trainer.model.cfg, trainer.runner
     steps_done = len(trainer.losses)
     steps_here = max(trainer.pos.step - trainer.start_step, 0)
-    steps_time = train_time - runner.phases["eval"]
+    # the training steps' own time: no evaluation, checkpoint writes or start-up (nor the
+    # steps run inside it)
+    steps_time = max(train_time - trainer.aside_s - trainer.startup_s, 0.0)
+    timed = max(steps_here - trainer.startup_steps, 0)
     diverged = status == "failed"
-    tokens_per_s = (steps_here * trainer.tokens_per_step / steps_time
-                    if steps_time > 0 and steps_here and not diverged else None)
+    tokens_per_s = (timed * trainer.tokens_per_step / steps_time
+                    if steps_time > 0 and timed and not diverged else None)
     world, shards = trainer.world, trainer.shards
     avg_epoch = (sum(trainer.epoch_times) / len(trainer.epoch_times)
                  if trainer.epoch_times else None)
-    step_time = steps_time / max(steps_here, 1)
+    step_time = steps_time / max(timed, 1)
     return {
         "version": 1,
         "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
@@ -85,6 +89,11 @@ def build_record(trainer: Any, status: str, message: str | None, train_time: flo
         "steps_here": steps_here,
         "steps_per_epoch": trainer.steps_per_epoch,
         "train_time_s": train_time,
+        "eval_time_s": runner.phases["eval"],
+        "checkpoint_time_s": runner.phases["checkpoint"],
+        "startup": _startup(trainer),
+        "steps_time_s": steps_time,
+        "timed_steps": timed,
         "avg_epoch_time_s": avg_epoch,
         "no_extrapolation": diverged,
         "tokens_per_s": tokens_per_s,
@@ -116,6 +125,14 @@ def build_record(trainer: Any, status: str, message: str | None, train_time: flo
     }
 
 
+def _startup(trainer: Any) -> dict[str, Any] | None:
+    """The GPU start-up (warm-up step with kernel compilation, graph capture); None on the CPU,
+    whose numba kernels compile before the run starts."""
+    if trainer.backend.kind != "gpu":
+        return None
+    return {**trainer.runner.startup, "steps": trainer.startup_steps}
+
+
 def _loss_scale(trainer: Any) -> dict[str, Any] | None:
     """A float16 run's final loss scale and how many steps it skipped; None otherwise."""
     scaler = trainer.optimizer.loss_scaler
@@ -144,32 +161,50 @@ def _digits(x: float) -> float:
 
 
 def _profile(trainer: Any, steps: int, step_time: float) -> dict[str, Any]:
-    prof, runner = trainer.profiler, trainer.runner
+    prof, runner, mode = trainer.profiler, trainer.runner, trainer.profile_mode
     gpu = trainer.backend.kind == "gpu"
     phases = dict(runner.phases)
-    if gpu:  # device time per phase from the op events
+    if gpu:  # device time per phase from the ops
         phases.update({k: v for k, v in prof.phase_times().items() if k in phases})
-    mode = "CUDA-graph replay" if runner.captured is not None else "eager"
-    note = (f"per-op device times from CUDA events over an eager window of {prof.steps} "
-            f"steps after 1 warm-up step; totals and epoch times from the whole {mode} run"
-            if gpu else "per-op wall times of every step")
-    floor = None
-    if not gpu:
-        floor = matmul_floor(trainer.backend, trainer.model, trainer.cfg.batch_size,
-                             trainer.cfg.seq_len, step_time)
-    return {
-        "timing": "cuda-events" if gpu else "wall",
-        "note": note,
+    out: dict[str, Any] = {
+        "mode": mode,
         "profiled_steps": prof.steps,
-        "profiled_time_s": runner.profiled_wall,
         "ops": prof.ops(),
         "phases": phases,
-        "host_launch_s": runner.window_host if gpu else None,
-        "device_busy_s": prof.total() if gpu else None,
         "transfers": {**trainer.ledger.steps(), "steps": steps},
         "memory": runner.memory(),
-        "matmul_floor": floor,
     }
+    if mode == "graph" and runner.sampler is not None:
+        sampling = runner.sampler.summary()
+        out.update({
+            "timing": "cupti-graph",
+            "note": (f"device times of {sampling['samples']} sampled CUDA-graph replays of the "
+                     "training step (CUPTI kernel records, each kernel tagged with its op at "
+                     "capture)"),
+            "profiled_time_s": sampling.get("span_s", 0.0),
+            "device_busy_s": sampling.get("busy_s"),
+            "sampling": sampling,
+            "step_wall_s": step_time,
+        })
+    elif gpu:
+        out.update({
+            "timing": "cuda-events",
+            "note": (f"EAGER WINDOW, not the step that runs: per-op device times from CUDA "
+                     f"events over {prof.steps} eager steps after 1 warm-up step"
+                     + ("; training replays a CUDA graph" if runner.captured is not None
+                        else "")),
+            "profiled_time_s": runner.profiled_wall,
+            "host_launch_s": runner.window_host,
+            "device_busy_s": prof.total(),
+        })
+    else:
+        floor = matmul_floor(trainer.backend, trainer.model, trainer.cfg.batch_size,
+                             trainer.cfg.seq_len, step_time)
+        out.update({"timing": "wall", "note": "per-op wall times of every step",
+                    "profiled_time_s": runner.profiled_wall, "matmul_floor": floor})
+    out["peaks"] = peaks.of(trainer.backend, trainer.precision.compute, trainer.cfg.precision,
+                            (out.get("matmul_floor") or {}).get("gflops"))
+    return out
 
 
 def matmul_floor(backend: Backend, model: Any, batch: int, seq_len: int,

@@ -5,8 +5,11 @@ the device. Its loss stays there too: each step writes it into a small device ri
 read back once every LOG_INTERVAL steps (one transfer), which is also where a non-finite loss
 is caught and named by its exact step.
 
-On the GPU the first step is a warm-up, the next PROFILE_STEPS run eagerly with per-op CUDA
-events (the profiled window), and then the step is captured once as a CUDA graph and replayed.
+On the GPU the first step is a warm-up (it compiles the kernels and makes the cuBLAS plans),
+then the step is captured once as a CUDA graph and replayed; the profile samples some of those
+replays (graph_profile.GraphSampler). With PROFILE_MODE=eager, PROFILE_STEPS eager steps with
+per-op CUDA events (the profiled window) run before the capture instead. The warm-up step and
+the capture are start-up (`startup`), timed apart from training.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import contextlib
 import dataclasses
 import gc
 import math
+import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,8 +32,10 @@ from ..engine.tensor import Tensor, run_op
 from ..errors import TrainingError
 from ..model.gpt import GPT
 from ..model.optim import Optimizer
+from .graph_profile import GraphSampler
 
-PHASES = ("forward", "backward", "optimizer", "data", "eval")
+# the step's phases, then the run's time outside its steps: evaluation and checkpoint writes
+PHASES = ("forward", "backward", "optimizer", "data", "eval", "checkpoint")
 
 
 @dataclasses.dataclass
@@ -57,12 +63,17 @@ class StepRunner:
     def __init__(self, model: GPT, optimizer: Optimizer, stream: Any, seq_len: int, *,
                  log_interval: int, profiler: Profiler | None, profile_steps: int,
                  graph: bool, warn: Callable[[str], None],
-                 shards: Shards | None = None) -> None:
+                 shards: Shards | None = None, sampler: GraphSampler | None = None) -> None:
         self.model, self.optimizer, self.stream, self.seq_len = model, optimizer, stream, seq_len
         self.shards = shards or Shards()
         self.backend = model.buffer.backend
         self.profiler, self.profile_steps, self.graph = profiler, profile_steps, graph
+        self.sampler = sampler  # the replays' profile (None: the eager window, or the CPU's)
         self.warn = warn
+        self.last_step = 0  # the run's final step number: a short run samples it
+        # GPU start-up, kept out of the training time: the warm-up step (kernel compilation,
+        # cuBLAS plans) and the graph capture, in seconds, and whether the kernel cache was cold
+        self.startup: dict[str, Any] = {"first_step_s": 0.0, "capture_s": 0.0, "cache": None}
         # Dropout masks are drawn at (seed, steps done): the same counter the batch gather
         # reads, so every replay draws fresh masks and a resumed run draws the same ones.
         model.rng = dataclasses.replace(model.rng, step=optimizer.step_count)
@@ -95,12 +106,17 @@ class StepRunner:
         clock, opt, kernels, sh = time.perf_counter, self.optimizer, self.backend.kernels, \
             self.shards
         times = dict.fromkeys(("data", "forward", "backward", "optimizer"), 0.0)
-        self.model.buffer.zero_grad()
+        # the step's own bookkeeping runs through the op choke point too, so that every kernel
+        # of a captured step belongs to an op; clearing the gradients is part of the step's
+        # set-up, with the batch gather (the "data" phase), so each phase stays one stretch
+        run_op("zero_grad", "other", "data", self.model.buffer.zero_grad)
         for k in range(sh.accum):
             t0 = clock()
             shard = sh.rank * sh.accum + k
-            kernels.gather_batch(self.stream, opt.step_count, self.seq_len, self.x, self.y,
-                                 rank=shard, world_size=sh.count)
+            run_op("gather_batch", "other", "data",
+                   lambda s=shard: kernels.gather_batch(self.stream, opt.step_count,
+                                                         self.seq_len, self.x, self.y, rank=s,
+                                                         world_size=sh.count))
             t1 = clock()
             if sh.count > 1:  # each shard of the global batch draws dropout masks of its own
                 self.model.rng = dataclasses.replace(self.model.rng, shard=shard)
@@ -130,9 +146,11 @@ class StepRunner:
             self.loss_sum *= 1.0 / sh.count
             value = self.loss_sum
         opt.step()
-        kernels.store_at_step(self.ring, opt.step_count, value)
+        run_op("store_loss", "other", "optimizer", kernels.store_at_step, self.ring,
+               opt.step_count, value)
         if self.skips is not None:
-            kernels.store_at_step(self.skips, opt.step_count, opt.loss_scaler.overflow)
+            run_op("store_loss", "other", "optimizer", kernels.store_at_step, self.skips,
+                   opt.step_count, opt.loss_scaler.overflow)
         if timed:
             times["optimizer"] = clock() - t3
             for phase, dt in times.items():
@@ -143,34 +161,56 @@ class StepRunner:
         window), or the captured graph once it exists."""
         self.backend.make_current()  # CuPy's kernels on the stream cuBLAS and the graph use
         if self.captured is not None:
-            self.captured.replay()
+            if self.sampler is not None and self.sampler.due(step + 1 >= self.last_step):
+                self.sampler.sample(self.captured.replay, self.backend.synchronize, step + 1)
+            else:
+                self.captured.replay()
             return
         gpu = self.backend.kind == "gpu"
-        window = 1 <= self.steps_here <= self.profile_steps
-        if self.profiler is not None and (not gpu or window):
+        window = 1 <= self.steps_here <= self.profile_steps and self.sampler is None
+        if gpu and self.steps_here == 0:
+            self._warm_up()
+        elif self.profiler is not None and (not gpu or window):
             start = time.perf_counter()
             with self.profiler, self.backend.tracking_memory():
                 self._body(timed=True, overlap=False)
             self.window_host += time.perf_counter() - start
             self.profiler.step_end(step + 1)
             self.profiled_wall += time.perf_counter() - start
-        elif self.graph and self.steps_here > (self.profile_steps if self.profiler else 0):
-            self._capture()  # after 1 warm-up step (and the profiled window, if profiling)
+        elif self.graph and self.steps_here > (self.profile_steps if window_profiled(
+                self.profiler, self.sampler) else 0):
+            self._capture()  # after the warm-up step (and the eager window, if one is profiled)
         else:
             self._body(timed=True)
         self.steps_here += 1
 
+    def _warm_up(self) -> None:
+        """The first GPU step, eager and untimed by the profiler: it compiles the kernels it
+        meets (CuPy caches them on disk: a cold cache grows here) and makes the GEMM plans."""
+        cache = kernel_cache_files()
+        start = time.perf_counter()
+        with self.backend.tracking_memory():
+            self._body(timed=False)
+        self.backend.synchronize()
+        self.startup["first_step_s"] = time.perf_counter() - start
+        self.startup["cache"] = "cold" if kernel_cache_files() != cache else "warm"
+
     def _capture(self) -> None:
         """Record the step as a CUDA graph and run it; on failure, say why and stay eager."""
         captured = CapturedStep(self.backend, lambda: self._body(timed=False))
+        start = time.perf_counter()
         try:
             with self.backend.tracking_memory():
-                captured.capture()
+                if self.sampler is not None:
+                    self.sampler.capture(captured)
+                else:
+                    captured.capture()
         except GraphCaptureError as exc:
             self.graph = False
             self.warn(f"WARN: CUDA graph capture failed, training eagerly ({exc})")
             self._body(timed=True)
             return
+        self.startup["capture_s"] = time.perf_counter() - start
         self.captured = captured
         self.backend.release_cached_memory()  # the eager steps' temporaries; the graph has its own
         captured.replay()
@@ -207,6 +247,18 @@ class StepRunner:
         reserved size (CuPy caches freed blocks, the graph has a private pool). CPU: peak RSS."""
         extra = self.captured.pool_bytes() if self.captured is not None else 0
         return self.backend.memory_stats(extra)
+
+
+def window_profiled(profiler: Profiler | None, sampler: GraphSampler | None) -> bool:
+    """Whether eager steps are profiled before the capture (the eager window)."""
+    return profiler is not None and sampler is None
+
+
+def kernel_cache_files() -> int:
+    """How many compiled kernels CuPy's on-disk cache holds (0 while it does not exist)."""
+    # CuPy's documented cache location: CUPY_CACHE_DIR, else ~/.cupy/kernel_cache
+    folder = os.environ.get("CUPY_CACHE_DIR") or os.path.expanduser("~/.cupy/kernel_cache")
+    return sum(len(files) for _, _, files in os.walk(folder)) if os.path.isdir(folder) else 0
 
 
 def use_graph(mode: str, kind: str, warn: Callable[[str], None]) -> bool:

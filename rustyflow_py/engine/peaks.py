@@ -1,0 +1,97 @@
+"""The device's limits for the roofline: peak FLOP/s per compute type and memory bandwidth.
+
+Known GPUs come from a table of NVIDIA's published dense (no-sparsity) figures; any other GPU,
+and the CPU, get a short measured probe instead (a GEMM, and on the GPU a device-to-device
+copy), and the record says which (`source`). A probe is a floor on the true peak, so shares of
+it read high; a table figure is a ceiling no kernel quite reaches.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+# name fragment -> (dense TFLOP/s by compute type, memory GB/s); the first match wins, so the
+# more specific fragments come first
+KNOWN_GPUS: tuple[tuple[str, dict[str, float], float], ...] = (
+    ("H200", {"fp64": 67.0, "fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}, 4800.0),
+    ("H100 PCIe", {"fp64": 51.0, "fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0},
+     2000.0),
+    ("H100", {"fp64": 67.0, "fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}, 3350.0),
+    ("A100-SXM4-80GB", {"fp64": 19.5, "fp32": 19.5, "tf32": 156.0, "bf16": 312.0,
+                        "fp16": 312.0}, 2039.0),
+    ("A100", {"fp64": 19.5, "fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}, 1555.0),
+    ("L4", {"fp64": 0.5, "fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0}, 300.0),
+)
+
+_COMPUTE = {"bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
+
+
+def compute_type(dtype: str, precision: str) -> str:
+    """The peak a GEMM with inputs of `dtype` is held to: float32 GEMMs run on TF32 tensor
+    cores when the run's PRECISION is tf32, else on the float32 units."""
+    if dtype in _COMPUTE:
+        return _COMPUTE[dtype]
+    return "tf32" if precision == "tf32" else "fp32"
+
+
+def lookup(name: str) -> dict[str, Any] | None:
+    """The table's entry for a GPU name (None if it is not in the table)."""
+    for fragment, tflops, gbs in KNOWN_GPUS:
+        if fragment in name:
+            return {"source": f"table ({fragment}, dense)", "tflops": dict(tflops),
+                    "bandwidth_gbs": gbs}
+    return None
+
+
+def of(backend: Any, dtype: Any, precision: str, cpu_gflops: float | None = None
+       ) -> dict[str, Any]:
+    """The limits of `backend`'s device for a run of PRECISION `precision`: from the table for
+    a known GPU, else measured; on the CPU, `cpu_gflops` (the run's measured GEMM rate)."""
+    if backend.kind != "gpu":
+        rate = cpu_gflops if cpu_gflops is not None else _cpu_gemm_gflops(dtype)
+        return {"source": "measured (this machine's BLAS GEMM)",
+                "tflops": {compute_type(np.dtype(dtype).name, precision): rate / 1e3},
+                "bandwidth_gbs": None}
+    known = lookup(backend.hardware())
+    if known is not None:
+        return known
+    return _probe_gpu(backend, dtype, precision)
+
+
+def _cpu_gemm_gflops(dtype: Any, n: int = 512, seconds: float = 0.2) -> float:
+    a = np.ones((n, n), dtype=dtype)
+    a @ a
+    reps, start = 0, time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        a @ a
+        reps += 1
+    return 2.0 * n**3 * reps / (time.perf_counter() - start) / 1e9
+
+
+def _probe_gpu(backend: Any, dtype: Any, precision: str, n: int = 4096,
+               reps: int = 10) -> dict[str, Any]:
+    """A GPU not in the table: a square GEMM in the run's compute dtype (through the run's own
+    GEMM, so in its compute mode) and one large copy, timed by events: floors on the peaks."""
+    xp = backend.xp
+    a = xp.ones((n, n), dtype=dtype)
+    seconds = _timed(backend, lambda: backend.kernels.matmul(a, a), reps)
+    src = xp.ones(64 * 2**20, dtype=np.float32)  # 256 MiB
+    dst = xp.empty_like(src)
+    copy_s = _timed(backend, lambda: dst.__setitem__(Ellipsis, src), reps)
+    return {"source": "measured probe (GPU not in the table)",
+            "tflops": {compute_type(np.dtype(dtype).name, precision): 2.0 * n**3 / seconds / 1e12},
+            "bandwidth_gbs": 2 * src.nbytes / copy_s / 1e9}
+
+
+def _timed(backend: Any, fn: Any, reps: int) -> float:
+    fn()
+    start, end = backend.new_event(), backend.new_event()
+    backend.record(start)
+    for _ in range(reps):
+        fn()
+    backend.record(end)
+    end.synchronize()
+    return backend.elapsed(start, end) / reps

@@ -1,0 +1,123 @@
+"""The per-op profile of the step that runs: sampled replays of the captured CUDA graph.
+
+Once the step is a CUDA graph, an eager step timed op by op describes a step training never
+runs (launch-bound, without the graph's fusion of launches). So the profiler tags the graph's
+nodes with their ops while the step is captured, and a few of the real training replays are
+then run with CUPTI's kernel recording on. Each sampled replay is an ordinary training step:
+nothing is replayed twice, nothing is added to the graph.
+
+The samples are spread over the run so that their cost (recording, the flush, reading the
+records: wall time beyond the replay itself) stays within `BUDGET` of the training time so
+far; the last step is sampled if nothing was yet, so a short run still gets a profile. A
+replay is sampled only while the one before it is still running (`busy`), as training steps
+run back to back: one launched onto an idle device (right after the host waited for it, to
+read the losses back) starts cold and is slower than the steps training is made of.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+from ..engine.cupti_trace import CuptiTracer, CuptiUnavailable
+from ..engine.graph import CapturedStep
+from ..engine.kernel_records import KernelAttribution, last_replay
+from ..engine.profiler import Profiler
+
+BUDGET = 0.005  # the share of the training time sampling may take (half the promised 1%)
+FIRST_COST_S = 0.01  # what the first sample is assumed to cost before one was measured
+MODES = ("auto", "graph", "eager")
+
+
+def choose_mode(asked: str, kind: str, graph: bool, warn: Callable[[str], None]
+                ) -> tuple[str, CuptiTracer | None]:
+    """Which profile the run makes: 'wall' (CPU), 'graph' (sampled replays, with its tracer)
+    or 'eager' (a window of eager GPU steps timed by events). A graph profile that cannot be
+    made says why in one line and falls back to the eager window."""
+    if kind != "gpu":
+        return "wall", None
+    if asked == "eager":
+        return "eager", None
+    if not graph:
+        if asked == "graph":
+            warn("WARN: PROFILE_MODE=graph needs the step replayed as a CUDA graph (GRAPH=off "
+                 "here): profiling an eager window, which is the step that runs")
+        return "eager", None
+    try:
+        return "graph", CuptiTracer()
+    except CuptiUnavailable as exc:
+        warn(f"WARN: per-op profile from an eager window instead of the replayed graph: {exc}")
+        return "eager", None
+
+
+class GraphSampler:
+    """Tags the captured step's nodes with ops, then samples its replays into the profiler."""
+
+    def __init__(self, profiler: Profiler, tracer: CuptiTracer, max_samples: int,
+                 budget: float | None = BUDGET,
+                 busy: Callable[[], bool] = lambda: True) -> None:
+        """`budget`: the share of the training time sampling may take; None samples every
+        replay after the first, up to `max_samples` (a benchmark's few steps). `busy`: whether
+        the device is still running earlier work (the stream is not done)."""
+        self.profiler, self.tracer, self.max_samples = profiler, tracer, max_samples
+        self.budget, self.busy = budget, busy
+        self.samples = 0
+        self.cost_s = 0.0  # wall time the sampled replays took beyond the replays themselves
+        self.costs: list[float] = []  # each sample's
+        self._last_cost = FIRST_COST_S
+        self._since: float | None = None  # when the first replay ran
+
+    def capture(self, captured: CapturedStep) -> None:
+        """Capture the step with every node tagged by the op that created it."""
+        prof = self.profiler
+        prof.tagging = True
+        try:
+            with prof, self.tracer.tag_nodes(prof.current):
+                captured.capture()
+        finally:
+            prof.tagging = False
+        prof.graph = KernelAttribution(self.tracer.node_ops)
+        # CUPTI sets its recording up on first use (buffers, the device's clock): do that now,
+        # as part of the capture's start-up, rather than inside the first sample
+        self.tracer.records(lambda: None, captured.backend.synchronize)
+
+    def due(self, last: bool) -> bool:
+        """Whether this replay is to be sampled (`last`: the run's final step)."""
+        now = time.perf_counter()
+        if self._since is None:
+            self._since = now
+            return False  # the first replay warms the graph up
+        if self.samples >= self.max_samples:
+            return False
+        if last and self.samples == 0:
+            return True
+        if self.budget is not None and (
+                self.cost_s + self._last_cost > self.budget * (now - self._since)):
+            return False
+        return self.busy()
+
+    def sample(self, replay: Callable[[], None], synchronize: Callable[[], None],
+               step: int = 0) -> None:
+        """Run one replay (training step number `step`) with kernel recording on and add its
+        records to the profile."""
+        start = time.perf_counter()
+        records = last_replay(self.tracer.records(replay, synchronize))
+        graph = self.profiler.graph
+        assert graph is not None, "sample() before capture()"
+        span = graph.totals()["span_s"]
+        graph.add_replay(records, step)
+        step_s = graph.totals()["span_s"] - span
+        self._last_cost = max(time.perf_counter() - start - step_s, 0.0)
+        self.cost_s += self._last_cost
+        self.costs.append(self._last_cost)
+        self.samples += 1
+        self.profiler.steps = self.samples
+
+    def summary(self) -> dict[str, Any]:
+        """What the record keeps of the sampling: how many, what it cost, the totals."""
+        graph = self.profiler.graph
+        totals = graph.totals() if graph is not None else {}
+        return {"samples": self.samples, "cost_s": self.cost_s, **totals,
+                "sample_costs_s": [round(c, 6) for c in self.costs[:50]],
+                "nodes_tagged": len(self.tracer.node_ops)}
