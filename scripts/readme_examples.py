@@ -55,7 +55,8 @@ def quick_start() -> list[str]:
                                cols=README_COLS, rows=200)
     if status != 0:
         sys.exit("Error: ./train_cpu.sh configs/quick.env failed:\n" + "\n".join(screen))
-    return [line for line in content(screen) if not line.startswith("numba ")]
+    return [line for line in content(screen)  # not the one-time set-up and compile lines
+            if not line.startswith(("numba ", "bootstrap: ", "WARNING: "))]
 
 
 def log_block() -> list[str]:

@@ -26,7 +26,11 @@ pytest.importorskip("pyte", reason="the dev extra's pyte renders the terminal")
 from readme_examples import TINY_LOG_RUN, tiny_text  # noqa: E402
 from screen import content, on_screen, shape  # noqa: E402
 
-OP_ROW = re.compile(r"^\S+\s+(forward|backward|optimizer)\s+(matmul|other|comm)\s")
+# Rows whose order follows measured times, so a run may list them in another order: each
+# table's rows collapse to one tag. An op-table row (name phase category calls ...) and a
+# roofline row (`  name [phase] 0.1 ms/step: ...`).
+ROWS = {"OPS": re.compile(r"^\S+\s+\w+\s+(matmul|other|comm)\s+[\d,]+\s"),
+        "ROOFLINE": re.compile(r"^  \S+ \[\w+\] [\d.]+ ms/step: ")}
 
 
 def example(path: Path, name: str) -> list[str]:
@@ -39,14 +43,14 @@ def example(path: Path, name: str) -> list[str]:
 
 
 def form(lines: list[str]) -> str:
-    """The shape of some output, whatever its wrapping: op-table rows become one `OPS`, the
+    """The shape of some output, whatever its wrapping: a table's rows become one tag, the
     machine's and the dataset's names `NAME`, then numbers and paths as `shape` does."""
     kept: list[str] = []
     for line in lines:
         if line.startswith(("numba ", "  found in ")):  # this machine's, not the format's
             continue
-        row = "OPS" if OP_ROW.match(line) else line
-        if not (row == "OPS" and kept and kept[-1] == "OPS"):
+        row = next((tag for tag, rule in ROWS.items() if rule.match(line)), line)
+        if not (row in ROWS and kept and kept[-1] == row):
             kept.append(row)
     text = re.sub(r"-{3,}", "---", " ".join(kept))  # table rules as wide as their columns
     for wrapper in ("python -m rustyflow_py", "./rustyflow"):  # errors.command(): either
