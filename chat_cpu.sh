@@ -27,13 +27,13 @@ from rustyflow_py.training.config import ConfigError, load_config
 try:
     print(load_config(sys.argv[1])[0].model_path_for(sys.argv[2]))
 except ConfigError as exc:
-    sys.exit(f"ERROR: {exc}")
+    sys.exit(f"Error: {exc}")
 PY
 )"
 
 if [[ ! -f "$model" ]]; then
     folder="$(dirname "$model")"
-    echo "ERROR: no $device-trained model at $model (MODEL_PATH of $config)." >&2
+    echo "Error: no $device-trained model at $model (MODEL_PATH of $config)." >&2
     shopt -s nullglob
     found=("$folder"/*.npz)
     if ((${#found[@]})); then

@@ -146,7 +146,7 @@ def train(config: str | None, resume: str | None, trace: str | None, overwrite: 
         sys.exit(launch([sys.executable, "-m", "rustyflow_py", *argv], cfg.num_gpus, _warn))
     progress = TrainingProgress(cfg.num_epochs)
     try:
-        run_training(cfg, click.echo, resume, progress, _warn, trace, overwrite)
+        run_training(cfg, progress.say, resume, progress, progress.warn, trace, overwrite)
     finally:
         progress.close()
 
@@ -173,40 +173,62 @@ def warmup(config: str | None, resume: str | None, trace: str | None,
 @click.option("--split", type=click.Choice(["valid", "test"]), default="valid")
 @click.option("--device", default="auto", metavar="DEVICE", show_default=True,
               help="auto, cpu, gpu or gpu:N")
-@click.option("--data-dir", default=None, help="where the dataset lives (DATA_DIR)")
-def eval_(model_path: str, split: str, device: str, data_dir: str | None) -> None:
+@click.option("--data-dir", default=None, help="where the dataset lives (DATA_DIR); must exist")
+@click.option("--eval-tokens", "budget", type=click.IntRange(min=0), default=0,
+              show_default=True, help="score only the first N tokens of the split (0 = all)")
+def eval_(model_path: str, split: str, device: str, data_dir: str | None, budget: int) -> None:
     """Word-level perplexity of a checkpoint on a split."""
     from .reporting.progress import TrainingProgress
+    from .reporting.report import on_tokens
     from .training.evaluate import evaluate_checkpoint
 
-    result = evaluate_checkpoint(model_path, split, device, data_dir,
-                                 TrainingProgress(1).evaluating)
+    progress = TrainingProgress(1)
+    try:
+        result = evaluate_checkpoint(model_path, split, device, data_dir, progress.evaluating,
+                                     budget)
+    finally:
+        progress.close()
     click.echo(f"{split} perplexity {result['perplexity']:.3f} (mean NLL "
-               f"{result['nll']:.4f} over {result['tokens']} tokens, {result['device']})")
+               f"{result['nll']:.4f} on {on_tokens(result['tokens'], result['of'])}, "
+               f"{result['device']})")
 
 
-@main.command()
-@click.option("--log", "log_path", default="training_log.txt", type=click.Path(dir_okay=False))
-@click.option("--last", type=click.IntRange(min=1), default=None, help="only the last N runs")
-@click.option("--format", "fmt", type=click.Choice(["table", "markdown", "json"]),
-              default="table")
-def report(log_path: str, last: int | None, fmt: str) -> None:
-    """The runs in the log, CPU-vs-GPU speed-ups and the latest profiling report."""
+_LOG_OPTION = click.option(
+    "--log", "logs", multiple=True, type=click.Path(dir_okay=False),
+    help="a log to read; repeat to read several together [default: training_log.txt]")
+
+
+def _read_logs(logs: tuple[str, ...]) -> list[Any]:
+    """The runs of every --log, in time order (a log's own order for equal times); each
+    log's warnings on stderr. A missing log is an error, never silently skipped."""
     from .reporting import report as rep
 
     warnings: list[str] = []
-    try:
-        records = rep.read_log(log_path, warnings)
-    except FileNotFoundError as exc:
-        raise click.ClickException(str(exc)) from None
+    records = []
+    for path in logs or ("training_log.txt",):
+        try:
+            records += rep.read_log(path, warnings)
+        except FileNotFoundError as exc:
+            raise click.ClickException(str(exc)) from None
     for w in warnings:
         click.echo(f"WARN: {w}", err=True)
-    click.echo(rep.render_report(records, fmt, last))
+    return sorted(records, key=lambda r: str(r.get("timestamp", ""))) if len(logs) > 1 else records
 
 
 @main.command()
-@click.option("--log", "logs", multiple=True, type=click.Path(dir_okay=False),
-              help="a log to read; repeat to read several [default: training_log.txt]")
+@_LOG_OPTION
+@click.option("--last", type=click.IntRange(min=1), default=None, help="only the last N runs")
+@click.option("--format", "fmt", type=click.Choice(["table", "markdown", "json"]),
+              default="table")
+def report(logs: tuple[str, ...], last: int | None, fmt: str) -> None:
+    """The runs in the log(s), CPU-vs-GPU speed-ups and the latest profiling report."""
+    from .reporting import report as rep
+
+    click.echo(rep.render_report(_read_logs(logs), fmt, last))
+
+
+@main.command()
+@_LOG_OPTION
 @click.option("--out", "folder", default="plots", show_default=True,
               type=click.Path(file_okay=False), help="folder for the PNG and SVG files")
 @click.option("--last", type=click.IntRange(min=1), default=None, help="only the last N runs")
@@ -218,18 +240,9 @@ def plot(logs: tuple[str, ...], folder: str, last: int | None, runs: tuple[str, 
          formats: tuple[str, ...]) -> None:
     """Pictures of the runs: loss curves, per-op breakdown, CPU vs GPU (needs matplotlib)."""
     from .reporting import plot as pictures
-    from .reporting import report as rep
 
     pictures.pyplot()  # without matplotlib, say how to get it before reading anything
-    warnings: list[str] = []
-    records = []
-    for path in logs or ("training_log.txt",):
-        try:
-            records += rep.read_log(path, warnings)
-        except FileNotFoundError as exc:
-            raise click.ClickException(str(exc)) from None
-    for w in warnings:
-        click.echo(f"WARN: {w}", err=True)
+    records = _read_logs(logs)
     written, skipped = pictures.plot_runs(pictures.select(records, last, runs), folder,
                                           formats or pictures.FORMATS)
     for path in written:
@@ -345,6 +358,7 @@ def banner(train_args: tuple[str, ...]) -> None:
     from pathlib import Path
 
     from .data import where_found
+    from .reporting.report import plural
     from .training.optimizers import describe as describe_optimizer
 
     with train.make_context("rustyflow train", list(train_args)) as ctx:
@@ -356,12 +370,14 @@ def banner(train_args: tuple[str, ...]) -> None:
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     shown = config or ("config.env" if Path("config.env").is_file() else None)
+    if shown and Path(shown).is_absolute() and Path(shown).is_relative_to(Path.cwd()):
+        shown = str(Path(shown).relative_to(Path.cwd()))  # as the scripts' caller wrote it
     cpu_path, gpu_path = cfg.model_path_for("cpu"), cfg.model_path_for("gpu")
     model_path = {"cpu": cpu_path, "gpu": f"{gpu_path} ({cpu_path} if it falls back to the CPU)",
                   "auto": f"{gpu_path} on a usable GPU, else {cpu_path}"}[
                       cfg.device.partition(":")[0]]
-    epochs = f"{cfg.num_epochs}" + (f" (stop after {cfg.max_steps} steps)" if cfg.max_steps
-                                    else "")
+    epochs = f"{cfg.num_epochs}" + (f" (stop after {plural(cfg.max_steps, 'step')})"
+                                    if cfg.max_steps else "")
     rows = [
         ("config", shown or "none (built-in defaults, environment and flags)"),
         ("dataset", cfg.dataset + (f" (DATA_DIR={cfg.data_dir})" if cfg.data_dir else "")),

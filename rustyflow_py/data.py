@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import DataError
+from .errors import DataError, command
 
 EOS = "<eos>"
 UNK = "<unk>"
@@ -196,15 +196,34 @@ def corpus_from_text(name: str, text: str, source: str) -> Corpus:
 # ------------------------------------------------------------------------ finding files
 
 
+LOOKUP = "--data-dir / DATA_DIR, then $RUSTYFLOW_DATA_DIR, ./data and ../shared/data"
+
+
 def search_dirs(data_dir: str | os.PathLike[str] | None = None) -> list[tuple[Path, str]]:
-    """Data folders in resolution order, each with where it came from (for messages)."""
+    """Data folders in lookup order, each with where it came from (for messages): DATA_DIR
+    (the --data-dir flag or the config key), $RUSTYFLOW_DATA_DIR, ./data, ../shared/data.
+
+    A DATA_DIR that was given but does not exist is a DataError, never a fallback to the
+    other folders: the run would otherwise silently read data from somewhere else."""
+    if data_dir and not Path(data_dir).is_dir():
+        raise DataError(f"DATA_DIR={data_dir} does not exist (or is no folder): fix the path "
+                        f"(--data-dir or DATA_DIR), or leave it empty to look in "
+                        f"$RUSTYFLOW_DATA_DIR, ./data and ../shared/data")
     candidates = [(data_dir, "DATA_DIR"), (os.environ.get("RUSTYFLOW_DATA_DIR"),
-                                           "$RUSTYFLOW_DATA_DIR"), ("data", "./data")]
+                                           "$RUSTYFLOW_DATA_DIR"), ("data", "./data"),
+                  (os.path.join("..", "shared", "data"), "../shared/data")]
     found: dict[Path, str] = {}
     for folder, label in candidates:
         if folder:
-            found.setdefault(Path(folder).absolute(), label)
+            found.setdefault(Path(os.path.abspath(folder)), label)
     return list(found.items())
+
+
+def unknown_dataset(dataset: str) -> DataError:
+    """A name that is neither a built-in dataset nor a file: a did-you-mean, no download."""
+    hint = difflib.get_close_matches(dataset, SOURCES, n=1)
+    return DataError(f"unknown dataset '{dataset}': expected {' or '.join(SOURCES)}, or the "
+                     f"path of a UTF-8 text file{f' (did you mean {hint[0]}?)' if hint else ''}")
 
 
 def _folders(source: Source, dirs: list[tuple[Path, str]]) -> list[tuple[Path, str]]:
@@ -298,22 +317,25 @@ def _read_verified(source: Source, name: str, path: Path) -> str:
         raise DataError(
             f"checksum mismatch: {path} has sha256 {digest}, expected {expected} "
             f"({source.title}); the file is damaged or a different version. Delete it and run "
-            f"`rustyflow data download`, or to train on your own text set DATASET=<path>")
+            f"`{command()} data download`, or to train on your own text set DATASET=<path>")
     return read_text(path, data)
 
 
 def _missing(dataset: str, source: Source, dirs: list[tuple[Path, str]], why: str) -> DataError:
+    """The one "not found" error: what is needed, every folder looked in, why nothing was
+    downloaded, and the three ways to fix it."""
     names = ", ".join(source.files)
     official = ", ".join(source.aliases[n] for n in source.files if n in source.aliases)
     looked = "\n".join(_searched_line(entry) for entry in _searched(source, dirs))
     return DataError(
         f"{source.title} not found: need {names}"
         f"{f' (or the official {official})' if official else ''} in one of:\n{looked}\n"
-        f"{why}\nTwo ways to fix it:\n"
-        f"  1. copy the files into one of those folders, or set DATA_DIR in config.env (or the "
-        f"environment variable RUSTYFLOW_DATA_DIR) to a folder holding {source.folder}/;\n"
-        f"  2. on a machine with network access run `rustyflow data download {dataset}` "
-        f"(from {source.urls[0]}, checksums verified).")
+        f"{why}\nThree ways to fix it:\n"
+        f"  1. copy the files into one of those folders (e.g. ./data/{source.folder}/);\n"
+        f"  2. point at a folder holding {source.folder}/: --data-dir DIR, DATA_DIR=DIR in "
+        f"config.env, or the environment variable RUSTYFLOW_DATA_DIR=DIR;\n"
+        f"  3. download it: `{command()} data download {dataset}` (from {source.urls[0]}, "
+        f"checksums verified; on an offline machine, run it elsewhere and copy ./data over).")
 
 
 def default_download_dir(data_dir: str | os.PathLike[str] | None = None) -> Path:
@@ -328,6 +350,8 @@ def default_download_dir(data_dir: str | os.PathLike[str] | None = None) -> Path
         if folder == Path("data").absolute():
             with contextlib.suppress(OSError):
                 folder.mkdir(parents=True, exist_ok=True)
+        elif not folder.exists() and label == "../shared/data":
+            continue  # a default that is absent here: nothing was asked of it
         elif not folder.exists():
             raise DataError(f"{label.lstrip('$')}={folder} does not exist: fix the path, or "
                             f"create the folder first (mkdir -p {folder}); it is not created "
@@ -357,10 +381,7 @@ def load_corpus(dataset: str, data_dir: str | None = None, download: bool = True
     if dataset not in SOURCES:
         path = Path(dataset)
         if not path.is_file():
-            hint = difflib.get_close_matches(dataset, SOURCES, n=1)
-            raise DataError(f"unknown dataset '{dataset}': expected {' or '.join(SOURCES)}, or "
-                            f"the path of a UTF-8 text file"
-                            f"{f' (did you mean {hint[0]}?)' if hint else ''}")
+            raise unknown_dataset(dataset)
         return corpus_from_text(path.stem, read_text(path), str(path))
     source, dirs = SOURCES[dataset], search_dirs(data_dir)
     paths = _find(source, dirs)
@@ -377,6 +398,8 @@ def load_corpus(dataset: str, data_dir: str | None = None, download: bool = True
 def dataset_info(dataset: str, data_dir: str | None = None) -> dict[str, object]:
     """What `rustyflow data info` shows: location, files, checksums, token counts, vocab."""
     source = SOURCES.get(dataset)
+    if source is None and not Path(dataset).is_file():
+        raise unknown_dataset(dataset)
     dirs = search_dirs(data_dir)
     info: dict[str, object] = {"dataset": dataset, "title": source.title if source else dataset,
                                "looked_in": [str(f) for f, _ in _folders(source, dirs)]
@@ -389,6 +412,9 @@ def dataset_info(dataset: str, data_dir: str | None = None) -> dict[str, object]
     if paths is None:
         if source is not None:
             info["searched"] = _searched(source, dirs)
+            info["problem"] = str(_missing(dataset, source, dirs,
+                                           "(`rustyflow data info` only looks, it never "
+                                           "downloads.)"))
         return info
     files = []
     for name, path in paths.items():
@@ -418,11 +444,11 @@ def info_problem(info: dict[str, Any]) -> str | None:
     """
     name = info["dataset"]
     if not info["found"]:
-        return f"{name} not found; `rustyflow data download {name}` fetches it"
+        return str(info.get("problem") or f"{name} not found")
     if info.get("checksum_ok") is False:
         bad = [f["name"] for f in info["files"] if f["checksum_ok"] is False]
         return (f"{name}: checksum mismatch in {', '.join(bad)}; delete the damaged files and "
-                f"run `rustyflow data download {name}`")
+                f"run `{command()} data download {name}`")
     if "error" in info:
         return f"{name}: {info['error']}"
     return None
@@ -441,9 +467,7 @@ def format_info(info: dict[str, Any]) -> str:
     """dataset_info() as lines for a terminal: where, files, checksums, tokens, vocabulary."""
     lines = [f"{info['title']} ({info['dataset']})"]
     if not info["found"]:
-        lines.append("  not found; looked in:")
-        lines += [f"  {_searched_line(e)}" for e in info.get("searched", [])]
-        lines += [f"    {place}" for place in info["looked_in"] if "searched" not in info]
+        lines.append("  not found (the error below lists where it looked)")
         return "\n".join(lines)
     lines.append(f"  location  {info['location']}")
     lines += [_file_line(entry) for entry in info["files"]]
@@ -537,8 +561,7 @@ def download_dataset(dataset: str, dest_dir: str | os.PathLike[str],
     """
     source = SOURCES.get(dataset)
     if source is None:
-        raise DataError(f"'{dataset}' is not a downloadable dataset: expected "
-                        f"{' or '.join(SOURCES)}")
+        raise unknown_dataset(dataset)
     expected = {**source.sha256, "archive": source.archive_sha256, **(checksums or {})}
     target = Path(dest_dir) / source.folder
     Path(dest_dir).mkdir(parents=True, exist_ok=True)

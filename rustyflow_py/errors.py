@@ -34,3 +34,17 @@ class TrainingError(RustyFlowError):
 class DistributedError(RustyFlowError):
     """A multi-process run cannot start or go on: no MPI, a launcher and an MPI that disagree,
     an mpiexec that cannot start (the message names the fix)."""
+
+
+def command() -> str:
+    """How to run `rustyflow` here, for the commands messages suggest: `rustyflow` when it is
+    on PATH (an activated .venv), else the repository's `./rustyflow` wrapper when in its
+    folder, else `python -m rustyflow_py`. A suggested command then works as written."""
+    import os
+    import shutil
+
+    if shutil.which("rustyflow"):
+        return "rustyflow"
+    if os.access("rustyflow", os.X_OK) and os.path.isfile("rustyflow"):
+        return "./rustyflow"
+    return "python -m rustyflow_py"

@@ -22,6 +22,7 @@ set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 say() { echo "bootstrap: $*" >&2; }
+fail() { echo "Error: $*" >&2; }  # the one error prefix the package prints too
 
 if [[ -n "${RUSTYFLOW_PYTHON:-}" ]]; then
     echo "$RUSTYFLOW_PYTHON"
@@ -41,7 +42,7 @@ for arg in "$@"; do
         --jit) jit=1 ;;
         *)
             if ! is_extra "$arg"; then
-                say "not an option or an extra name: '$arg' (usage: [--gpu] [--jit] [EXTRA ...])"
+                fail "not an option or an extra name: '$arg' (usage: [--gpu] [--jit] [EXTRA ...])"
                 exit 2
             fi
             extras+=("$arg")
@@ -96,7 +97,7 @@ if ! installed; then
     if ! "$py" -c 'import sys' 2>/dev/null; then
         base="${RUSTYFLOW_BOOTSTRAP_PYTHON:-python3}"
         if ! "$base" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
-            say "need Python 3.10+ to create .venv; '$base' is not: set RUSTYFLOW_BOOTSTRAP_PYTHON"
+            fail "need Python 3.10+ to create .venv; '$base' is not: set RUSTYFLOW_BOOTSTRAP_PYTHON"
             exit 1
         fi
         say "creating $venv (first run only)"

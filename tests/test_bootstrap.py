@@ -56,6 +56,11 @@ case "$1 ${2-}" in
     "-c import rustyflow_py") [[ -f $venv/.fake-installed ]]; exit ;;
     "-c import numba") [[ -f $venv/.fake-numba ]]; exit ;;
     "-c import cupy") exit 1 ;;
+    "-m rustyflow_py")
+        shift 2
+        echo "rustyflow $* (in $PWD)"
+        exit 0
+        ;;
     "-m pip")
         shift 2
         (IFS=$'\t'; echo "$*") >>"$venv/.fake-pip.log"
@@ -82,6 +87,7 @@ def clone(tmp_path: Path) -> Path:
     root = tmp_path / "repo"
     (root / "scripts").mkdir(parents=True)
     shutil.copy2(REPO / "scripts" / "bootstrap.sh", root / "scripts" / "bootstrap.sh")
+    shutil.copy2(REPO / "rustyflow", root / "rustyflow")
     shutil.copy2(REPO / "pyproject.toml", root / "pyproject.toml")
     return root
 
@@ -206,3 +212,19 @@ def test_rustyflow_python_skips_the_bootstrap(clone: Path, env: dict[str, str]) 
     result = bootstrap(clone, {**env, "RUSTYFLOW_PYTHON": "/opt/py/bin/python"}, "--jit", "dev")
     assert result.returncode == 0 and result.stdout == "/opt/py/bin/python\n"
     assert not (clone / ".venv").exists()
+
+
+def test_the_wrapper_works_in_a_fresh_shell(clone: Path, env: dict[str, str],
+                                            tmp_path: Path) -> None:
+    """`./rustyflow report`, as the README writes it, in a fresh clone and a fresh shell (no
+    .venv, nothing activated): it makes .venv, then runs the package there, in the caller's
+    folder with the arguments as given; later calls reuse .venv without pip."""
+    here = tmp_path / "elsewhere"
+    here.mkdir()
+    for _ in range(2):
+        result = subprocess.run([str(clone / "rustyflow"), "report", "--last", "1"], cwd=here,
+                                env=env, capture_output=True, text=True, timeout=30,
+                                check=False)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout == f"rustyflow report --last 1 (in {here})\n"
+    assert [spec_extras(clone, s) for s in pip_specs(clone)] == [set()]

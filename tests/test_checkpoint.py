@@ -128,3 +128,21 @@ def test_validate_against_names_the_first_misfit(good: Path, drop: tuple[str, ..
     assert str(err.value).startswith(f"--resume {path}: {expect}")
     if all(name.startswith("opt") for name in (*drop, *replace)):
         validate_against(ckpt, SHAPES, None, "--model")  # the weights alone still fit
+
+
+def test_written_files_get_the_mode_umask_allows(tmp_path: Path) -> None:
+    """write_atomically's file has a plain open()'s mode (0644 under umask 022), not the
+    temporary file's 0600: a checkpoint is readable by whoever may read its folder."""
+    import os
+
+    from rustyflow_py.training.outputs import write_atomically
+
+    old = os.umask(0o022)
+    try:
+        path = write_atomically(tmp_path / "f.bin", lambda f: f.write(b"x"))
+        os.umask(0o027)
+        other = write_atomically(tmp_path / "g.bin", lambda f: f.write(b"x"))
+    finally:
+        os.umask(old)
+    assert path.stat().st_mode & 0o777 == 0o644
+    assert other.stat().st_mode & 0o777 == 0o640

@@ -96,7 +96,8 @@ def test_dataset_info(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fixture_source(monkeypatch)
     missing = data.dataset_info("wikitext-2")
     assert missing["found"] is False
-    assert missing["looked_in"] == [str(tmp_path / "data" / "wikitext-2")]
+    assert missing["looked_in"] == [str(tmp_path / "data" / "wikitext-2"),
+                                    str(tmp_path.parent / "shared" / "data" / "wikitext-2")]
     write_splits(tmp_path / "data" / "wikitext-2")
     info = data.dataset_info("wikitext-2")
     assert info["found"] is True and info["checksum_ok"] is True and info["vocab_size"] == 6
@@ -116,9 +117,9 @@ def test_format_info_shows_files_checksums_tokens_and_where_it_looked(
     missing = data.dataset_info("wikitext-2")
     text = data.format_info(missing)
     assert "not found" in text
-    assert f"{folder}  (./data; found train.txt; missing valid.txt, test.txt)" in text
-    assert data.info_problem(missing) == ("wikitext-2 not found; `rustyflow data download "
-                                          "wikitext-2` fetches it")
+    problem = str(data.info_problem(missing))
+    assert f"{folder}  (./data; found train.txt; missing valid.txt, test.txt)" in problem
+    assert "Three ways to fix it" in problem and "never downloads" in problem
     (folder / "valid.txt").write_text(VALID)
     (folder / "test.txt").write_text(TEST)
     info = data.dataset_info("wikitext-2")
@@ -148,8 +149,9 @@ def test_cli_data_info_exits_1_when_missing_or_damaged(
     runner = CliRunner()
     result = runner.invoke(main, ["data", "info"])
     assert result.exit_code == 1 and "Traceback" not in result.output
-    assert "not found; looked in:" in result.stdout and "Error: wikitext-2 not found" in (
+    assert "not found" in result.stdout and "Error: WikiText-2 (v1, word level) not found" in (
         result.stderr)
+    assert "RUSTYFLOW_DATA_DIR" in result.stderr and "Three ways to fix it" in result.stderr
     write_splits(tmp_path / "data" / "wikitext-2")
     result = runner.invoke(main, ["data", "info"])
     assert result.exit_code == 0 and result.stdout.count("sha256 ok") == 3
@@ -351,7 +353,7 @@ def test_offline_message_lists_places_and_fixes(tmp_path: Path,
     for place in ("mine", "shared", "data"):
         assert str(tmp_path / place / "wikitext-2") in message
     assert "Download failed" in message and "RUSTYFLOW_DATA_DIR" in message
-    assert "rustyflow data download wikitext-2" in message
+    assert " data download wikitext-2" in message
     assert list((tmp_path / "mine").iterdir()) == []  # the download attempt left nothing
 
 

@@ -261,7 +261,7 @@ def test_eval_says_it_is_evaluating() -> None:
     Trainer(make_cfg(MAX_STEPS=3), quiet).run()
     result = invoke("eval", "--model", "models/tiny-cpu.npz", "--device", "cpu")
     assert result.exit_code == 0, result.output
-    assert "evaluating the valid split (" in result.output
+    assert "evaluating valid: " in result.output and "evaluated valid: " in result.output
 
 
 def test_generate_and_chat_find_the_checkpoint_train_wrote() -> None:

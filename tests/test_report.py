@@ -726,3 +726,33 @@ def test_no_scaling_section_without_pairs(fmt: str) -> None:
         assert "scaling" not in json.loads(out)
     else:
         assert "Data-parallel scaling" not in out
+
+
+def test_report_reads_every_log_it_is_given(tmp_path) -> None:
+    """`report --log A --log B` reports both logs' runs together, in time order; a missing
+    one is an error, never silently dropped."""
+    from click.testing import CliRunner
+
+    from rustyflow_py.cli import main
+
+    cpu, gpu = tmp_path / "cpu.txt", tmp_path / "gpu.txt"
+    append_block(gpu, format_block(gpu_record(timestamp="2026-01-02T00:00:00Z")))
+    append_block(cpu, format_block(cpu_record(timestamp="2026-01-01T00:00:00Z")))
+    result = CliRunner().invoke(main, ["report", "--log", str(gpu), "--log", str(cpu),
+                                       "--format", "json"])
+    assert result.exit_code == 0, result.output
+    runs = json.loads(result.stdout)["runs"]
+    assert [r["timestamp"] for r in runs] == ["2026-01-01T00:00:00Z", "2026-01-02T00:00:00Z"]
+    result = CliRunner().invoke(main, ["report", "--log", str(cpu), "--log",
+                                       str(tmp_path / "nope.txt")])
+    assert result.exit_code == 1 and "nope.txt" in result.stderr
+
+
+def test_a_floor_the_steps_beat_does_not_call_itself_a_floor() -> None:
+    """Measured on a busy machine, the GEMM rate can put the 'floor' above the real step
+    time: the line then says so instead of reporting '0.50x the floor'."""
+    record = cpu_record()
+    record["profile"]["matmul_floor"].update(floor_s_per_step=0.02, step_s=0.01)
+    line = next(x for x in lines_of(format_block(record)) if x.startswith("Matmul floor:"))
+    assert "0.50x: faster than this floor" in line and "no bound here" in line
+    assert "x the floor" not in line

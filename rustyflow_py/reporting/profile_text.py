@@ -46,8 +46,8 @@ def graph_lines(prof: Record, run_s: float | None) -> list[str]:
     drift = 100.0 * (kernels - busy) / busy if busy > 0 else 0.0
     lines = [
         f"Replayed step on the device: {1e3 * span / n:.3f} ms (kernels busy "
-        f"{1e3 * busy / n:.3f} ms, idle between kernels {1e3 * gap / n:.3f} ms), mean of "
-        f"{n} sampled replays",
+        f"{1e3 * busy / n:.3f} ms, idle between kernels {1e3 * gap / n:.3f} ms)"
+        + (f", mean of {n} sampled replays" if n > 1 else ", one sampled replay"),
         f"Check: per-op times sum to {1e3 * kernels / n:.3f} ms/step, {drift:+.2f}% of the "
         "device-busy time of the same replays",
     ]

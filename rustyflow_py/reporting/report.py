@@ -60,6 +60,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal, TypedDict
 
+from ..errors import command
 from . import profile_text
 from .curves import curve, sparkline
 
@@ -116,6 +117,7 @@ class RunRecord(TypedDict, total=False):
     best_checkpoint: str | None  # MODEL_PATH with -best: the best validated weights
     early_stopped: bool  # PATIENCE ended the run
     eval_protocol: str  # how perplexity was measured ("non-overlapping 64-token windows")
+    eval_tokens: dict[str, list[int]]  # split -> [tokens scored, tokens of a full evaluation]
     final_loss: float | None
     checkpoint: str | None
     message: str | None
@@ -253,8 +255,8 @@ def _epoch_time(r: Record) -> tuple[float | None, str | None]:
         step_s = max(_num(train) - _num((prof.get("phases") or {}).get("eval")), 0.0)
         excluded = "evaluation excluded"
     if _is_num(steps) and _is_num(per_epoch) and _is_num(train) and steps > 0 and per_epoch > 0:
-        note = (f"{steps:,} steps in {step_s:.3f}s ({excluded}) scaled to {per_epoch:,} "
-                "steps/epoch")
+        note = (f"{plural(steps, 'step')} in {step_s:.3f}s ({excluded}) scaled to "
+                f"{per_epoch:,} steps/epoch")
         return step_s / steps * per_epoch, note
     return None, "nothing to extrapolate from"
 
@@ -298,7 +300,29 @@ def _eval_line(r: Record) -> str:
     if r.get("best_checkpoint"):
         line += f" ({_text(r['best_checkpoint'])})"
     line += f" | test ppl {_fmt(r.get('test_ppl'), '.2f')} of {_text(r.get('test_ppl_of'))}"
+    line += _scored(r.get("eval_tokens"))
     return line + (" | early-stopped" if r.get("early_stopped") else "")
+
+
+def plural(count: int, word: str) -> str:
+    """`1 step`, `2 steps`, `1,000 steps`."""
+    return f"{count:,} {word}{'' if count == 1 else 's'}"
+
+
+def on_tokens(scored: int, full: int) -> str:
+    """How much of a split a perplexity is on: `217,600 tokens` or `20,000 of 217,600
+    tokens` (an EVAL_TOKENS subset says so wherever its result is shown)."""
+    return f"{scored:,} tokens" if scored == full else f"{scored:,} of {full:,} tokens"
+
+
+def _scored(counts: Any) -> str:
+    """` | scored: valid 217,600 tokens, test 20,000 of 245,504 tokens` (EVAL_TOKENS makes a
+    subset, and says so); nothing for older blocks, which lack the counts."""
+    if not isinstance(counts, dict):
+        return ""
+    parts = [f"{split} {on_tokens(pair[0], pair[1])}" for split, pair in counts.items()
+             if isinstance(pair, list) and len(pair) == 2 and all(map(_is_num, pair))]
+    return f" | scored: {', '.join(parts)}" if parts else ""
 
 
 def _parallel_lines(r: Record) -> list[str]:
@@ -345,9 +369,13 @@ def _table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[s
     return [line(headers), line(["-" * w for w in widths]), *(line(row) for row in rows)]
 
 
-def _op_lines(ops: list[Record], window: float, idle: float | None = None) -> list[str]:
+def _op_lines(ops: list[Record], window: float, idle: float | None = None,
+              per_step: int | None = None) -> list[str]:
     """The per-op table, longest first, with its shares of `window`; `idle` (a graph profile's
-    device time between kernels) gets a row of its own before the total."""
+    device time between kernels) gets a row of its own before the total. With `per_step` (a
+    graph profile's sampled replays) calls and times are per step, in milliseconds."""
+    n = per_step or 1
+    time_text = (lambda secs: f"{secs * 1e3 / n:.3f}") if per_step else (lambda secs: f"{secs:.3f}")
     rows = []
     for op in sorted(ops, key=lambda op: -_num(op.get("time_s"))):
         calls, secs = op.get("calls"), _num(op.get("time_s"))
@@ -357,8 +385,8 @@ def _op_lines(ops: list[Record], window: float, idle: float | None = None) -> li
                 _text(op.get("name")),
                 _text(op.get("phase")),
                 _text(op.get("category")),
-                _fmt(calls, ","),
-                f"{secs:.3f}",
+                _fmt(calls / n if _is_num(calls) else None, ",.4g" if per_step else ","),
+                time_text(secs),
                 _fmt(per_call, ".3f"),
                 _share(secs, window),
             ]
@@ -366,12 +394,21 @@ def _op_lines(ops: list[Record], window: float, idle: float | None = None) -> li
     total = sum(_num(op.get("time_s")) for op in ops)
     calls = sum(int(_num(op.get("calls"))) for op in ops)
     if idle is not None:
-        rows.append(["(idle between kernels)", "", "", "", f"{idle:.3f}", "",
+        rows.append(["(idle between kernels)", "", "", "", time_text(idle), "",
                      _share(idle, window)])
         total += idle
-    rows.append(["all ops", "", "", f"{calls:,}", f"{total:.3f}", "", _share(total, window)])
-    headers = ["Op", "Phase", "Category", "Calls", "Total s", "ms/call", "Share %"]
+    rows.append(["all ops", "", "", f"{calls / n:,.4g}" if per_step else f"{calls:,}",
+                 time_text(total), "", _share(total, window)])
+    headers = ["Op", "Phase", "Category", "Calls/step" if per_step else "Calls",
+               "ms/step" if per_step else "Total s", "ms/call", "Share %"]
     return _table(headers, rows, right={3, 4, 5, 6})
+
+
+def _per_step(prof: Record) -> int | None:
+    """A graph profile's sampled replays (its table is per step); None for the others."""
+    s = prof.get("sampling") if isinstance(prof.get("sampling"), dict) else {}
+    n = s.get("replays")
+    return int(n) if prof.get("timing") == "cupti-graph" and _is_num(n) and n > 0 else None
 
 
 _COMM_GPU = ("Communication time (NCCL collectives, measured on the step's stream in the "
@@ -385,10 +422,12 @@ def _category_time(ops: list[Record], category: str) -> float:
 
 
 def _matmul_lines(
-    ops: list[Record], window: float, profiled: int, steps: int, note: Any, gpu: bool
+    ops: list[Record], window: float, profiled: int, steps: int, note: Any, gpu: bool,
+    per_step: int | None = None,
 ) -> list[str]:
     """Matmul, communication (data-parallel runs only) and the rest of the window, and the
-    matmul Amdahl bound. Other excludes the collectives so the three shares add up."""
+    matmul Amdahl bound. Other excludes the collectives so the three shares add up. With
+    `per_step` (a graph profile's sampled replays) the times are milliseconds per step."""
     matmul, comm = _category_time(ops, "matmul"), _category_time(ops, "comm")
     has_comm = any(op.get("category") == "comm" for op in ops)
     other = max(window - matmul - comm, 0.0)
@@ -397,23 +436,30 @@ def _matmul_lines(
         bound = NA
     else:
         bound = "unbounded" if p >= 1.0 else f"{1.0 / (1.0 - p):.2f}x"
+    if per_step:
+        def amount(secs: float) -> str:
+            return f"{secs * 1e3 / per_step:.3f} ms/step"
+        whole = f"{window * 1e3 / per_step:.3f} ms replayed step on the device"
+    else:
+        def amount(secs: float) -> str:
+            return f"{secs:.3f}s"
+        whole = f"{window:.3f}s of profiled training steps{' on the device' if gpu else ''}"
     lines = [
-        f"Total matmul time (CPU + GPU): {matmul:.3f}s ({_pct(matmul, window)} of the "
-        f"{window:.3f}s of profiled training steps{' on the device' if gpu else ''})",
+        f"Total matmul time (CPU + GPU): {amount(matmul)} ({_pct(matmul, window)} of the "
+        f"{whole})",
     ]
     if has_comm:
         label = _COMM_GPU if gpu else _COMM_CPU
-        lines.append(f"{label}: {comm:.3f}s ({_pct(comm, window)} of the same)")
+        lines.append(f"{label}: {amount(comm)} ({_pct(comm, window)} of the same)")
     excluded = "communication and eval" if has_comm else "eval"
     lines += [
         f"Other time (non-matmul ops, data loading and framework overhead; {excluded} "
-        f"excluded): {other:.3f}s ({_pct(other, window)} of the same)",
+        f"excluded): {amount(other)} ({_pct(other, window)} of the same)",
         f"Amdahl's bound: {bound} max speed-up from faster matmuls alone (p={_fmt(p, '.3f')})",
     ]
-    if profiled < steps and "CUDA-graph replays" in str(note):
-        lines.append(f"Per-op numbers and shares come from {profiled:,} sampled replays of the "
-                     f"{steps:,} training steps, all replays of one captured step "
-                     f"({window:.3f}s of device time)")
+    if profiled < steps and per_step:
+        lines.append(f"Per-op numbers and shares come from {plural(profiled, 'sampled replay')}"
+                     f" of the {steps:,} training steps, all replays of one captured step")
     elif profiled < steps:
         lines.append(
             f"Per-op numbers and shares come from the profiled window ({profiled:,} of "
@@ -463,7 +509,7 @@ def _traffic_lines(prof: Record) -> list[str]:
             per.append(f"{kind.upper()} {NA}")
     return [
         f"Host<->device traffic per step: {', '.join(per)}",
-        f"Host<->device traffic over {n:,} steps: {', '.join(total)}",
+        f"Host<->device traffic over {plural(n, 'step')}: {', '.join(total)}",
     ]
 
 
@@ -486,6 +532,9 @@ def _floor_lines(prof: Record) -> list[str]:
     floor, step = f.get("floor_s_per_step"), f.get("step_s")
     ok = _is_num(floor) and _is_num(step) and floor > 0
     ratio = f"{step / floor:.2f}x the floor" if ok else NA
+    if ok and step < floor:  # a floor the steps beat was measured on a busy machine
+        ratio = (f"{step / floor:.2f}x: faster than this floor, whose GEMM rate was measured "
+                 "while other work slowed it; no bound here")
     floor_ms = _fmt(floor * 1e3 if _is_num(floor) else None, ".3f")
     step_ms = _fmt(step * 1e3 if _is_num(step) else None, ".3f")
     return [
@@ -510,10 +559,12 @@ def _profile_lines(r: Record) -> list[str]:
         f"{profiled:,} of {steps:,} steps profiled, {window:.3f}s {what}"
     )
     idle = _idle_row(prof) if graph else None
+    per_step = _per_step(prof)
     return [
         head,
-        *_op_lines(ops, window, idle),
-        *_matmul_lines(ops, window, profiled, steps, prof.get("note"), _kind(r) == "gpu"),
+        *_op_lines(ops, window, idle, per_step),
+        *_matmul_lines(ops, window, profiled, steps, prof.get("note"), _kind(r) == "gpu",
+                       per_step),
         *profile_text.graph_lines(prof, r.get("train_time_s")),
         "",
         *_phase_lines(r, prof, window),
@@ -600,14 +651,16 @@ def format_summary(record: RunRecord | Record, log: str | None, top: int = 5) ->
             window = sum(_num(op.get("time_s")) for op in ops)
         steps, profiled = int(_num(r.get("steps_here", r.get("steps")))), int(
             _num(prof.get("profiled_steps")))
-        head = _op_lines(sorted(ops, key=lambda op: -_num(op.get("time_s")))[:top], window)
+        per_step = _per_step(prof)
+        head = _op_lines(sorted(ops, key=lambda op: -_num(op.get("time_s")))[:top], window,
+                         per_step=per_step)
         lines += [f"Top {min(top, len(ops))} ops of {len(ops)}:", *head[:-1]]
         lines += _matmul_lines(ops, window, profiled, max(steps, profiled), prof.get("note"),
-                               _kind(r) == "gpu")
+                               _kind(r) == "gpu", per_step)
     ckpt = r.get("checkpoint")
     lines.append(f"Checkpoint: {_text(ckpt)}" if ckpt else
                  "Checkpoint: none written (see the message above)")
-    lines.append(f"Full report: appended to {log} (`rustyflow report --log {log}` shows it)"
+    lines.append(f"Full report: appended to {log} (`{command()} report --log {log}` shows it)"
                  if log else "Full report: not written (see the warning above)")
     return "\n".join(lines)
 

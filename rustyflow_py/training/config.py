@@ -138,8 +138,8 @@ def _k(name: str, type_: str, default: object, help_: str, **kw: object) -> tupl
 KEYS: dict[str, Key] = dict([
     _k("DATASET", "str", "wikitext-2",
        "wikitext-2, tinyshakespeare, or the path of a UTF-8 text file (split 90/10)"),
-    _k("DATA_DIR", "str", "", "folder holding the datasets; empty = $RUSTYFLOW_DATA_DIR, then "
-       "./data", allow_empty=True),
+    _k("DATA_DIR", "str", "", "folder holding the datasets (must exist); empty = "
+       "$RUSTYFLOW_DATA_DIR, then ./data, then ../shared/data", allow_empty=True),
     _k("SEQ_LEN", "int", 64, "tokens per training window (context length)", lo=1),
     _k("BATCH_SIZE", "int", 16, "parallel token streams per step", lo=1),
     _k("NUM_EPOCHS", "int", 1, "passes over the training tokens", lo=1),
@@ -230,6 +230,9 @@ KEYS: dict[str, Key] = dict([
     _k("EVAL_STRIDE", "int", 0, "perplexity windows: 0 = non-overlapping SEQ_LEN windows; S = "
        "sliding SEQ_LEN windows advancing S tokens, each token scored once (S <= SEQ_LEN)",
        lo=0),
+    _k("EVAL_TOKENS", "int", 0, "evaluate only the first N scored tokens of each split (0 = "
+       "all): a quick look, not a comparable result; results say how many were scored",
+       lo=0),
     _k("MAX_STEPS", "int", 0, "stop after this many optimizer steps (0 = no limit)", lo=0),
     _k("NUM_GPUS", "int", 1, "data-parallel worker processes on this machine, one per GPU "
        "(rustyflow train --gpus N); each trains BATCH_SIZE streams of every step", lo=1,
@@ -249,8 +252,8 @@ _D = {key.name: key.default for key in KEYS.values()}
 
 
 def markdown_table() -> list[str]:
-    """README's configuration table (header and one row per key), generated from KEYS;
-    tests/test_config.py holds the README to it."""
+    """docs/configuration.md's key table (header and one row per key), generated from KEYS;
+    tests/test_config.py holds the page to it."""
     rows = ["| Key | Flag | Default | Valid values | Meaning |", "|---|---|---|---|---|"]
     for key in KEYS.values():
         flag = (f"`{key.flag}` / `--no-{key.flag[2:]}`" if key.type == "bool"
@@ -339,6 +342,7 @@ class Config:
     eval_interval: int = _D["EVAL_INTERVAL"]
     patience: int = _D["PATIENCE"]
     eval_stride: int = _D["EVAL_STRIDE"]
+    eval_tokens: int = _D["EVAL_TOKENS"]
     max_steps: int = _D["MAX_STEPS"]
     num_gpus: int = _D["NUM_GPUS"]
     grad_accum_steps: int = _D["GRAD_ACCUM_STEPS"]

@@ -19,6 +19,7 @@ from ..engine.tensor import Tensor, no_grad
 from ..errors import DataError
 from ..model.generate import Sampling, Session
 from ..model.gpt import GPT, build_model
+from ..reporting.report import on_tokens
 from . import sizing
 from .checkpoint import Checkpoint, CheckpointError
 from .config import Config, ConfigError
@@ -71,8 +72,35 @@ def protocol(seq_len: int, stride: int) -> str:
     return f"sliding {seq_len}-token windows, stride {stride}"
 
 
-def perplexity(model: GPT, stream: Any, seq_len: int, stride: int = 0) -> dict[str, Any]:
-    """exp(mean per-token NLL) over an uploaded (B, N) split, in the windows of `windows`."""
+def within_budget(spans: list[tuple[int, int]], rows: int, seq_len: int,
+                  budget: int) -> list[tuple[int, int]]:
+    """The first windows whose scored tokens (over all `rows`) stay within `budget` (at
+    least one window; budget 0 = all). A prefix, so runs with the same budget compare."""
+    if not budget:
+        return spans
+    kept, scored = [], 0
+    for start, first in spans:
+        scored += rows * (seq_len - first)
+        if kept and scored > budget:
+            break
+        kept.append((start, first))
+    return kept
+
+
+def scored_tokens(shape: tuple[int, ...], seq_len: int, stride: int = 0,
+                  budget: int = 0) -> tuple[int, int]:
+    """(tokens an evaluation of a (B, N) split scores within `budget`, tokens a full one
+    scores): the one token count every line about that evaluation uses."""
+    rows, spans = shape[0], windows(shape[1], seq_len, stride)
+    count = lambda some: rows * sum(seq_len - first for _, first in some)  # noqa: E731
+    return count(within_budget(spans, rows, seq_len, budget)), count(spans)
+
+
+def perplexity(model: GPT, stream: Any, seq_len: int, stride: int = 0, budget: int = 0,
+               advance: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """exp(mean per-token NLL) over an uploaded (B, N) split, in the windows of `windows`,
+    the first of them only when `budget` (tokens, 0 = all) is less than the split;
+    `advance(n)` is told the tokens of each window as it is queued."""
     backend = model.buffer.backend
     spans = windows(stream.shape[1], seq_len, stride)
     if not spans:
@@ -81,39 +109,51 @@ def perplexity(model: GPT, stream: Any, seq_len: int, stride: int = 0) -> dict[s
                         f"streams of SEQ_LEN+1={seq_len + 1} tokens (at least "
                         f"{streams * (seq_len + 1)}); "
                         f"{data.layout_advice(int(stream.size), streams, seq_len)}")
+    rows = stream.shape[0]
+    _, full = scored_tokens(stream.shape, seq_len, stride, budget)
     xp = backend.xp
     total = xp.zeros((), dtype=np.float64)
     scored = 0
     was_training, model.training = model.training, False
     try:
         with no_grad():
-            for start, first in spans:
+            for start, first in within_budget(spans, rows, seq_len, budget):
                 x = xp.ascontiguousarray(stream[:, start : start + seq_len])  # (B, T)
                 y = xp.ascontiguousarray(stream[:, start + 1 : start + seq_len + 1])
                 total += model(Tensor(x), Tensor(y), score_from=first).data * (seq_len - first)
                 scored += seq_len - first
+                if advance is not None:
+                    advance(rows * (seq_len - first))
     finally:
         model.training = was_training
     nll = float(backend.to_host(total)) / scored
-    return {"perplexity": math.exp(nll), "nll": nll, "tokens": scored * stream.shape[0],
+    return {"perplexity": math.exp(nll), "nll": nll, "tokens": scored * rows, "of": full,
             "protocol": protocol(seq_len, stride)}
 
 
+Status = Callable[[str, int], Any]
+
+
 def evaluate_checkpoint(path: str, split: str, device: str, data_dir: str | None = None,
-                        status: Callable[[str, int], Any] | None = None) -> dict[str, Any]:
-    """`rustyflow eval`: perplexity of a checkpoint on the valid or test split.
-    `status(split, tokens)` is a context manager shown while the split is evaluated."""
+                        status: Status | None = None, budget: int = 0) -> dict[str, Any]:
+    """`rustyflow eval`: perplexity of a checkpoint on the valid or test split (its first
+    `budget` tokens; 0 = all). `status(split, tokens)` is a context manager shown while the
+    split is evaluated; it yields an `advance(n)` callable (or None)."""
     from ..engine.backend import resolve_device
 
     used, _ = resolve_device(device, False, print, lambda msg: print(msg, file=sys.stderr))
     model, ckpt, cfg = load_model(path, used)
-    corpus = data.load_corpus(cfg.dataset, data_dir or cfg.data_dir or None)
+    # --data-dir, else the training run's DATA_DIR where it exists here too, else the rest
+    # of the lookup order ($RUSTYFLOW_DATA_DIR, ./data, ../shared/data)
+    stored = cfg.data_dir if cfg.data_dir and Path(cfg.data_dir).is_dir() else None
+    corpus = data.load_corpus(cfg.dataset, data_dir or stored)
     if list(ckpt.vocab) != corpus.vocab.itos:
         raise CheckpointError(f"{path}: its vocabulary differs from {cfg.dataset}'s: was it "
                               f"trained on another dataset?")
     stream = upload_split(model.buffer.backend, getattr(corpus, split), cfg.batch_size)
-    with status(split, int(stream.size)) if status else contextlib.nullcontext():
-        result = perplexity(model, stream, cfg.seq_len, cfg.eval_stride)
+    tokens, _ = scored_tokens(stream.shape, cfg.seq_len, cfg.eval_stride, budget)
+    with status(split, tokens) if status else contextlib.nullcontext() as advance:
+        result = perplexity(model, stream, cfg.seq_len, cfg.eval_stride, budget, advance)
     return {**result, "device": used, "split": split}
 
 
@@ -156,15 +196,19 @@ def open_session(model_path: str, device: str, strict: bool, sampling: Sampling,
 
 
 class SplitEvaluator:
-    """Perplexity of a run's model on its valid/test splits, each uploaded once (on first use).
-    `set_aside()` wraps the uploads and read-backs so they are not counted as step traffic."""
+    """Perplexity of a run's model on its valid/test splits, each uploaded once (on first use),
+    on at most `budget` tokens of each (0 = all). `set_aside()` wraps the uploads and
+    read-backs so they are not counted as step traffic. `counts[split]` is (tokens scored,
+    tokens a full evaluation scores) of the last evaluation of that split."""
 
     def __init__(self, model: GPT, corpus: data.Corpus, batch_size: int, seq_len: int,
-                 stride: int, progress: Any, set_aside: Callable[[], Any]) -> None:
+                 stride: int, progress: Any, set_aside: Callable[[], Any],
+                 budget: int = 0) -> None:
         self.model, self.corpus, self.batch_size, self.seq_len = model, corpus, batch_size, seq_len
-        self.stride = stride
+        self.stride, self.budget = stride, budget
         self.progress, self.set_aside = progress, set_aside
         self.streams: dict[str, Any] = {}
+        self.counts: dict[str, tuple[int, int]] = {}
 
     def __call__(self, split: str) -> float:
         with self.set_aside():
@@ -172,8 +216,15 @@ class SplitEvaluator:
                 self.streams[split] = upload_split(self.model.buffer.backend,
                                                    getattr(self.corpus, split), self.batch_size)
             stream = self.streams[split]
-            status = (self.progress.evaluating(split, int(stream.size)) if self.progress
+            tokens, _ = scored_tokens(stream.shape, self.seq_len, self.stride, self.budget)
+            status = (self.progress.evaluating(split, tokens) if self.progress
                       else contextlib.nullcontext())
-            with status:
-                return perplexity(self.model, stream, self.seq_len,
-                                  self.stride)["perplexity"]
+            with status as advance:
+                result = perplexity(self.model, stream, self.seq_len, self.stride,
+                                    self.budget, advance)
+            self.counts[split] = (result["tokens"], result["of"])
+            return result["perplexity"]
+
+    def on(self, split: str) -> str:
+        """` on <on_tokens>` of the split's last evaluation ("" before there was one)."""
+        return f" on {on_tokens(*self.counts[split])}" if split in self.counts else ""

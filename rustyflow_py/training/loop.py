@@ -143,7 +143,8 @@ class Trainer:
             self.corpus.vocab.to_array(), self.history, self.ledger.set_aside, self.warn,
             world.size, writes=main, barrier=self.comm.barrier if self.comm else None)
         self.evaluator = SplitEvaluator(self.model, self.corpus, cfg.batch_size, cfg.seq_len,
-                                        cfg.eval_stride, self.progress, self.ledger.set_aside)
+                                        cfg.eval_stride, self.progress, self.ledger.set_aside,
+                                        cfg.eval_tokens)
         self.signals = StopSignals(self.say)
         # Processes must stop at the same step: a stop request waits for the next agreement
         # (see _check_stop) instead of interrupting evaluation on one process only.
@@ -216,7 +217,10 @@ class Trainer:
             except Stopped as exc:
                 stop = exc
                 status, message = "interrupted", f"interrupted at step {self.pos.step}"
-                self.say(f"\nInterrupted at step {self.pos.step} ({exc}): saving checkpoint "
+                if not self._in_step:  # the bar shows the step the run stopped at
+                    self._drain_losses()
+                    self._show_progress()
+                self.say(f"Interrupted at step {self.pos.step} ({exc}): saving checkpoint "
                          "and log block")
             except TrainingError as exc:
                 status, message = "failed", str(exc)
@@ -279,6 +283,7 @@ class Trainer:
                     break
             self.backend.synchronize()
             self._drain_losses()
+            self._show_progress()  # the bar ends at its total
             if pos.batch < nb:
                 break  # stopped by MAX_STEPS or early stopping mid-epoch
             self.epoch_times.append(self._epoch_time())
@@ -319,8 +324,12 @@ class Trainer:
             self._in_step = False
         if self.pos.step - len(self.losses) == len(self.runner.ring):
             self._drain_losses()
-            if self.progress:
-                self.progress.update(self.pos, self.losses[-1], self._tokens_per_s())
+            self._show_progress()
+
+    def _show_progress(self) -> None:
+        """The bar at the current step, with the latest loss (call after a loss drain)."""
+        if self.progress and self.losses:
+            self.progress.update(self.pos, self.losses[-1], self._tokens_per_s())
 
     def _check_stop(self) -> None:
         """Stop here if asked to. In a data-parallel run every process must stop at the same
@@ -350,7 +359,8 @@ class Trainer:
         PATIENCE validations in a row without one stop the run."""
         best, stop = self.history.validated(self.evaluate("valid"), self.cfg.patience)
         self._val_step = self.pos.step
-        self.say(f"step {self.pos.step}: validation perplexity {self.val_ppl:.2f}")
+        self.say(f"step {self.pos.step}: validation perplexity {self.val_ppl:.2f}"
+                 f"{self.evaluator.on('valid')}")
         if best:
             # deferred: a best file and the history that names it agree
             with self.signals.deferring(), self._timed("checkpoint"):
@@ -378,7 +388,8 @@ class Trainer:
         return self.cfg.batch_size * self.shards.count * self.cfg.seq_len
 
     def evaluate(self, split: str) -> float:
-        """Perplexity over the whole split (exp of the mean per-token NLL)."""
+        """Perplexity of a split (exp of the mean per-token NLL): all of it, or its first
+        EVAL_TOKENS scored tokens."""
         with self._timed("eval"):
             hooks.pause("evaluation")
             return self.evaluator(split)
@@ -416,7 +427,8 @@ def check_trace(path: str, cfg: Config) -> None:
 
 def nothing_left(cfg: Config, step: int, total_steps: int) -> str:
     """What a resume of a finished run says (it trains nothing and logs nothing)."""
-    done = f"all {cfg.num_epochs} epoch(s)" if step >= total_steps else f"MAX_STEPS={cfg.max_steps}"
+    done = (f"all {report.plural(cfg.num_epochs, 'epoch')}" if step >= total_steps
+            else f"MAX_STEPS={cfg.max_steps}")
     return (f"Nothing left to do: the checkpoint is at step {step}, which completes {done}. "
             f"To train longer, resume with --num-epochs {cfg.num_epochs + 1} (or more), or a "
             "larger --max-steps.")

@@ -76,11 +76,14 @@ def write_atomically(path: str | os.PathLike[str], fill: Callable[[BinaryIO], ob
     """fill(file) into a temporary file in `path`'s folder, fsynced, then renamed over `path`:
     a reader never sees half a file, and a failed write leaves the old one in place. The
     temporary's name holds this process's pid, so a later run can tell an orphan (its writer
-    is dead) from a write in progress (ownership.clean_stale_temporaries)."""
+    is dead) from a write in progress (ownership.clean_stale_temporaries). The file gets the
+    mode a plain open() would give it (0644 under the usual umask), not the temporary file's
+    private 0600."""
     target = Path(path)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.rustyflow-{os.getpid()}-",
                                suffix=".tmp", dir=target.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as f:
             fill(f)
             f.flush()
@@ -91,6 +94,13 @@ def write_atomically(path: str | os.PathLike[str], fill: Callable[[BinaryIO], ob
         Path(tmp).unlink(missing_ok=True)
         raise
     return target
+
+
+def _umask() -> int:
+    """The process's umask (reading it means setting it, so it is set straight back)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
 
 
 def check_log_file(path: str) -> None:
