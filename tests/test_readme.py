@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 pytest.importorskip("pyte", reason="the dev extra's pyte renders the terminal")
 
-from readme_examples import TINY_LOG_RUN, tiny_text  # noqa: E402
+from readme_examples import TINY_LOG_RUN, gpu_profile, tiny_text  # noqa: E402
 from screen import content, on_screen, shape  # noqa: E402
 
 # Rows whose order follows measured times, so a run may list them in another order: each
@@ -94,3 +94,9 @@ def test_the_log_block_example_has_the_current_form(tmp_path: Path) -> None:
     runs = [line for line in block if not line.startswith("[RUN_JSON]")]
     assert form([x for x in documented if not x.startswith("[RUN_JSON]")]) == form(runs)
     assert sum(x.startswith("[RUN_JSON] {") for x in documented) == 1
+
+
+def test_the_gpu_profile_example_is_todays_rendering_of_the_committed_run() -> None:
+    """README's GPU profile is a real H100 run's record (committed under benchmarks/results)
+    rendered by the current report code, line for line."""
+    assert example(README, "gpu profile") == gpu_profile()
