@@ -356,10 +356,9 @@ def import_hf(source: str, out: str, overwrite: bool) -> None:
 
     result = run(source, out, overwrite, _warn)
     cfg = result["config"]
-    tokenizer = result["tokenizer"] or "none (no vocab.json: tokens are named <token-N>)"
     click.echo(f"wrote {result['path']}: GPT-2 L{cfg.num_layers} H{cfg.num_heads} "
-               f"E{cfg.embed_dim}, {cfg.seq_len} positions, {result['params']:,} parameters, "
-               f"tokenizer {tokenizer}")
+               f"E{cfg.embed_dim}, {cfg.seq_len} positions, {result['params']:,} parameters; "
+               f"vocabulary {result['vocabulary']}")
 
 
 @main.command("export")

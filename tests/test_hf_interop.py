@@ -70,12 +70,8 @@ def test_shape_table_matches_the_model():
     assert gpt2_shapes(V, T, L, E) == ours
 
 
-@pytest.mark.parametrize("device", ["cpu", pytest.param("gpu", marks=pytest.mark.gpu)])
 def test_imported_logits_equal_transformers(tmp_path, device):
-    if device == "gpu":
-        from tests.conftest import _GPU_REASON
-        if _GPU_REASON is not None:
-            pytest.skip(str(_GPU_REASON))
+    """`device` (conftest): the CPU, and the GPU where one is usable (it skips otherwise)."""
     model = tiny_hf(tmp_path / "hf")
     out = str(tmp_path / "gpt2.npz")
     result = import_hf(str(tmp_path / "hf"), out, False, print)
@@ -109,6 +105,9 @@ def test_vocab_json_becomes_the_vocabulary(tmp_path):
     tiny_hf(tmp_path / "hf")
     words = [f"tok{i}" for i in range(V - 1)]  # one id left unused
     (tmp_path / "hf" / "vocab.json").write_text(json.dumps({w: i for i, w in enumerate(words)}))
+    (tmp_path / "hf" / "merges.txt").write_text("#version: 0.2\n")
     out = tmp_path / "m.npz"
-    assert import_hf(str(tmp_path / "hf"), str(out), False, print)["tokenizer"] == "gpt2"
-    assert list(checkpoint.Checkpoint(out).vocab) == words + [f"<unused-{V - 1}>"]
+    import_hf(str(tmp_path / "hf"), str(out), False, print)
+    ckpt = checkpoint.Checkpoint(out)
+    assert list(ckpt.vocab) == words + [f"<unused-{V - 1}>"]
+    assert ckpt.meta["imported"]["tokenizer"] == "gpt2"

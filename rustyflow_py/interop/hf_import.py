@@ -134,8 +134,9 @@ def read_weights(folder: Path, hf: dict[str, Any]) -> dict[str, np.ndarray]:
 
 def read_vocab(folder: Path, size: int) -> tuple[np.ndarray, str | None]:
     """The token strings by id (vocab.json, GPT-2's tokenizer vocabulary) and the tokenizer's
-    name; without vocab.json, placeholders `<token-N>` and None. The checkpoint stores them as
-    its vocabulary, so a run initialised from it can check it reads the same tokens."""
+    name: gpt2 when merges.txt is there too, else None; without vocab.json, placeholders
+    `<token-N>`. The checkpoint stores them as its vocabulary, so a run initialised from it can
+    check it reads the same tokens."""
     path = folder / "vocab.json"
     if not path.is_file():
         return np.array([f"<token-{i}>" for i in range(size)]), None
@@ -148,7 +149,8 @@ def read_vocab(folder: Path, size: int) -> tuple[np.ndarray, str | None]:
     if len(ids) != len(table) or any(not 0 <= i < size for i in ids):
         raise InteropError(f"{path} does not number its {len(table)} tokens 0..{size - 1} "
                            f"once each, as config.json's vocab_size={size} needs")
-    return np.array([ids.get(i, f"<unused-{i}>") for i in range(size)]), "gpt2"
+    tokenizer = "gpt2" if (folder / "merges.txt").is_file() else None
+    return np.array([ids.get(i, f"<unused-{i}>") for i in range(size)]), tokenizer
 
 
 def check_target(out: str, overwrite: bool) -> None:
@@ -179,5 +181,8 @@ def import_hf(source: str, out: str, overwrite: bool,
             "imported": {"from": source, "format": "huggingface", "model_type": "gpt2",
                          "tokenizer": tokenizer}}
     checkpoint.save(out, weights, meta, vocab)
+    vocab_from = ("vocab.json and merges.txt: GPT-2's tokenizer" if tokenizer else
+                  "vocab.json (no merges.txt)" if (folder / "vocab.json").is_file() else
+                  "none (no vocab.json: tokens are named <token-N>)")
     return {"path": out, "params": sum(w.size for w in weights.values()), "config": cfg,
-            "tokenizer": tokenizer, "folder": str(folder)}
+            "vocabulary": vocab_from, "folder": str(folder)}
