@@ -14,34 +14,18 @@ from typing import Any
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from test_train import make_cfg, quiet, tiny_dir  # noqa: F401  (tiny_dir: the autouse fixture)
 
 from rustyflow_py import data
 from rustyflow_py.cli import main
 from rustyflow_py.model.gpt import GPTConfig, init_weights
 from rustyflow_py.training import checkpoint
-from rustyflow_py.training.config import KEYS
 from rustyflow_py.training.loop import Trainer
 
 st_numpy = pytest.importorskip("safetensors.numpy",
                                reason="the hf extra: pip install 'rustyflow-py[hf]'")
 
 from rustyflow_py.interop.hf_export import hf_name  # noqa: E402
-
-_WORDS = "the cat sat on the mat and the dog ran to the park".split()
-TEXT = "".join(" ".join(_WORDS[i % 5 : i % 5 + 6]) + "\n" for i in range(300))
-TINY = {"DATASET": "tiny.txt", "SEQ_LEN": 16, "BATCH_SIZE": 4, "LEARNING_RATE": 1e-3,
-        "DEVICE": "cpu", "PROFILE": False, "LOG_FILE": "log.txt",
-        "MODEL_PATH": "models/ft.npz"}
-
-
-@pytest.fixture(autouse=True)
-def tiny_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    for key in KEYS:
-        monkeypatch.delenv(key, raising=False)
-    monkeypatch.chdir(tmp_path)
-    (tmp_path / "tiny.txt").write_text(TEXT)
-    (tmp_path / "tiny.env").write_text("".join(f"{k}={v}\n" for k, v in TINY.items()))
-    return tmp_path
 
 
 def hf_folder(folder: Path, vocab: list[str] | None = None, size: int = 20,
@@ -185,18 +169,15 @@ def test_init_from_fine_tunes_an_imported_gpt2(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "Initialised from models/gpt2.npz" in result.output
     assert "using the first 16 of the checkpoint's 32 positions" in result.output
-    tuned = checkpoint.Checkpoint("models/ft-cpu.npz")
+    tuned = checkpoint.Checkpoint("models/tiny-cpu.npz")
     assert tuned.config["EMBED_DIM"] == 32 and tuned.config["NUM_LAYERS"] == 1  # its shape
     assert tuned.meta["train"]["step"] == 2
 
 
 def test_init_from_loads_the_weights_and_a_fresh_optimizer(tmp_path: Path) -> None:
-    from rustyflow_py.training.config import load_config
-
     hf_folder(tmp_path / "hf", vocab=corpus_vocab())
     assert run("import", "hf", "hf", "--out", "models/gpt2.npz").exit_code == 0
-    cfg, _ = load_config("tiny.env", {"EMBED_DIM": 32, "NUM_HEADS": 2, "NUM_LAYERS": 1})
-    trainer = Trainer(cfg, lambda _: None, init_from="models/gpt2.npz")
+    trainer = Trainer(make_cfg(), quiet, init_from="models/gpt2.npz")
     try:
         loaded = trainer.model.buffer.state_dict()
         source = checkpoint.Checkpoint("models/gpt2.npz").weights
