@@ -42,9 +42,12 @@ def read_header(path: Path) -> dict[str, Any]:
         if len(head) < 8:
             raise _bad(path, f"it is {size} bytes, shorter than the 8-byte header length")
         (length,) = struct.unpack("<Q", head)
-        if length > size - 8 or length > MAX_HEADER:
+        if length > size - 8:
             raise _bad(path, f"its header says it is {length} bytes long, but the file holds "
                              f"only {size - 8} bytes after the length (truncated or damaged)")
+        if length > MAX_HEADER:
+            raise _bad(path, f"its header says it is {length} bytes long, more than the "
+                             f"{MAX_HEADER} a safetensors header may have")
         raw = f.read(length)
     try:
         header = json.loads(raw)
