@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from rustyflow_py.engine.tensor import Tensor, no_grad
+from rustyflow_py.model.generate import Decoder
 from rustyflow_py.model.gpt import GPTConfig, build_model, init_weights
 from rustyflow_py.training import checkpoint
 from rustyflow_py.training.config import Config
@@ -26,12 +27,12 @@ from rustyflow_py.interop.hf_import import gpt2_shapes, import_hf  # noqa: E402
 V, T, L, H, E = 101, 24, 2, 4, 32
 
 
-def tiny_hf(folder, seed: int = 0, **overrides):
+def tiny_hf(folder, seed: int = 0, positions: int = T):
     """A random GPT2LMHeadModel, every parameter perturbed (so biases and LayerNorm are not
     their trivial zeros and ones), saved as safetensors in `folder`."""
     torch.manual_seed(seed)
-    cfg = transformers.GPT2Config(vocab_size=V, n_positions=T, n_embd=E, n_layer=L, n_head=H,
-                                  **overrides)
+    cfg = transformers.GPT2Config(vocab_size=V, n_positions=positions, n_embd=E, n_layer=L,
+                                  n_head=H)
     model = transformers.GPT2LMHeadModel(cfg).eval()
     with torch.no_grad():
         for p in model.parameters():
@@ -78,6 +79,23 @@ def test_imported_logits_equal_transformers(tmp_path, device):
     assert result["params"] == sum(p.numel() for p in model.transformer.parameters())
     x = tokens()
     assert_same_logits(our_logits(out, x, device), hf_logits(model, x))
+
+
+def test_greedy_generation_equals_transformers(tmp_path, device):
+    """50 greedy tokens through rustyflow's KV-cache decoding are transformers' generate's."""
+    model = tiny_hf(tmp_path / "hf", positions=64)
+    out = str(tmp_path / "gpt2.npz")
+    import_hf(str(tmp_path / "hf"), out, False, print)
+    prompt = [int(t) for t in tokens(seed=7, batch=1)[0, :8]]
+    with torch.no_grad():
+        theirs = model.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=50,
+                                min_new_tokens=50, pad_token_id=0)[0, 8:].tolist()
+    decoder = Decoder(load_model(out, device)[0])
+    logits, ours = decoder.feed(prompt), []
+    for _ in range(50):
+        ours.append(int(np.argmax(logits)))
+        logits = decoder.feed([ours[-1]])
+    assert ours == theirs
 
 
 def test_exported_model_loads_in_transformers(tmp_path):
