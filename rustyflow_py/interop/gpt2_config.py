@@ -60,12 +60,13 @@ def check_gpt2(hf: dict[str, Any], path: Path) -> None:
 
 def run_config(hf: dict[str, Any], model_path: str) -> Config:
     """The run configuration an imported GPT-2 is stored with: its shape (SEQ_LEN is the
-    position count, n_positions) and its dropout rates; everything else stays the default."""
+    position count, n_positions) and its dropout rates (absent: GPT2Config's default, 0.1);
+    everything else stays the default."""
     return Config(
         seq_len=hf.get("n_positions", hf.get("n_ctx")), embed_dim=hf["n_embd"],
         num_heads=hf["n_head"], num_layers=hf["n_layer"],
-        embd_dropout=hf.get("embd_pdrop", 0.0), attn_dropout=hf.get("attn_pdrop", 0.0),
-        resid_dropout=hf.get("resid_pdrop", 0.0), model_path=model_path,
+        embd_dropout=hf.get("embd_pdrop", 0.1), attn_dropout=hf.get("attn_pdrop", 0.1),
+        resid_dropout=hf.get("resid_pdrop", 0.1), model_path=model_path,
         source=dict.fromkeys(("SEQ_LEN", "EMBED_DIM", "NUM_HEADS", "NUM_LAYERS"), "config.json"))
 
 
