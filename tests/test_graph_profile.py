@@ -293,7 +293,7 @@ def test_a_real_graph_profile_renders_kernels_roofline_and_its_check() -> None:
     assert prof["timing"] == "cupti-graph" and prof["sampling"]["replays"] >= 1
     lines = format_block(r).split("\n")
     head = next(line for line in lines if line.startswith("Per-op profile"))
-    assert "sampled CUDA-graph replays" in head
+    assert "sampled CUDA-graph replay" in head
     total = next(line for line in lines if line.startswith("all ops"))
     assert math.isclose(float(total.split()[-1]), 100.0, abs_tol=0.15)
     check = next(line for line in lines if line.startswith("Check: per-op times"))
