@@ -259,12 +259,19 @@ class Trainer:
             return None
         record = build_record(self, status, message, train_time, ckpt)
         block = report.format_block(record)
-        log = outputs.write_with_fallback(
-            self.cfg.log_file, lambda path: logfile.append_block(path, block), "log block",
-            self.warn, name="training_log.txt")
+        def append(path: str) -> None:
+            hooks.pause("log-append")
+            logfile.append_block(path, block)
+
+        log = outputs.write_with_fallback(self.cfg.log_file, append, "log block", self.warn,
+                                          name="training_log.txt")
         self.say(report.format_summary(record, log))
         if log is None:
             self.outcome = "failed", f"the log block of this {status} run is lost (see above)"
+        elif self.signals.requested is not None and status != "interrupted":
+            # the block was written as the run ended; the exit status will report the signal
+            self.say(f"A stop request arrived while the log block was written: the run had "
+                     f"ended {status} (as logged); exiting with the signal's status")
         if self.trace and self.profiler is not None:
             write_trace(self.trace, self.profiler, self.backend, self.device, self.say,
                         self.warn)
