@@ -133,8 +133,9 @@ class Trainer:
         self.profiler = (Profiler(self.backend, TRACE_STEPS if self.trace else 0)
                          if cfg.profile else None)
         graph = use_graph(cfg.graph, self.backend.kind, self.warn)
-        self.profile_mode, tracer = (choose_mode(cfg.profile_mode, self.backend.kind, graph,
-                                                 self.warn) if cfg.profile else ("off", None))
+        self.profile_mode, tracer = (
+            choose_mode(cfg.profile_mode, self.backend.kind, graph, self.warn, world.size)
+            if cfg.profile else ("off", None))
         sampler = (GraphSampler(self.profiler, tracer, cfg.profile_steps,
                                 busy=lambda: not self.backend.stream.done)
                    if tracer is not None and self.profiler is not None else None)
