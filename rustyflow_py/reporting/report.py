@@ -40,10 +40,11 @@ stays the matmul one. Without ``comm`` ops the lines are exactly those above.
 ``[AVG_EPOCH_TIME]`` is the mean over completed epochs. When no epoch completed (an interrupted
 run, or ``--max-steps`` shorter than an epoch) it is an estimate: the trainer's own
 ``avg_epoch_time_s`` if set, else ``steps_time_s / timed_steps * steps_per_epoch`` (the
-training steps' own time: evaluation, checkpoint writes and start-up out), or in older records
-``(train_time_s - eval) / steps * steps_per_epoch``. A diverged run (``no_extrapolation``) is never extrapolated. The line
-above it then says it is an estimate and the summary line adds "(extrapolated)". With nothing
-to estimate from, the line is left out.
+training steps' own time: evaluation, checkpoint writes and start-up out), or in older
+records ``(train_time_s - eval) / steps * steps_per_epoch``. A diverged run
+(``no_extrapolation``) is never extrapolated. The line above it then says it is an estimate
+and the summary line adds "(extrapolated)". With nothing to estimate from, the line is left
+out.
 
 Non-finite numbers are written as ``null`` in ``[RUN_JSON]``, so the line is strict JSON.
 
