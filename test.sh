@@ -8,8 +8,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
-py="$(scripts/bootstrap.sh --jit dev mpi)"  # numba: its kernels are tested against NumPy's;
-# mpi: the data-parallel tests run real ranks under mpiexec
+py="$(scripts/bootstrap.sh --jit dev mpi hf)"  # numba: its kernels are tested against
+# NumPy's; mpi: the data-parallel tests run real ranks under mpiexec; hf: the subword
+# tokenizers are tested (trained, saved, loaded)
 if [[ ${RUSTYFLOW_WITH_TORCH:-0} == 1 ]] && ! "$py" -c 'import torch' 2>/dev/null; then
     echo "test.sh: installing torch==2.13.0 for the parity tests (first run only)" >&2
     "$py" -m pip install --quiet --disable-pip-version-check torch==2.13.0 >&2
