@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -99,6 +100,22 @@ def test_missing_or_damaged_tokenizer_files_are_errors(here: Path) -> None:
     saved.write_text(saved.read_text()[:500])
     with pytest.raises(DataError, match="is damaged"):
         load_file(saved, "bpe")
+
+
+def test_without_the_library_the_error_names_the_extra(
+        here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # import tokenizers fails
+    with pytest.raises(DataError, match=r"rustyflow-py\[hf\]"):
+        run(TOKENIZER="bpe", BPE_VOCAB=300)
+
+
+def test_a_vocabulary_that_is_not_byte_level_is_refused(here: Path) -> None:
+    folder = gpt2_folder(here)
+    vocab = json.loads((folder / "vocab.json").read_text())
+    vocab["日本"] = len(vocab)  # not GPT-2's byte alphabet
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    with pytest.raises(DataError, match="not made of byte-level characters"):
+        load_gpt2(folder)
 
 
 @pytest.mark.parametrize("changes, match", [
@@ -200,10 +217,11 @@ def test_word_count_and_split_match_the_word_tokenizer() -> None:
 
 
 @pytest.mark.parametrize("kind", ["bpe", "gpt2"])
-def test_tiny_subword_run_reports_both_perplexities(here: Path, kind: str) -> None:
-    changes: dict[str, Any] = {"TOKENIZER": kind, "BPE_VOCAB": 300}
+def test_tiny_subword_run_reports_both_perplexities(here: Path, kind: str, device: str) -> None:
+    changes: dict[str, Any] = {"TOKENIZER": kind, "BPE_VOCAB": 300, "DEVICE": device}
     if kind == "gpt2":
-        changes = {"TOKENIZER": kind, "TOKENIZER_PATH": str(gpt2_folder(here))}
+        changes = {"TOKENIZER": kind, "TOKENIZER_PATH": str(gpt2_folder(here)),
+                   "DEVICE": device}
     record = run(**changes)
     assert record["status"] == "completed"
     assert record["tokenizer"]["kind"] == kind
@@ -219,16 +237,16 @@ def test_tiny_subword_run_reports_both_perplexities(here: Path, kind: str) -> No
     assert logged["val_ppl_word"] == pytest.approx(record["val_ppl_word"])
     assert "/word" in render_report([logged])
 
-    ckpt = Checkpoint("models/tiny-cpu.npz")
+    path = record["checkpoint"]
+    ckpt = Checkpoint(path)
     meta = ckpt.meta["tokenizer"]
     assert meta["kind"] == kind and (here / "models" / meta["file"]).is_file()
     assert len(ckpt.vocab) == record["model"]["vocab"] == meta["vocab"]
-    result = evaluate.evaluate_checkpoint("models/tiny-cpu.npz", "valid", "cpu")
-    assert result["perplexity"] == pytest.approx(record["val_ppl"], rel=1e-6)
-    assert result["word_perplexity"] == pytest.approx(record["val_ppl_word"], rel=1e-6)
+    result = evaluate.evaluate_checkpoint(path, "valid", device)
+    assert result["perplexity"] == pytest.approx(record["val_ppl"], rel=1e-5)
+    assert result["word_perplexity"] == pytest.approx(record["val_ppl_word"], rel=1e-5)
 
-    session = evaluate.open_session("models/tiny-cpu.npz", "cpu", True, Sampling(0.0), 0,
-                                    lambda _m: None)
+    session = evaluate.open_session(path, device, True, Sampling(0.0), 0, lambda _m: None)
     out = io.StringIO()
     generate_text(session, "the cat über", 12, out, io.StringIO())
     assert out.getvalue().startswith("the cat über") and session.generated == 12

@@ -55,6 +55,12 @@ class SubwordTokenizer:
                             f"gaps: the tokenizer file is damaged")
         self.itos: list[str] = sorted(vocab, key=vocab.__getitem__)
         self.byte_of = _unicode_to_byte()
+        specials = {t.content for t in tokenizer.get_added_tokens_decoder().values()}
+        odd = next((t for t in self.itos if t not in specials and t != END_OF_TEXT
+                    and not set(t) <= self.byte_of.keys()), None)
+        if odd is not None:
+            raise DataError(f"{origin}: token {odd!r} is not made of byte-level characters: "
+                            f"the tokenizer is no byte-level BPE, or its file is damaged")
 
     # ---- identity ------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -90,7 +96,7 @@ class SubwordTokenizer:
     def token_bytes(self, token: int) -> bytes:
         """The bytes one token stands for (a special token: its text)."""
         piece = self.itos[token]
-        if piece == END_OF_TEXT:
+        if not set(piece) <= self.byte_of.keys():  # a special token: its text
             return piece.encode()
         return bytes(self.byte_of[c] for c in piece)
 
