@@ -281,6 +281,10 @@ CASES = [
          r"checkpoint models/tiny-cpu.npz holds another run's model \(trained 3 steps\), "
          r"which this run would replace: resume it with --resume models/tiny-cpu.npz, set "
          r"--model-path to a new file, or pass --overwrite"),
+    Case("same-command-again", "the command that trained the model, run again",
+         (*TRAIN, "--max-steps", "3"), 0,
+         r"replacing the checkpoint models/tiny-cpu.npz of an earlier run of the same "
+         r"configuration", replaced=TRAINED, check=checkpoint_at(TRAINED[0], 3)),
     Case("told-to-overwrite", "--overwrite replaces another run's checkpoint",
          (*TRAIN, "--max-steps", "2", "--overwrite"), 0,
          r"--overwrite: replacing the checkpoint models/tiny-cpu.npz of another run",

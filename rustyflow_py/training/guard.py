@@ -35,9 +35,11 @@ Say = Callable[[str], None]
 
 
 def claim_outputs(ckpt: str, log: str, trace: str | None, resume: str | None,
-                  overwrite: bool, say: Say, warn: Say) -> RunLock:
+                  overwrite: bool, say: Say, warn: Say,
+                  recipe: dict[str, Any] | None = None) -> RunLock:
     """Check every output path of a run before any work, lock its checkpoints and clean the
-    partial writes its killed predecessors left; the lock is the caller's to release."""
+    partial writes its killed predecessors left; the lock is the caller's to release.
+    `recipe`: the run's configuration (an earlier run of the same one may be replaced)."""
     best = best_path(ckpt)
     check_distinct({"checkpoint": ckpt, "best checkpoint": best, "log file": log,
                     "trace file": trace})
@@ -50,8 +52,8 @@ def claim_outputs(ckpt: str, log: str, trace: str | None, resume: str | None,
         lock.acquire(ckpt, "checkpoint", warn)
         lock.acquire(best, "best checkpoint", warn)
         run_id = _run_id(resume)
-        check_replace(ckpt, "checkpoint", run_id, resume, overwrite, warn)
-        if check_replace(best, "best checkpoint", run_id, resume, overwrite, warn):
+        check_replace(ckpt, "checkpoint", run_id, resume, overwrite, warn, recipe)
+        if check_replace(best, "best checkpoint", run_id, resume, overwrite, warn, recipe):
             # now, not at this run's first validation: until then the old run's best file
             # would sit beside this run's checkpoint as if it were this run's
             os.unlink(best)

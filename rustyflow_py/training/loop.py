@@ -78,7 +78,8 @@ class Trainer:
             self.warn)
         # held until run() ends (or this object goes): see lock.py
         self.lock = (guard.claim_outputs(cfg.model_path_for(self.device), cfg.log_file,
-                                         self.trace, resume, overwrite, self.say, self.warn)
+                                         self.trace, resume, overwrite, self.say, self.warn,
+                                         recipe=cfg.to_dict())
                      if main else None)
         self.backend = get_backend(self.device)
         self.backend.configure(cfg.threads, cfg.cpu_jit, self.say, self.warn)

@@ -97,9 +97,13 @@ def foreign(path: str, what: str, owned: Callable[[Path], bool], fix: str) -> No
 
 
 def check_replace(path: str, what: str, run_id: str | None, resume: str | None,
-                  overwrite: bool, warn: Callable[[str], None]) -> bool:
+                  overwrite: bool, warn: Callable[[str], None],
+                  recipe: dict[str, Any] | None = None) -> bool:
     """`path` may be (re)written by the run `run_id` (None: a new run): it does not exist,
-    or it is this run's, or `overwrite` says a different run's may go (then True)."""
+    or it is this run's, or (then True) `overwrite` says a different run's may go, or that
+    run had this run's `recipe` (its whole configuration): running the same command again
+    repeats it and replaces its result, while any other run's model (a trained one under a
+    short try, say) is kept."""
     target = Path(path)
     if not target.is_file():
         return False
@@ -115,6 +119,9 @@ def check_replace(path: str, what: str, run_id: str | None, resume: str | None,
     if overwrite:
         warn(f"WARN: --overwrite: replacing the {what} {path} of another run")
         return True
+    if recipe is not None and _recipe(meta.get("config")) == _recipe(recipe):
+        warn(f"INFO: replacing the {what} {path} of an earlier run of the same configuration")
+        return True
     train = meta.get("train")
     step = train.get("step") if isinstance(train, dict) else None
     at = f" (trained {step} steps)" if isinstance(step, int) else ""
@@ -122,6 +129,11 @@ def check_replace(path: str, what: str, run_id: str | None, resume: str | None,
     raise TrainingError(
         f"{what} {path} holds another run's model{at}, which this run would replace: "
         f"{how}set --model-path to a new file, or pass --overwrite to replace it")
+
+
+def _recipe(config: Any) -> str | None:
+    """A configuration in one comparable form (a checkpoint stores it as JSON)."""
+    return json.dumps(config, sort_keys=True, default=str) if isinstance(config, dict) else None
 
 
 def _same(a: str, b: str) -> bool:
