@@ -28,7 +28,7 @@ from rustyflow_py.training.config import KEYS, load_config  # noqa: E402
 from rustyflow_py.training.loop import train  # noqa: E402
 from rustyflow_py.training.subword import cache  # noqa: E402
 from rustyflow_py.training.subword.text import ByteStream  # noqa: E402
-from rustyflow_py.training.subword.tokenizer import load_file, load_gpt2, train_bpe  # noqa: E402
+from rustyflow_py.training.subword.tokenizer import identity, load_file, load_gpt2, train_bpe  # noqa: E402
 
 _WORDS = "the cat sat on a mat , naïve dogs ran to über parks = @-@ 1 000".split()
 TEXT = "".join(" ".join(_WORDS[(i * 7) % 11: (i * 7) % 11 + 4 + i % 5]) + " \n"
@@ -83,6 +83,19 @@ def test_gpt2_files_load_as_the_same_tokenizer(here: Path) -> None:
     assert first.kind == "gpt2" and len(first) == len(trained)
     np.testing.assert_array_equal(first.encode(TEXT), trained.encode(TEXT))
     assert first.decode(first.encode(TEXT)) == TEXT
+
+
+def test_the_hash_is_the_vocabulary_and_merges_not_the_json_layout() -> None:
+    """Library versions write merges as "a b" or as pairs: one tokenizer, one hash."""
+    tok = train_bpe(TEXT, 300)
+    doc = json.loads(tok.json)
+    merges = doc["model"]["merges"]
+    doc["model"]["merges"] = [m.split(" ") if isinstance(m, str) else " ".join(m)
+                              for m in merges]
+    doc["truncation"] = {"max_length": 9}  # a setting that is no part of the BPE
+    assert identity(json.dumps(doc), "t") == tok.sha256
+    doc["model"]["merges"] = doc["model"]["merges"][:-1]
+    assert identity(json.dumps(doc), "t") != tok.sha256
 
 
 def test_missing_or_damaged_tokenizer_files_are_errors(here: Path) -> None:

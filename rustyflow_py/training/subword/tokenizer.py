@@ -1,7 +1,7 @@
 """A byte-level BPE through the `tokenizers` library: GPT-2's from its vocab.json/merges.txt,
 or one trained on a dataset's training split. The library is the `hf` extra, imported only here.
 
-A tokenizer is identified by the sha256 of its canonical JSON (`Tokenizer.to_str()`): the hash
+A tokenizer is identified by the sha256 of its vocabulary, merges and added tokens: the hash
 keys the token caches and is stored in every checkpoint trained with it, so a run, its
 evaluation and its generation provably use the same one. Next to a checkpoint it is the file
 `tokenizer-<hash12>.json` (the name carries the hash, so two runs never fight over one file).
@@ -9,8 +9,10 @@ evaluation and its generation provably use the same one. Next to a checkpoint it
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import itertools
+import json
 import os
 from collections.abc import Iterable
 from pathlib import Path
@@ -48,7 +50,7 @@ class SubwordTokenizer:
     def __init__(self, kind: str, tokenizer: Any, origin: str) -> None:
         self.kind, self.tok, self.origin = kind, tokenizer, origin
         self.json: str = tokenizer.to_str()
-        self.sha256 = hashlib.sha256(self.json.encode()).hexdigest()
+        self.sha256 = identity(self.json, origin)
         vocab: dict[str, int] = tokenizer.get_vocab(with_added_tokens=True)
         if sorted(vocab.values()) != list(range(len(vocab))):
             raise DataError(f"{origin}: the token ids are not 0..{len(vocab) - 1} without "
@@ -109,8 +111,9 @@ class SubwordTokenizer:
         """Write this tokenizer next to `checkpoint` (temp file + rename) unless that file is
         already there with this content; its path."""
         path = Path(checkpoint).with_name(self.file_name)
-        if path.is_file() and _sha_of_file(path) == self.sha256:
-            return path
+        with contextlib.suppress(OSError, ValueError, DataError):
+            if identity(path.read_text(encoding="utf-8"), str(path)) == self.sha256:
+                return path
         return self.save(path)
 
     def save(self, path: str | os.PathLike[str]) -> Path:
@@ -119,8 +122,21 @@ class SubwordTokenizer:
         return write_atomically(path, lambda f: f.write(data))
 
 
-def _sha_of_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+def identity(text: str, origin: str) -> str:
+    """The sha256 of what makes a BPE tokenizer: its vocabulary in id order, its merges in
+    rank order and its added tokens, from the library's JSON. The JSON itself is not hashed:
+    its layout changes between library versions (merges as "a b" or as pairs, new fields),
+    which would make one tokenizer two."""
+    try:
+        doc = json.loads(text)
+        model = doc["model"]
+        vocab = sorted(model["vocab"].items(), key=lambda item: item[1])
+        merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+        added = sorted((t["id"], t["content"]) for t in doc.get("added_tokens") or [])
+    except (ValueError, KeyError, TypeError, AttributeError):
+        raise DataError(f"{origin}: not a BPE tokenizer's JSON: the file is damaged") from None
+    canonical = json.dumps([vocab, merges, added], ensure_ascii=False, separators=(",", ":"))
+    return hashlib.sha256(canonical.encode()).hexdigest()
 
 
 def _unicode_to_byte() -> dict[str, int]:
