@@ -20,7 +20,7 @@ import dataclasses
 import io
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import Any, TextIO
+from typing import Any, Protocol, TextIO
 
 import numpy as np
 
@@ -137,9 +137,20 @@ def unknown_note(unknown: Sequence[str], vocab: Vocab) -> str:
     return f"note: not in the model's vocabulary, {fate}: {words}"
 
 
+class Text(Protocol):
+    """How generation turns a prompt into ids and sampled ids into text: WordText here, a
+    subword tokenizer's SubwordText (training.subword.text)."""
+
+    eos_id: int | None  # the id that ends a line (and starts an empty context)
+
+    def ends_line(self, token: int) -> bool: ...
+    def encode(self, text: str) -> tuple[list[int], str | None]: ...  # ids, a note or None
+    def piece(self, token: int) -> Any: ...  # what `stream(...).write` takes
+    def stream(self, out: TextIO, line_start: bool) -> Any: ...
+
+
 class WordText:
-    """The word-level vocabulary as generation's text: words in, words out (a subword
-    tokenizer's counterpart is training.subword.text.SubwordText)."""
+    """The word-level vocabulary as generation's Text: words in, words out."""
 
     def __init__(self, vocab: Vocab) -> None:
         self.vocab = vocab
@@ -189,16 +200,15 @@ def render(words: Iterable[str]) -> str:
 
 
 class Session:
-    """A model, its vocabulary and the sampling settings: words in, sampled words out.
+    """A model, its vocabulary (or Text) and the sampling settings: text in, sampled text out.
 
     The context persists across `generate` calls (chat turns share it); the counters give
     the generation speed.
     """
 
-    def __init__(self, model: GPT, vocab: Vocab | Any, sampling: Sampling, seed: int) -> None:
+    def __init__(self, model: GPT, vocab: Vocab | Text, sampling: Sampling, seed: int) -> None:
         self.model, self.vocab, self.sampling = model, vocab, sampling
-        # how text becomes ids and back: words, or a subword tokenizer's SubwordText
-        self.text = WordText(vocab) if isinstance(vocab, Vocab) else vocab
+        self.text: Text = WordText(vocab) if isinstance(vocab, Vocab) else vocab
         self.decoder = Decoder(model)
         self.rng = np.random.default_rng(seed)
         self.generated, self.seconds = 0, 0.0
@@ -211,7 +221,8 @@ class Session:
 
     def generate(self, ids: Sequence[int], max_tokens: int,
                  stop_at_eos: bool = False) -> Iterator[Any]:
-        """Words sampled after `ids` (appended to the context), up to max_tokens of them.
+        """Tokens sampled after `ids` (appended to the context), up to max_tokens of them, as
+        their text's pieces (words, or a subword token's bytes).
 
         Every sampled token is fed back, the last one too, so the context is complete for
         the next call. No ids continue the context, or start from <eos> (a line's beginning)
