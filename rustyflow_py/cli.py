@@ -126,19 +126,35 @@ def _train_options(fn: Any) -> Any:
     return _hyperparameter_options(fn)
 
 
+def _with_init_shape(init_from: str | None, resume: str | None,
+                     overrides: dict[str, Any]) -> dict[str, Any]:
+    """`overrides` with --init-from's model shape (the checkpoint's) filled in."""
+    if not init_from:
+        return overrides
+    if resume:
+        raise click.UsageError("--init-from starts a new run from a checkpoint's weights, "
+                               "--resume continues a run: pass one of them")
+    from .training.init_from import shape_overrides
+
+    return shape_overrides(init_from, overrides)
+
+
 @main.command()
 @_train_options
 @click.option("--overwrite", is_flag=True,
               help="replace the checkpoint of another run at MODEL_PATH (a resumed run "
                    "replaces its own without this)")
+@click.option("--init-from", "init_from", type=click.Path(dir_okay=False), default=None,
+              metavar="CKPT", help="start from a checkpoint's weights (fine-tuning, e.g. one "
+              "`rustyflow import hf` wrote): its model shape, a new optimizer and schedule")
 def train(config: str | None, resume: str | None, trace: str | None, overwrite: bool,
-          **overrides: Any) -> None:
+          init_from: str | None, **overrides: Any) -> None:
     """Train a GPT; append the profiling report to the log."""
     from .distributed.world import World
     from .reporting.progress import TrainingProgress
     from .training.loop import train as run_training
 
-    cfg = _load(config, overrides)
+    cfg = _load(config, _with_init_shape(init_from, resume, overrides))
     if cfg.num_gpus > 1 and not World.from_env().distributed:
         from .distributed.launcher import launch
 
@@ -146,7 +162,8 @@ def train(config: str | None, resume: str | None, trace: str | None, overwrite: 
         sys.exit(launch([sys.executable, "-m", "rustyflow_py", *argv], cfg.num_gpus, _warn))
     progress = TrainingProgress(cfg.num_epochs)
     try:
-        run_training(cfg, progress.say, resume, progress, progress.warn, trace, overwrite)
+        run_training(cfg, progress.say, resume, progress, progress.warn, trace, overwrite,
+                     init_from)
     finally:
         progress.close()
 
@@ -327,6 +344,43 @@ def data_info(dataset: str, data_dir: str | None, as_json: bool) -> None:
         raise click.ClickException(problem)
 
 
+@main.group("import")
+def import_() -> None:
+    """Bring a model trained elsewhere in as a rustyflow checkpoint."""
+
+
+@import_.command("hf")
+@click.argument("source", metavar="DIR_OR_NAME")
+@click.option("--out", required=True, type=click.Path(dir_okay=False),
+              help="the rustyflow checkpoint to write (.npz)")
+@click.option("--overwrite", is_flag=True, help="replace a rustyflow checkpoint at --out")
+def import_hf(source: str, out: str, overwrite: bool) -> None:
+    """A GPT-2 in Hugging Face format (a folder with config.json and model.safetensors, or a
+    Hub name such as gpt2) as a rustyflow checkpoint (needs the hf extra)."""
+    from .interop.hf_import import import_hf as run
+
+    result = run(source, out, overwrite, _warn)
+    cfg = result["config"]
+    click.echo(f"wrote {result['path']}: GPT-2 L{cfg.num_layers} H{cfg.num_heads} "
+               f"E{cfg.embed_dim}, {cfg.seq_len} positions, {result['params']:,} parameters; "
+               f"vocabulary {result['vocabulary']}")
+
+
+@main.command("export")
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("--format", "fmt", type=click.Choice(["hf"]), required=True,
+              help="hf: config.json + model.safetensors for transformers' GPT2LMHeadModel")
+@click.option("--out", required=True, type=click.Path(file_okay=False),
+              help="the folder to write (created if missing)")
+def export(model: str, fmt: str, out: str) -> None:
+    """Write checkpoint MODEL in another format (needs the hf extra)."""
+    from .interop.hf_export import export_hf
+
+    result = export_hf(model, out, click.echo)
+    click.echo(f"{result['params']:,} parameters; load it with "
+               f"transformers.GPT2LMHeadModel.from_pretrained({result['folder']!r})")
+
+
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def devices(as_json: bool) -> None:
@@ -370,6 +424,8 @@ def banner(train_args: tuple[str, ...]) -> None:
         params = dict(ctx.params)
     config, resume, trace = params.pop("config"), params.pop("resume"), params.pop("trace")
     params.pop("overwrite")
+    init_from = params.pop("init_from")
+    params = _with_init_shape(init_from, resume, params)
     try:
         cfg, _ = load_config(config, {k.upper(): v for k, v in params.items()})
     except ConfigError as exc:
@@ -411,6 +467,8 @@ def banner(train_args: tuple[str, ...]) -> None:
                                f"CPU_JIT={cfg.cpu_jit} ({kernels})"))
     if resume:
         rows.append(("resume", resume))
+    if init_from:
+        rows.append(("init from", init_from))
     if trace:
         rows.append(("trace", trace))
     click.echo("RustyFlow train")

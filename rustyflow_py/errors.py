@@ -48,3 +48,8 @@ def command() -> str:
     if os.access("rustyflow", os.X_OK) and os.path.isfile("rustyflow"):
         return "./rustyflow"
     return "python -m rustyflow_py"
+
+
+class InteropError(RustyFlowError):
+    """A model in another format (a Hugging Face folder, a safetensors file) cannot be read or
+    written: not GPT-2, a setting rustyflow cannot express, a damaged file, a missing extra."""

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +30,7 @@ from rustyflow_py.engine.kernel_records import (
     short_kernel_name,
 )
 from rustyflow_py.engine.op_cost import gemm_cost, op_bytes
-from rustyflow_py.engine.peaks import compute_type, lookup
+from rustyflow_py.engine.peaks import compute_type, lookup, probe_gpu
 from rustyflow_py.engine.profiler import Profiler
 from rustyflow_py.errors import ConfigError
 from rustyflow_py.reporting import profile_text
@@ -293,7 +295,7 @@ def test_a_real_graph_profile_renders_kernels_roofline_and_its_check() -> None:
     assert prof["timing"] == "cupti-graph" and prof["sampling"]["replays"] >= 1
     lines = format_block(r).split("\n")
     head = next(line for line in lines if line.startswith("Per-op profile"))
-    assert "sampled CUDA-graph replays" in head
+    assert "sampled CUDA-graph replay" in head
     total = next(line for line in lines if line.startswith("all ops"))
     assert math.isclose(float(total.split()[-1]), 100.0, abs_tol=0.15)
     check = next(line for line in lines if line.startswith("Check: per-op times"))
@@ -385,3 +387,41 @@ def test_gpu_trace_of_the_graph_profile() -> None:
     kernels = tracks(doc)[(2, 2)]
     assert kernels and all(e["cat"] == "kernel" and e["args"]["op"] for e in kernels)
     assert doc["otherData"]["timing"] == "cupti-graph"
+
+
+@needs_cupti[0]
+@needs_cupti[1]
+def test_gpu_cupti_held_by_another_profiler_falls_back_to_the_eager_window() -> None:
+    """With another CUPTI tool attached (torch.profiler's Kineto here, as Nsight Systems would
+    be), the run says so in one line and profiles an eager window instead. In a process of its
+    own: Kineto keeps CUPTI after its profile ends."""
+    pytest.importorskip("torch", reason="torch.profiler plays the other CUPTI tool")
+    script = """
+import sys
+from torch.profiler import ProfilerActivity, profile
+from rustyflow_py.training.graph_profile import choose_mode
+warnings = []
+with profile(activities=[ProfilerActivity.CUDA]):
+    mode, tracer = choose_mode("auto", "gpu", True, warnings.append)
+print(mode, tracer is None, len(warnings))
+print(warnings[0] if warnings else "")
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                          check=False, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    first, warning = done.stdout.strip().splitlines()[-2:]
+    assert first == "eager True 1"
+    assert warning.startswith("WARN: per-op profile from an eager window instead of the "
+                              "replayed graph: CUPTI is in use by another tool")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(gpu_unavailable_reason() is not None, reason=str(gpu_unavailable_reason()))
+def test_gpu_peak_probe_measures_a_gemm_and_a_copy() -> None:
+    """A GPU missing from the table gets measured peaks: positive, finite, and named as a
+    measured probe (the numbers themselves belong to benchmarks, not to this test)."""
+    backend = get_backend("gpu")
+    measured = probe_gpu(backend, np.float32, "fp32", n=1024, reps=3)
+    assert measured["source"].startswith("measured probe")
+    assert list(measured["tflops"]) == ["fp32"] and measured["tflops"]["fp32"] > 0
+    assert math.isfinite(measured["bandwidth_gbs"]) and measured["bandwidth_gbs"] > 0

@@ -54,7 +54,8 @@ def _load() -> Any:
 
 class CuptiTracer:
     """Tags graph nodes with ops during a capture (`tag_nodes`) and returns the kernel records
-    of replays run under `records`. One per trainer; `close()` releases CUPTI."""
+    of replays run under `records`. One per trainer (CUPTI itself stays loaded: unloading it
+    mid-process is unsafe)."""
 
     _KINDS = ("CONCURRENT_KERNEL", "MEMSET", "MEMCPY")
 
@@ -148,7 +149,3 @@ class CuptiTracer:
                 name = "[memset]" if a.kind == memset else "[memcpy]"
             self._records.append(KernelRecord(name, int(a.start), int(a.end),
                                               int(a.graph_node_id)))
-
-    def close(self) -> None:
-        """Drop the node tags (CUPTI itself stays loaded: unloading it mid-process is unsafe)."""
-        self.node_ops = {}

@@ -58,7 +58,7 @@ def of(backend: Any, dtype: Any, precision: str, cpu_gflops: float | None = None
     known = lookup(backend.hardware())
     if known is not None:
         return known
-    return _probe_gpu(backend, dtype, precision)
+    return probe_gpu(backend, dtype, precision)
 
 
 def _cpu_gemm_gflops(dtype: Any, n: int = 512, seconds: float = 0.2) -> float:
@@ -71,7 +71,7 @@ def _cpu_gemm_gflops(dtype: Any, n: int = 512, seconds: float = 0.2) -> float:
     return 2.0 * n**3 * reps / (time.perf_counter() - start) / 1e9
 
 
-def _probe_gpu(backend: Any, dtype: Any, precision: str, n: int = 4096,
+def probe_gpu(backend: Any, dtype: Any, precision: str, n: int = 4096,
                reps: int = 10) -> dict[str, Any]:
     """A GPU not in the table: a square GEMM in the run's compute dtype (through the run's own
     GEMM, so in its compute mode) and one large copy, timed by events: floors on the peaks."""

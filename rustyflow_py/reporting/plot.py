@@ -137,12 +137,16 @@ def _curves(plt: Any, records: list[Record]) -> Any:
     return fig
 
 
+def _latest_profiled(records: list[Record], *fields: str) -> Record | None:
+    """The last of `records` whose profile has every one of `fields` (non-empty)."""
+    return next((r for r in reversed(records) if isinstance(r.get("profile"), dict)
+                 and all(r["profile"].get(f) for f in fields)), None)
+
+
 def _ops(plt: Any, records: list[Record]) -> Any:
-    profiled = [r for r in records if isinstance(r.get("profile"), dict)
-                and r["profile"].get("ops") and r["profile"].get("profiled_steps")]
-    if not profiled:
+    r = _latest_profiled(records, "ops", "profiled_steps")
+    if r is None:
         return "no selected run has a per-op profile"
-    r = profiled[-1]
     prof = r["profile"]
     steps = prof["profiled_steps"]
 
@@ -178,11 +182,9 @@ def _roofline(plt: Any, records: list[Record]) -> Any:
     """The latest profiled run's ops against the device's limits, each a point sized by its
     time: GEMM ops by arithmetic intensity and TFLOP/s under the compute and memory roofs,
     the other ops by bytes and GB/s under the bandwidth."""
-    runs = [r for r in records if isinstance(r.get("profile"), dict)
-            and r["profile"].get("peaks") and r["profile"].get("ops")]
-    if not runs:
+    r = _latest_profiled(records, "peaks", "ops")
+    if r is None:
         return "no selected run has a profile with the device's peaks (older runs have none)"
-    r = runs[-1]
     prof = r["profile"]
     rows = roofline(prof["ops"], prof["peaks"], str(r.get("precision", "fp32")),
                     int(prof.get("profiled_steps") or 1))

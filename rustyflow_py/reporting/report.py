@@ -589,7 +589,8 @@ def _profile_lines(r: Record) -> list[str]:
     what = "device time" if graph or _kind(r) == "gpu" else "wall"
     head = (
         f"Per-op profile ({_text(prof.get('timing'))}): {_text(prof.get('note'))}; "
-        f"{profiled:,} of {steps:,} steps profiled, {window:.3f}s {what}"
+        f"{profiled:,} of {steps:,} steps profiled"
+        + ("" if graph else f", {window:.3f}s {what}")
     )
     idle = _idle_row(prof) if graph else None
     per_step = _per_step(prof)

@@ -6,12 +6,12 @@ nodes with their ops while the step is captured, and a few of the real training 
 then run with CUPTI's kernel recording on. Each sampled replay is an ordinary training step:
 nothing is replayed twice, nothing is added to the graph.
 
-The samples are spread over the run so that their cost (recording, the flush, reading the
-records: wall time beyond the replay itself) stays within `BUDGET` of the training time so
-far; the last step is sampled if nothing was yet, so a short run still gets a profile. A
-replay is sampled only once the device has been found busy at `STREAK` launches in a row, as
-training steps run back to back: one launched onto a device that just idled (the host waited
-for it, to read the losses back) starts cold and is slower than the steps training is made of.
+The samples are spread over the run so that their cost (the device idles while the records
+are flushed and read) stays within `BUDGET` of the time since the first replay; the last step
+is sampled if nothing was yet, so a short run still gets a profile. A replay is sampled only
+once the device has been found busy at `STREAK` launches in a row, as training steps run back
+to back: one launched onto a device that just idled (the host waited for it, to read the
+losses back) starts cold and is slower than the steps training is made of.
 """
 
 from __future__ import annotations
@@ -30,7 +30,6 @@ BUDGET = 0.005  # the share of the training time sampling may take (half the pro
 # flush and reading one record each: an upper estimate; the first sample's own cost replaces it)
 NODE_COST_S = 1e-4
 STREAK = 3  # launches in a row that found the device still running the steps before
-MODES = ("auto", "graph", "eager")
 
 
 def choose_mode(asked: str, kind: str, graph: bool, warn: Callable[[str], None]
@@ -66,7 +65,7 @@ class GraphSampler:
         self.profiler, self.tracer, self.max_samples = profiler, tracer, max_samples
         self.budget, self.busy = budget, busy
         self.samples = 0
-        self.cost_s = 0.0  # wall time the sampled replays took beyond the replays themselves
+        self.cost_s = 0.0  # the device's idle time for the samples (reading their records)
         self.costs: list[float] = []  # each sample's
         self._last_cost = 0.0  # set from the graph's size at capture, then measured
         self._streak = 0  # launches in a row that found the device busy

@@ -37,6 +37,8 @@ from . import guard, hooks, outputs, sizing
 from .config import Config
 from .evaluate import SplitEvaluator, upload_split
 from .graph_profile import GraphSampler, choose_mode
+from .init_from import initialize
+from .init_from import load as load_init
 from .optimizers import make_optimizer
 from .record import TransferLedger, build_record
 from .resume import History, restore
@@ -61,7 +63,8 @@ class Trainer:
     def __init__(self, cfg: Config, say: Say = print, resume: str | None = None,
                  progress: Any = None, warn: Say | None = None,
                  trace: str | None = None, group: Any = None,
-                 world: World | None = None, overwrite: bool = False) -> None:
+                 world: World | None = None, overwrite: bool = False,
+                 init_from: str | None = None) -> None:
         self.world = world = world or World()
         main = world.main  # only rank 0 talks, logs and writes checkpoints
         self.cfg, self.say = cfg, say if main else _silent
@@ -101,6 +104,9 @@ class Trainer:
         self.model = build_model(cfg, len(self.corpus.vocab), self.device,
                                  self.precision.storage, world.size if sharded else 1,
                                  compute=self.precision.compute)
+        if init_from:
+            initialize(load_init(init_from), self.model.buffer, cfg.seq_len,
+                       self.corpus.vocab.itos, f"{cfg.dataset}'s words", self.say)
         self.train_stream = upload_split(self.backend, self.corpus.train, streams)
         self.steps_per_epoch = data.num_batches(self.train_stream, cfg.seq_len)
         self.total_steps = cfg.num_epochs * self.steps_per_epoch
@@ -471,15 +477,16 @@ def _silent(_message: str) -> None:
 
 def train(cfg: Config, say: Say = print, resume: str | None = None, progress: Any = None,
           warn: Say | None = None, trace: str | None = None,
-          overwrite: bool = False) -> report.RunRecord | None:
+          overwrite: bool = False, init_from: str | None = None) -> report.RunRecord | None:
     """Train per `cfg`, as one process or as one of a data-parallel run's (the launcher's
     environment says which); returns the run record also appended to the log (None when a
     resumed run had nothing left to do, and on every process but rank 0). `trace`: see
-    Trainer."""
+    Trainer; `init_from`: a checkpoint whose weights the run starts from (init_from.py)."""
     world = World.from_env()
     check_world(cfg, world)
     with process_group(world, cfg.comm_timeout) as group:
-        trainer = Trainer(cfg, say, resume, progress, warn, trace, group, world, overwrite)
+        trainer = Trainer(cfg, say, resume, progress, warn, trace, group, world, overwrite,
+                          init_from)
         clean = False
         try:
             record = trainer.run()
