@@ -141,8 +141,8 @@ KEYS: dict[str, Key] = dict([
     _k("DATA_DIR", "str", "", "folder holding the datasets (must exist); empty = "
        "$RUSTYFLOW_DATA_DIR, then ./data, then ../shared/data", allow_empty=True),
     _k("TOKENIZER", "choice", "word", "word (whitespace words, an end-of-line token per "
-       "line), gpt2 (GPT-2's byte-level BPE from TOKENIZER_PATH) or bpe (a byte-level BPE of BPE_VOCAB tokens "
-       "trained on the training split); gpt2 and bpe need the hf extra",
+       "line), gpt2 (GPT-2's byte-level BPE from TOKENIZER_PATH) or bpe (a byte-level BPE "
+       "of BPE_VOCAB tokens trained on the training split); gpt2 and bpe need the hf extra",
        choices=("word", "gpt2", "bpe")),
     _k("TOKENIZER_PATH", "str", "", "TOKENIZER=gpt2: the folder holding GPT-2's vocab.json and "
        "merges.txt (a Hugging Face model folder)", allow_empty=True),
