@@ -462,6 +462,23 @@ def test_signal_at_a_dangerous_moment(case: SignalCase, workspace: Path) -> None
     assert_intact(before, snapshot(workspace))
 
 
+def test_sigterm_while_the_log_block_is_written(workspace: Path) -> None:
+    """SIGTERM while a run that has completed appends its log block: the block is written
+    whole (as the completed run it is), the console says the signal came then, and the
+    command exits 143."""
+    before = snapshot(workspace)
+    with paused(workspace, "log-append:1", *NEW, "--max-steps", "3") as proc:
+        proc.send_signal(signal.SIGTERM)
+    out = proc.communicate()[0]
+    assert proc.returncode == 143, out
+    assert "Traceback" not in out
+    assert "A stop request arrived while the log block was written: the run had ended " \
+           "completed (as logged)" in out
+    record = log_records()[-1]
+    assert record["status"] == "completed" and record["steps"] == 3
+    assert_intact(before, snapshot(workspace))
+
+
 def test_a_second_run_on_a_locked_checkpoint_stops_at_once(workspace: Path) -> None:
     """Two --resume runs of one checkpoint: the second names the first and changes nothing."""
     resume = ("--resume", TRAINED[0], "--max-steps", "5")

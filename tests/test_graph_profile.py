@@ -223,6 +223,8 @@ def test_profile_mode_choice_and_its_fallbacks(monkeypatch: pytest.MonkeyPatch) 
     assert warnings == []
     assert choose_mode("graph", "gpu", False, warnings.append) == ("eager", None)
     assert "GRAPH=off" in warnings.pop()
+    assert choose_mode("auto", "gpu", True, warnings.append, processes=2) == ("eager", None)
+    assert "data-parallel" in warnings.pop()
 
     def busy() -> None:
         raise graph_profile.CuptiUnavailable("CUPTI is in use by another tool")

@@ -18,13 +18,15 @@ rest is for people and may change. Anything between blocks is ignored, so hand e
 harmless.
 
 Shares. The per-op and matmul/other shares are of the profiled training steps: the denominator
-is ``profile.profiled_time_s``, the wall time of the steps whose ops were timed (the sum of the
-op times if it is missing), and the matmul line names it. When every step was profiled that is
-the run's training time less evaluation; when only a window was (GPU runs time an eager window
-after warm-up, the rest runs as CUDA graphs) it is the window's time, and the line under
-Amdahl's bound says so. The matmul share p = matmul op time / window, "Other" = window - matmul
-(non-matmul ops, data loading and framework overhead), Amdahl's bound = 1 / (1 - p). Evaluation
-runs outside the training steps: its phase share is of the run's ``train_time_s``.
+is ``profile.profiled_time_s`` (the sum of the op times if it is missing), and the matmul line
+names it. On the CPU that is the wall time of every step (the run's training time less
+evaluation). On the GPU it is the device time of the sampled CUDA-graph replays (``timing``
+``cupti-graph``: the table is then per step, in milliseconds, with an ``(idle between
+kernels)`` row so the shares add up to the replayed step), or the wall time of an eager window
+(``cuda-events``, ``PROFILE_MODE=eager`` or no CUPTI), which the profile's first line says.
+The matmul share p = matmul op time / window, "Other" = window - matmul (non-matmul ops, data
+loading and framework overhead), Amdahl's bound = 1 / (1 - p). Evaluation and checkpoint writes
+run outside the training steps: their phase shares are of the run's ``train_time_s``.
 
 Data parallelism. ``parallel`` (see ``ParallelRecord``; missing in older blocks, read as one
 process) says how the batch was made. With more than one process, or gradient accumulation, the
@@ -37,8 +39,9 @@ stays the matmul one. Without ``comm`` ops the lines are exactly those above.
 
 ``[AVG_EPOCH_TIME]`` is the mean over completed epochs. When no epoch completed (an interrupted
 run, or ``--max-steps`` shorter than an epoch) it is an estimate: the trainer's own
-``avg_epoch_time_s`` if set, else ``(train_time_s - eval) / steps * steps_per_epoch`` (an
-optional record field). A diverged run (``no_extrapolation``) is never extrapolated. The line
+``avg_epoch_time_s`` if set, else ``steps_time_s / timed_steps * steps_per_epoch`` (the
+training steps' own time: evaluation, checkpoint writes and start-up out), or in older records
+``(train_time_s - eval) / steps * steps_per_epoch``. A diverged run (``no_extrapolation``) is never extrapolated. The line
 above it then says it is an estimate and the summary line adds "(extrapolated)". With nothing
 to estimate from, the line is left out.
 

@@ -32,14 +32,20 @@ NODE_COST_S = 1e-4
 STREAK = 3  # launches in a row that found the device still running the steps before
 
 
-def choose_mode(asked: str, kind: str, graph: bool, warn: Callable[[str], None]
-                ) -> tuple[str, CuptiTracer | None]:
+def choose_mode(asked: str, kind: str, graph: bool, warn: Callable[[str], None],
+                processes: int = 1) -> tuple[str, CuptiTracer | None]:
     """Which profile the run makes: 'wall' (CPU), 'graph' (sampled replays, with its tracer)
     or 'eager' (a window of eager GPU steps timed by events). A graph profile that cannot be
-    made says why in one line and falls back to the eager window."""
+    made says why in one line and falls back to the eager window. A data-parallel run
+    (`processes` > 1) profiles the eager window: its graph holds NCCL collectives on a second
+    stream, and the graph profile has not been run on several GPUs yet."""
     if kind != "gpu":
         return "wall", None
     if asked == "eager":
+        return "eager", None
+    if processes > 1:
+        warn("WARN: per-op profile from an eager window: the replayed-graph profile of a "
+             "data-parallel step (NCCL in the graph) is not verified yet")
         return "eager", None
     if not graph:
         if asked == "graph":

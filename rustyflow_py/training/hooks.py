@@ -5,7 +5,8 @@ a sleep cannot aim that well.
 With RUSTYFLOW_PAUSE_AT=<point>[:<n>] the process, on reaching `point` for the n-th time
 (default the first), writes its pid to the file RUSTYFLOW_PAUSE_MARKER and waits until that
 file is removed. The points: `checkpoint-rename` (a checkpoint or trace is written and
-fsynced, not yet renamed into place) and `evaluation` (a validation or test pass begins).
+fsynced, not yet renamed into place), `evaluation` (a validation or test pass begins) and
+`log-append` (the run's log block is about to be appended).
 The test waits for the file, sends its signal, then removes the file. Unset (every real
 run), a pause point costs one dictionary look-up.
 """

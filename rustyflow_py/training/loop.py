@@ -136,8 +136,9 @@ class Trainer:
         self.profiler = (Profiler(self.backend, TRACE_STEPS if self.trace else 0)
                          if cfg.profile else None)
         graph = use_graph(cfg.graph, self.backend.kind, self.warn)
-        self.profile_mode, tracer = (choose_mode(cfg.profile_mode, self.backend.kind, graph,
-                                                 self.warn) if cfg.profile else ("off", None))
+        self.profile_mode, tracer = (
+            choose_mode(cfg.profile_mode, self.backend.kind, graph, self.warn, world.size)
+            if cfg.profile else ("off", None))
         sampler = (GraphSampler(self.profiler, tracer, cfg.profile_steps,
                                 busy=lambda: not self.backend.stream.done)
                    if tracer is not None and self.profiler is not None else None)
@@ -263,12 +264,19 @@ class Trainer:
             return None
         record = build_record(self, status, message, train_time, ckpt)
         block = report.format_block(record)
-        log = outputs.write_with_fallback(
-            self.cfg.log_file, lambda path: logfile.append_block(path, block), "log block",
-            self.warn, name="training_log.txt")
+        def append(path: str) -> None:
+            hooks.pause("log-append")
+            logfile.append_block(path, block)
+
+        log = outputs.write_with_fallback(self.cfg.log_file, append, "log block", self.warn,
+                                          name="training_log.txt")
         self.say(report.format_summary(record, log))
         if log is None:
             self.outcome = "failed", f"the log block of this {status} run is lost (see above)"
+        elif self.signals.requested is not None and status != "interrupted":
+            # the block was written as the run ended; the exit status will report the signal
+            self.say(f"A stop request arrived while the log block was written: the run had "
+                     f"ended {status} (as logged); exiting with the signal's status")
         if self.trace and self.profiler is not None:
             write_trace(self.trace, self.profiler, self.backend, self.device, self.say,
                         self.warn)

@@ -204,10 +204,11 @@ def _profile(trainer: Any, steps: int, step_time: float) -> dict[str, Any]:
     elif gpu:
         out.update({
             "timing": "cuda-events",
-            "note": (f"EAGER WINDOW, not the step that runs: per-op device times from CUDA "
-                     f"events over {prof.steps} eager steps after 1 warm-up step"
-                     + ("; training replays a CUDA graph" if runner.captured is not None
-                        else "")),
+            "note": (("EAGER WINDOW, not the step that runs (training replays a CUDA graph): "
+                      if runner.captured is not None else
+                      "eager steps (GRAPH=off: the step that runs): ")
+                     + f"per-op device times from CUDA events over {prof.steps} eager steps "
+                     "after 1 warm-up step"),
             "profiled_time_s": runner.profiled_wall,
             "host_launch_s": runner.window_host,
             "device_busy_s": prof.total(),
