@@ -194,7 +194,7 @@ def warmup(config: str | None, resume: str | None, trace: str | None,
 @click.option("--eval-tokens", "budget", type=click.IntRange(min=0), default=0,
               show_default=True, help="score only the first N tokens of the split (0 = all)")
 def eval_(model_path: str, split: str, device: str, data_dir: str | None, budget: int) -> None:
-    """Word-level perplexity of a checkpoint on a split."""
+    """Perplexity of a checkpoint on a split (per token, and per word for subwords)."""
     from .reporting.progress import TrainingProgress
     from .reporting.report import on_tokens
     from .training.evaluate import evaluate_checkpoint
@@ -205,9 +205,14 @@ def eval_(model_path: str, split: str, device: str, data_dir: str | None, budget
                                      budget)
     finally:
         progress.close()
-    click.echo(f"{split} perplexity {result['perplexity']:.3f} (mean NLL "
+    per = " per token" if "word_perplexity" in result else ""
+    click.echo(f"{split} perplexity {result['perplexity']:.3f}{per} (mean NLL "
                f"{result['nll']:.4f} on {on_tokens(result['tokens'], result['of'])}, "
                f"{result['device']})")
+    if per:
+        click.echo(f"{split} perplexity {result['word_perplexity']:.3f} per word of the text "
+                   f"(the NLL of its {result['split_tokens']:,} tokens over its "
+                   f"{result['words']:,} words)")
 
 
 _LOG_OPTION = click.option(

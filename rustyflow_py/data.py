@@ -13,6 +13,7 @@ import difflib
 import hashlib
 import http.client
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -154,6 +155,10 @@ class Corpus:
     test: np.ndarray
     source: str
     test_is_valid: bool = False
+    # a subword corpus: the words of each split's text (per-word perplexity divides by them)
+    # and its tokenizer (also its `vocab`); None for words
+    words: dict[str, int] | None = None
+    tokenizer: Any = None
 
 
 def read_text(path: Path, data: bytes | None = None) -> str:
@@ -175,6 +180,25 @@ def corpus_from_splits(name: str, texts: dict[str, str], source: str) -> Corpus:
     vocab = Vocab.build(train)
     return Corpus(name, vocab, vocab.encode(train), vocab.encode(tokenize(texts["valid"])),
                   vocab.encode(tokenize(texts["test"])), source)
+
+
+def word_count(text: str) -> int:
+    """len(tokenize(text)) without building the list: whitespace words plus one <eos> per line."""
+    return len(text.split()) + text.count("\n") + (1 if text and not text.endswith("\n") else 0)
+
+
+def split_text(text: str) -> tuple[tuple[str, int], tuple[str, int]]:
+    """`text` cut where corpus_from_text cuts its word tokens 90/10: ((training text, its
+    words), (validation text, its words)), so a subword corpus validates on exactly the
+    words a word-level one does. The word counts are the word-level token counts."""
+    starts = [m.start() for m in re.finditer(r"\S+|\n", text)]
+    if text and not text.endswith("\n"):
+        starts.append(len(text))  # the last line's <eos>
+    cut = round(len(starts) * (1 - VALID_FRACTION))
+    if cut < 2 or len(starts) - cut < 2:
+        raise DataError(f"the text has only {len(starts)} tokens: too few to split 90/10 into "
+                        f"training and validation text")
+    return (text[: starts[cut]], cut), (text[starts[cut]:], len(starts) - cut)
 
 
 def corpus_from_text(name: str, text: str, source: str) -> Corpus:
@@ -376,13 +400,24 @@ def _download(dataset: str, data_dir: str | None, download: bool) -> Path:
         raise _missing(dataset, source, dirs, f"Download failed: {err}") from None
 
 
-def load_corpus(dataset: str, data_dir: str | None = None, download: bool = True) -> Corpus:
-    """Find (or download), verify and tokenize `dataset`: a built-in name or a text file path."""
+@dataclass(frozen=True)
+class Texts:
+    """A dataset's verified text, before tokenizing: `splits` maps train/valid/test to their
+    text, or `text` is the one text of a dataset without official splits."""
+
+    name: str
+    source: str
+    splits: dict[str, str] | None = None
+    text: str | None = None
+
+
+def load_texts(dataset: str, data_dir: str | None = None, download: bool = True) -> Texts:
+    """Find (or download) and verify `dataset`: a built-in name or a text file path."""
     if dataset not in SOURCES:
         path = Path(dataset)
         if not path.is_file():
             raise unknown_dataset(dataset)
-        return corpus_from_text(path.stem, read_text(path), str(path))
+        return Texts(path.stem, str(path), text=read_text(path))
     source, dirs = SOURCES[dataset], search_dirs(data_dir)
     paths = _find(source, dirs)
     if paths is None:
@@ -391,8 +426,16 @@ def load_corpus(dataset: str, data_dir: str | None = None, download: bool = True
     texts = {name: _read_verified(source, name, p) for name, p in paths.items()}
     where = str(paths[source.files[0]].parent)
     if len(texts) == 1:
-        return corpus_from_text(dataset, texts[source.files[0]], where)
-    return corpus_from_splits(dataset, {s: texts[f"{s}.txt"] for s in SPLITS}, where)
+        return Texts(dataset, where, text=texts[source.files[0]])
+    return Texts(dataset, where, splits={s: texts[f"{s}.txt"] for s in SPLITS})
+
+
+def load_corpus(dataset: str, data_dir: str | None = None, download: bool = True) -> Corpus:
+    """Find (or download), verify and tokenize `dataset` word by word."""
+    texts = load_texts(dataset, data_dir, download)
+    if texts.splits is None:
+        return corpus_from_text(texts.name, texts.text or "", texts.source)
+    return corpus_from_splits(texts.name, texts.splits, texts.source)
 
 
 def dataset_info(dataset: str, data_dir: str | None = None) -> dict[str, object]:

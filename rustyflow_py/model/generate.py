@@ -20,7 +20,7 @@ import dataclasses
 import io
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from typing import TextIO
+from typing import Any, Protocol, TextIO
 
 import numpy as np
 
@@ -137,6 +137,40 @@ def unknown_note(unknown: Sequence[str], vocab: Vocab) -> str:
     return f"note: not in the model's vocabulary, {fate}: {words}"
 
 
+class Text(Protocol):
+    """How generation turns a prompt into ids and sampled ids into text: WordText here, a
+    subword tokenizer's SubwordText (training.subword.text)."""
+
+    eos_id: int | None  # the id that ends a line (and starts an empty context)
+
+    def ends_line(self, token: int) -> bool: ...
+    def encode(self, text: str) -> tuple[list[int], str | None]: ...  # ids, a note or None
+    def piece(self, token: int) -> Any: ...  # what `stream(...).write` takes
+    def stream(self, out: TextIO, line_start: bool) -> Any: ...
+
+
+class WordText:
+    """The word-level vocabulary as generation's Text: words in, words out."""
+
+    def __init__(self, vocab: Vocab) -> None:
+        self.vocab = vocab
+        self.eos_id = vocab.eos_id
+
+    def ends_line(self, token: int) -> bool:
+        return token == self.eos_id
+
+    def encode(self, text: str) -> tuple[list[int], str | None]:
+        """A prompt's ids, and the note about its unknown words (None when there are none)."""
+        ids, unknown = encode_prompt(text, self.vocab)
+        return ids, unknown_note(unknown, self.vocab) if unknown else None
+
+    def piece(self, token: int) -> str:
+        return self.vocab.itos[token]
+
+    def stream(self, out: TextIO, line_start: bool) -> TextStream:
+        return TextStream(out, line_start)
+
+
 class TextStream:
     """Writes words as text as they come: spaces between words, <eos> as a line end."""
 
@@ -166,14 +200,15 @@ def render(words: Iterable[str]) -> str:
 
 
 class Session:
-    """A model, its vocabulary and the sampling settings: words in, sampled words out.
+    """A model, its vocabulary (or Text) and the sampling settings: text in, sampled text out.
 
     The context persists across `generate` calls (chat turns share it); the counters give
     the generation speed.
     """
 
-    def __init__(self, model: GPT, vocab: Vocab, sampling: Sampling, seed: int) -> None:
+    def __init__(self, model: GPT, vocab: Vocab | Text, sampling: Sampling, seed: int) -> None:
         self.model, self.vocab, self.sampling = model, vocab, sampling
+        self.text: Text = WordText(vocab) if isinstance(vocab, Vocab) else vocab
         self.decoder = Decoder(model)
         self.rng = np.random.default_rng(seed)
         self.generated, self.seconds = 0, 0.0
@@ -182,17 +217,18 @@ class Session:
     @property
     def at_line_start(self) -> bool:
         """Whether the context is empty or ends a line."""
-        return not self.decoder.context or self.decoder.context[-1] == self.vocab.eos_id
+        return not self.decoder.context or self.text.ends_line(self.decoder.context[-1])
 
     def generate(self, ids: Sequence[int], max_tokens: int,
-                 stop_at_eos: bool = False) -> Iterator[str]:
-        """Words sampled after `ids` (appended to the context), up to max_tokens of them.
+                 stop_at_eos: bool = False) -> Iterator[Any]:
+        """Tokens sampled after `ids` (appended to the context), up to max_tokens of them, as
+        their text's pieces (words, or a subword token's bytes).
 
         Every sampled token is fed back, the last one too, so the context is complete for
         the next call. No ids continue the context, or start from <eos> (a line's beginning)
         when it is empty.
         """
-        s, eos = self.sampling, self.vocab.eos_id
+        s, eos = self.sampling, self.text.eos_id
         if not ids and not self.decoder.context:
             ids = [eos]  # type: ignore[list-item]
         start = time.perf_counter()
@@ -202,8 +238,8 @@ class Session:
                 token = sample_next(logits, s.temperature, s.top_k, s.top_p, self.rng)
                 logits = self.decoder.feed([token])
                 self.generated += 1
-                yield self.vocab.itos[token]
-                if stop_at_eos and token == eos:
+                yield self.text.piece(token)
+                if stop_at_eos and self.text.ends_line(token):
                     return
         finally:
             self.seconds += time.perf_counter() - start
@@ -218,12 +254,12 @@ class Session:
 def generate_text(session: Session, prompt: str, max_tokens: int, out: TextIO,
                   err: TextIO) -> None:
     """`rustyflow generate`: echo the prompt, then stream its continuation to `out`."""
-    ids, unknown = encode_prompt(prompt, session.vocab)
-    if unknown:
-        print(unknown_note(unknown, session.vocab), file=err)
+    ids, note = session.text.encode(prompt)
+    if note:
+        print(note, file=err)
     shown = prompt.rstrip(" \t")
     out.write(shown)
-    stream = TextStream(out, line_start=not shown or shown.endswith("\n"))
+    stream = session.text.stream(out, line_start=not shown or shown.endswith("\n"))
     for word in session.generate(ids, max_tokens):
         stream.write(word)
     stream.end_line()
@@ -248,12 +284,12 @@ def chat_loop(session: Session, inp: TextIO, out: TextIO, err: TextIO,
             continue
         if text in QUIT_WORDS:
             return
-        ids, unknown = encode_prompt(text, session.vocab)
-        if unknown:
-            print(unknown_note(unknown, session.vocab), file=err)
+        ids, note = session.text.encode(text)
+        if note:
+            print(note, file=err)
         if not session.at_line_start:
-            ids.insert(0, session.vocab.eos_id)  # type: ignore[arg-type]
-        stream = TextStream(out)
+            ids.insert(0, session.text.eos_id)  # type: ignore[arg-type]
+        stream = session.text.stream(out, True)
         for word in session.generate(ids, max_tokens, stop_at_eos=True):
             stream.write(word)
         stream.end_line()

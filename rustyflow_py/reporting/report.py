@@ -113,8 +113,12 @@ class RunRecord(TypedDict, total=False):
     tokens_per_s: float | None  # the total over all processes of a data-parallel run
     parallel: ParallelRecord | None  # missing in older blocks: one process
     loss_scale: dict[str, Any] | None  # fp16 runs: {"scale": final, "skipped": steps}
-    val_ppl: float | None
+    val_ppl: float | None  # per token (per word when the tokens are words)
     test_ppl: float | None
+    # subword runs only: {"kind", "vocab", "sha256", "words": {split: words of its text}}
+    tokenizer: dict[str, Any]
+    val_ppl_word: float | None  # subword runs: per word of the text (exp(total NLL / words))
+    test_ppl_word: float | None
     test_ppl_of: str | None  # whose weights: "best (step N)" or "final (step N)"
     best_val_ppl: float | None
     best_step: int | None
@@ -290,11 +294,39 @@ def _summary_line(r: Record) -> str:
         f"avg epoch {_fmt(avg, '.3f', 's')}"
         + (" (extrapolated)" if avg is not None and estimate else ""),
         f"{_fmt(r.get('tokens_per_s'), ',.0f')} tok/s{_total_note(r)}",
-        f"val ppl {_fmt(r.get('val_ppl'), '.2f')}",
-        f"test ppl {_fmt(r.get('test_ppl'), '.2f')}",
+        f"val ppl {_ppl(r, 'val')}",
+        f"test ppl {_ppl(r, 'test')}",
         f"ckpt {_text(r.get('checkpoint'))}",
     ]
     return "=== " + " | ".join(parts) + " ==="
+
+
+def _subword(r: Record) -> dict[str, Any] | None:
+    """A subword run's tokenizer record (None: words, and every block before tokenizers)."""
+    tok = r.get("tokenizer")
+    return tok if isinstance(tok, dict) else None
+
+
+def _ppl(r: Record, split: str) -> str:
+    """`123.45`, or for a subword run `45.67/token 123.45/word`."""
+    ppl = _fmt(r.get(f"{split}_ppl"), ".2f")
+    if _subword(r) is None:
+        return ppl
+    return f"{ppl}/token {_fmt(r.get(f'{split}_ppl_word'), '.2f')}/word"
+
+
+def _tokenizer_line(r: Record) -> list[str]:
+    """Which perplexity is which, for a subword run (nothing for words)."""
+    tok = _subword(r)
+    if tok is None:
+        return []
+    words = tok.get("words") if isinstance(tok.get("words"), dict) else {}
+    counts = ", ".join(f"{split} {_fmt(n, ',')}" for split, n in words.items())
+    return [f"Tokenizer: {_text(tok.get('kind'))} ({_fmt(tok.get('vocab'), ',')} tokens, "
+            f"sha256 {_text(tok.get('sha256'))[:12]}): val/test ppl are per token; per word "
+            f"of the text (exp(total NLL / words), comparable with TOKENIZER=word): val "
+            f"{_fmt(r.get('val_ppl_word'), '.2f')}, test {_fmt(r.get('test_ppl_word'), '.2f')}"
+            + (f" (words: {counts})" if counts else "")]
 
 
 def _eval_line(r: Record) -> str:
@@ -610,6 +642,7 @@ def format_block(record: Record) -> str:
     if r.get("eval_protocol"):
         lines.append(_eval_line(r))
     lines += [
+        *_tokenizer_line(r),
         f"Total training time: {_fmt(r.get('train_time_s'), '.3f', 's')} | average epoch time: "
         f"{_fmt(avg, '.3f', 's')}{' (estimate)' if avg is not None and estimate else ''} | "
         f"tokens/s: {_fmt(r.get('tokens_per_s'), ',.0f')}{_total_note(r)} | "
@@ -649,6 +682,7 @@ def format_summary(record: RunRecord | Record, log: str | None, top: int = 5) ->
         lines.append(f"Message: {_text(r['message'])}")
     if r.get("eval_protocol"):
         lines.append(_eval_line(r))
+    lines += _tokenizer_line(r)
     prof = r.get("profile")
     if isinstance(prof, dict):
         ops = [op for op in prof.get("ops") or [] if isinstance(op, dict)]
@@ -827,8 +861,8 @@ def _run_row(r: Record) -> list[str]:
         f"{_text(r.get('epochs'))}/{_text(r.get('epochs_planned'))}",
         ("~" if estimate and avg is not None else "") + _fmt(avg, ".3f"),
         _fmt(r.get("tokens_per_s"), ",.0f"),
-        _fmt(r.get("val_ppl"), ".2f"),
-        _fmt(r.get("test_ppl"), ".2f"),
+        _ppl(r, "val"),
+        _ppl(r, "test"),
     ]
 
 

@@ -140,6 +140,14 @@ KEYS: dict[str, Key] = dict([
        "wikitext-2, tinyshakespeare, or the path of a UTF-8 text file (split 90/10)"),
     _k("DATA_DIR", "str", "", "folder holding the datasets (must exist); empty = "
        "$RUSTYFLOW_DATA_DIR, then ./data, then ../shared/data", allow_empty=True),
+    _k("TOKENIZER", "choice", "word", "word (whitespace words, an end-of-line token per "
+       "line), gpt2 (GPT-2's byte-level BPE from TOKENIZER_PATH) or bpe (a byte-level BPE "
+       "of BPE_VOCAB tokens trained on the training split); gpt2 and bpe need the hf extra",
+       choices=("word", "gpt2", "bpe")),
+    _k("TOKENIZER_PATH", "str", "", "TOKENIZER=gpt2: the folder holding GPT-2's vocab.json and "
+       "merges.txt (a Hugging Face model folder)", allow_empty=True),
+    _k("BPE_VOCAB", "int", 8192, "TOKENIZER=bpe: tokens of the trained BPE (the 256 bytes, "
+       "GPT-2's end-of-text token and the merges)", lo=257, hi=2**20),
     _k("SEQ_LEN", "int", 64, "tokens per training window (context length)", lo=1),
     _k("BATCH_SIZE", "int", 16, "parallel token streams per step", lo=1),
     _k("NUM_EPOCHS", "int", 1, "passes over the training tokens", lo=1),
@@ -290,6 +298,9 @@ class Config:
 
     dataset: str = _D["DATASET"]
     data_dir: str = _D["DATA_DIR"]
+    tokenizer: str = _D["TOKENIZER"]
+    tokenizer_path: str = _D["TOKENIZER_PATH"]
+    bpe_vocab: int = _D["BPE_VOCAB"]
     seq_len: int = _D["SEQ_LEN"]
     batch_size: int = _D["BATCH_SIZE"]
     num_epochs: int = _D["NUM_EPOCHS"]
@@ -389,6 +400,12 @@ class Config:
             if -1 < value < 0:
                 raise ConfigError(f"{where[name]}: {name}='{value:g}' is not valid: expected "
                                   "-1 (follow DROPOUT) or a rate in [0, 1)")
+        if self.tokenizer == "gpt2" and not self.tokenizer_path and \
+                self.source["TOKENIZER"] != "checkpoint":
+            raise ConfigError(
+                f"TOKENIZER=gpt2 ({where['TOKENIZER']}) reads GPT-2's vocab.json and merges.txt "
+                f"from TOKENIZER_PATH, which is empty: set TOKENIZER_PATH to the folder that "
+                f"holds them (e.g. a Hugging Face GPT-2 folder)")
         if self.eval_stride > self.seq_len:
             raise ConfigError(
                 f"EVAL_STRIDE={self.eval_stride} ({where['EVAL_STRIDE']}) is longer than "

@@ -1,4 +1,4 @@
-"""Loading a trained model and measuring word-level perplexity."""
+"""Loading a trained model and measuring perplexity (per token, and per word for subwords)."""
 
 from __future__ import annotations
 
@@ -23,6 +23,8 @@ from ..reporting.report import on_tokens
 from . import sizing
 from .checkpoint import Checkpoint, CheckpointError
 from .config import Config, ConfigError
+from .subword.corpus import checkpoint_tokenizer, load_corpus
+from .subword.text import SubwordText
 
 
 def load_model(path: str, device: str) -> tuple[GPT, Checkpoint, Config]:
@@ -131,6 +133,27 @@ def perplexity(model: GPT, stream: Any, seq_len: int, stride: int = 0, budget: i
             "protocol": protocol(seq_len, stride)}
 
 
+def per_word(nll: float, tokens: int, words: int) -> float:
+    """Perplexity per word of the original text, from the mean NLL per token of a split of
+    `tokens` tokens whose text has `words` words: exp(total NLL / words), the standard
+    conversion that makes a subword model comparable with a word-level one (`words` counts
+    as the word-level tokenizer does, <eos> included). When only some tokens were scored
+    (windows, EVAL_TOKENS) the total is their mean times the split's tokens."""
+    try:
+        return math.exp(nll * tokens / words)
+    except OverflowError:
+        return math.inf
+
+
+def with_per_word(result: dict[str, Any], corpus: data.Corpus, split: str) -> dict[str, Any]:
+    """`result` of `perplexity` with `word_perplexity` added for a subword corpus."""
+    if corpus.words is None:
+        return result
+    tokens = int(getattr(corpus, split).shape[0])
+    return {**result, "word_perplexity": per_word(result["nll"], tokens, corpus.words[split]),
+            "words": corpus.words[split], "split_tokens": tokens}
+
+
 Status = Callable[[str, int], Any]
 
 
@@ -146,7 +169,9 @@ def evaluate_checkpoint(path: str, split: str, device: str, data_dir: str | None
     # --data-dir, else the training run's DATA_DIR where it exists here too, else the rest
     # of the lookup order ($RUSTYFLOW_DATA_DIR, ./data, ../shared/data)
     stored = cfg.data_dir if cfg.data_dir and Path(cfg.data_dir).is_dir() else None
-    corpus = data.load_corpus(cfg.dataset, data_dir or stored)
+    tokenizer = checkpoint_tokenizer(ckpt.meta, path, "--model")
+    corpus = load_corpus(cfg, data_dir or stored, lambda msg: print(msg, file=sys.stderr),
+                         tokenizer)
     if list(ckpt.vocab) != corpus.vocab.itos:
         raise CheckpointError(f"{path}: its vocabulary differs from {cfg.dataset}'s: was it "
                               f"trained on another dataset?")
@@ -154,7 +179,7 @@ def evaluate_checkpoint(path: str, split: str, device: str, data_dir: str | None
     tokens, _ = scored_tokens(stream.shape, cfg.seq_len, cfg.eval_stride, budget)
     with status(split, tokens) if status else contextlib.nullcontext() as advance:
         result = perplexity(model, stream, cfg.seq_len, cfg.eval_stride, budget, advance)
-    return {**result, "device": used, "split": split}
+    return {**with_per_word(result, corpus, split), "device": used, "split": split}
 
 
 def find_checkpoint(given: str | None, cfg: Config, say: Callable[[str], None],
@@ -190,7 +215,9 @@ def open_session(model_path: str, device: str, strict: bool, sampling: Sampling,
 
     used, _ = resolve_device(device, strict, say, warn or say)
     model, ckpt, _ = load_model(model_path, used)
-    session = Session(model, Vocab.from_array(ckpt.vocab), sampling, seed)
+    tokenizer = checkpoint_tokenizer(ckpt.meta, model_path, "--model")
+    text = Vocab.from_array(ckpt.vocab) if tokenizer is None else SubwordText(tokenizer)
+    session = Session(model, text, sampling, seed)
     session.path = model_path
     return session
 
@@ -209,6 +236,7 @@ class SplitEvaluator:
         self.progress, self.set_aside = progress, set_aside
         self.streams: dict[str, Any] = {}
         self.counts: dict[str, tuple[int, int]] = {}
+        self.word_ppl: dict[str, float] = {}  # a subword corpus's last perplexity per word
 
     def __call__(self, split: str) -> float:
         with self.set_aside():
@@ -223,8 +251,15 @@ class SplitEvaluator:
                 result = perplexity(self.model, stream, self.seq_len, self.stride,
                                     self.budget, advance)
             self.counts[split] = (result["tokens"], result["of"])
+            result = with_per_word(result, self.corpus, split)
+            if "word_perplexity" in result:
+                self.word_ppl[split] = result["word_perplexity"]
             return result["perplexity"]
 
     def on(self, split: str) -> str:
         """` on <on_tokens>` of the split's last evaluation ("" before there was one)."""
-        return f" on {on_tokens(*self.counts[split])}" if split in self.counts else ""
+        if split not in self.counts:
+            return ""
+        word = (f" ({self.word_ppl[split]:.2f} per word of the text)"
+                if split in self.word_ppl else "")
+        return f" on {on_tokens(*self.counts[split])}{word}"

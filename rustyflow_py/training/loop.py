@@ -45,6 +45,7 @@ from .resume import History, restore
 from .saver import RunCheckpoints
 from .signals import Stopped, StopSignals
 from .step import Shards, StepRunner, quiet_float_errors, use_graph
+from .subword.corpus import corpus_for_run
 
 Say = Callable[[str], None]
 
@@ -93,7 +94,9 @@ class Trainer:
         sharded = cfg.shard_optimizer and self.comm is not None
         if cfg.shard_optimizer and not sharded:
             self.warn("WARN: SHARD_OPTIMIZER=true in a single process: nothing to shard")
-        self.corpus = data.load_corpus(cfg.dataset, cfg.data_dir or None)
+        self.corpus = corpus_for_run(cfg, self.warn, resume)
+        if self.corpus.tokenizer is not None:
+            self.say(f"Tokenizer: {self.corpus.tokenizer.describe()}")
         streams = cfg.batch_size * cfg.grad_accum_steps * world.size  # a step's global batch
         data.check_layout(self.corpus, streams, cfg.seq_len)
         sizing.check_fits(cfg, len(self.corpus.vocab), self.backend,
@@ -149,7 +152,8 @@ class Trainer:
         self.checkpoints = RunCheckpoints(
             cfg.model_path_for(self.device), cfg, self.device, self.model, self.optimizer,
             self.corpus.vocab.to_array(), self.history, self.ledger.set_aside, self.warn,
-            world.size, writes=main, barrier=self.comm.barrier if self.comm else None)
+            world.size, writes=main, barrier=self.comm.barrier if self.comm else None,
+            tokenizer=self.corpus.tokenizer)
         self.evaluator = SplitEvaluator(self.model, self.corpus, cfg.batch_size, cfg.seq_len,
                                         cfg.eval_stride, self.progress, self.ledger.set_aside,
                                         cfg.eval_tokens)

@@ -109,6 +109,7 @@ def build_record(trainer: Any, status: str, message: str | None, train_time: flo
         "loss_scale": _loss_scale(trainer),
         "val_ppl": trainer.val_ppl,
         "test_ppl": trainer.test_ppl,
+        **_per_word(trainer),
         "test_ppl_of": trainer.test_ppl_of,
         "best_val_ppl": trainer.history.best_val_ppl,
         "best_step": trainer.history.best_step,
@@ -125,6 +126,18 @@ def build_record(trainer: Any, status: str, message: str | None, train_time: flo
                     if trainer.profiler is not None and trainer.profiler.steps else None),
         "curves": _curves(trainer),
     }
+
+
+def _per_word(trainer: Any) -> dict[str, Any]:
+    """A subword run's tokenizer and its perplexities per word of the text (val_ppl and
+    test_ppl are per token); nothing for a word-level run, whose tokens are the words."""
+    tokenizer = trainer.corpus.tokenizer
+    if tokenizer is None:
+        return {}
+    words = trainer.evaluator.word_ppl
+    return {"tokenizer": {"kind": tokenizer.kind, "vocab": len(tokenizer),
+                          "sha256": tokenizer.sha256, "words": trainer.corpus.words},
+            "val_ppl_word": words.get("valid"), "test_ppl_word": words.get("test")}
 
 
 def _startup(trainer: Any) -> dict[str, Any] | None:

@@ -19,7 +19,7 @@ from .optimizers import OPTIMIZER_KEYS, relevant_keys
 from .ownership import new_run_id
 
 # CENTERED changes which state RMSprop keeps (as MOMENTUM 0 <-> > 0 does: restore names it).
-SHAPE_KEYS = ("DATASET", "SEQ_LEN", "EMBED_DIM", "NUM_HEADS", "NUM_LAYERS",
+SHAPE_KEYS = ("DATASET", "TOKENIZER", "SEQ_LEN", "EMBED_DIM", "NUM_HEADS", "NUM_LAYERS",
               "OPTIMIZER", "PRECISION", "CENTERED")
 MATH_KEYS = ("NUM_EPOCHS", "LEARNING_RATE", "DROPOUT", "EMBD_DROPOUT", "ATTN_DROPOUT",
              "RESID_DROPOUT", "WORD_DROPOUT", "WEIGHT_DECAY", "BETA1", "BETA2",

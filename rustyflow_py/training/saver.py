@@ -29,8 +29,10 @@ class RunCheckpoints:
     def __init__(self, path: str, cfg: Config, device: str, model: Any, optimizer: Any,
                  vocab: Any, history: History, set_aside: Callable[[], Any],
                  warn: Callable[[str], None], world_size: int = 1,
-                 writes: bool = True, barrier: Callable[[], None] | None = None) -> None:
+                 writes: bool = True, barrier: Callable[[], None] | None = None,
+                 tokenizer: Any = None) -> None:
         self.path, self.best = path, best_path(path)
+        self.tokenizer = tokenizer  # a subword run's: written beside every checkpoint
         self.cfg, self.device, self.model, self.optimizer = cfg, device, model, optimizer
         self.vocab, self.history, self.set_aside, self.warn = vocab, history, set_aside, warn
         self.world_size, self.writes, self.barrier = world_size, writes, barrier
@@ -39,8 +41,18 @@ class RunCheckpoints:
         self.best_written: int | None = _best_on_disk(self.best, history)
 
     def _meta(self) -> dict[str, Any]:
-        return {"config": self.cfg.to_dict(), "device": self.device,
+        meta = {"config": self.cfg.to_dict(), "device": self.device,
                 "world_size": self.world_size, "train": self.history.to_meta()}
+        if self.tokenizer is not None:
+            meta["tokenizer"] = self.tokenizer.meta()
+        return meta
+
+    def _write(self, path: str, weights: dict[str, Any], meta: dict[str, Any],
+               state: dict[str, Any] | None = None) -> Any:
+        """The checkpoint at `path`, after the tokenizer it names (when it has one)."""
+        if self.tokenizer is not None:
+            self.tokenizer.save_beside(path)
+        return checkpoint.save(path, weights, meta, self.vocab, state)
 
     def save(self) -> str | None:
         """Weights, optimizer state, history, config and vocabulary: everything `--resume`
@@ -54,7 +66,7 @@ class RunCheckpoints:
                 return None
             weights = self.model.buffer.state_dict()
             saved = outputs.write_with_fallback(
-                self.path, lambda p: checkpoint.save(p, weights, meta, self.vocab, state),
+                self.path, lambda p: self._write(p, weights, meta, state),
                 "checkpoint", self.warn)
         if saved is not None:
             self.path = saved
@@ -71,7 +83,7 @@ class RunCheckpoints:
         with self.set_aside():
             weights = self.model.buffer.state_dict()
             saved = outputs.write_with_fallback(
-                self.best, lambda p: checkpoint.save(p, weights, meta, self.vocab),
+                self.best, lambda p: self._write(p, weights, meta),
                 "best checkpoint", self.warn)
         if saved is not None:
             self.best, self.best_written = saved, self.history.best_step
