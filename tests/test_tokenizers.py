@@ -307,3 +307,25 @@ def test_subword_run_resumes_with_its_own_tokenizer(here: Path) -> None:
                                 "MAX_STEPS": 5}, environ={})
     record = train(cfg, say=lambda _m: None, resume="models/tiny-cpu.npz")
     assert record["steps"] == 5 and math.isfinite(record["val_ppl_word"])
+
+
+def test_an_imported_gpt2_folder_brings_its_tokenizer(here: Path) -> None:
+    """A Hugging Face GPT-2 folder with vocab.json and merges.txt imports with its tokenizer
+    recorded and written beside the checkpoint, so eval/generate/chat read text through it."""
+    pytest.importorskip("safetensors", reason="the hf extra: pip install 'rustyflow-py[hf]'")
+    from rustyflow_py.interop.hf_export import export_hf
+    from rustyflow_py.interop.hf_import import import_hf
+    from rustyflow_py.training.subword.corpus import checkpoint_tokenizer
+
+    folder = gpt2_folder(here)
+    run(TOKENIZER="gpt2", TOKENIZER_PATH=str(folder), MAX_STEPS=2, MODEL_PATH="models/sub.npz")
+    export_hf("models/sub-cpu.npz", "hf", lambda _m: None)
+    for name in ("vocab.json", "merges.txt"):
+        (here / "hf" / name).write_bytes((folder / name).read_bytes())
+    import_hf("hf", "models/imported.npz", False, lambda _m: None)
+    meta = Checkpoint("models/imported.npz").meta
+    assert meta["tokenizer"]["kind"] == "gpt2"
+    tok = checkpoint_tokenizer(meta, "models/imported.npz", "--model")
+    assert tok is not None and tok.sha256 == load_gpt2(folder).sha256
+    assert (here / "models" / tok.file_name).is_file()
+    assert tok.decode(tok.encode(TEXT[:200])) == TEXT[:200]

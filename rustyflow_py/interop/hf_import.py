@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import InteropError
 from ..training import checkpoint
 from ..training.ownership import checkpoint_meta
+from ..training.subword.tokenizer import load_gpt2
 from . import safetensors_file
 from .extra import require
 from .gpt2_config import check_gpt2, run_config
@@ -177,9 +178,17 @@ def import_hf(source: str, out: str, overwrite: bool,
     weights = read_weights(folder, hf)
     vocab, tokenizer = read_vocab(folder, hf["vocab_size"])
     cfg = run_config(hf, out)
-    meta = {"config": cfg.to_dict(),
-            "imported": {"from": source, "format": "huggingface", "model_type": "gpt2",
-                         "tokenizer": tokenizer}}
+    meta: dict[str, Any] = {
+        "config": cfg.to_dict(),
+        "imported": {"from": source, "format": "huggingface", "model_type": "gpt2",
+                     "tokenizer": tokenizer}}
+    subword = load_gpt2(folder) if tokenizer == "gpt2" else None
+    if subword is not None and len(subword) == len(vocab):
+        # GPT-2's own tokenizer goes with the weights, as a subword run's does: eval, generate
+        # and chat then read text through it
+        meta["tokenizer"] = subword.meta()
+        vocab = subword.to_array()
+        subword.save_beside(out)
     checkpoint.save(out, weights, meta, vocab)
     vocab_from = ("vocab.json and merges.txt: GPT-2's tokenizer" if tokenizer else
                   "vocab.json (no merges.txt)" if (folder / "vocab.json").is_file() else
