@@ -1,4 +1,4 @@
-"""Generation: sampling rules, the KV cache against the uncached model, text, chat, CLI, scripts."""
+"""Generation: the KV cache against the uncached model, text, chat, CLI, scripts."""
 
 from __future__ import annotations
 
@@ -23,9 +23,7 @@ from rustyflow_py.model.generate import (
     chat_loop,
     encode_prompt,
     generate_text,
-    next_token_probs,
     render,
-    sample_next,
 )
 from rustyflow_py.model.gpt import GPT, GPTConfig
 from rustyflow_py.training import checkpoint
@@ -80,53 +78,6 @@ def words_of(session: Session, prompt: str, n: int = 20) -> list[str]:
     return list(session.generate(ids, n))
 
 
-# ---------------------------------------------------------------------------- sampling
-
-
-def test_temperature_zero_is_argmax_without_dividing() -> None:
-    logits = np.array([0.1, 3.0, -1.0, 2.9], np.float32)
-    rng = np.random.default_rng(0)
-    with np.errstate(all="raise"):
-        assert sample_next(logits, 0.0, 0, 1.0, rng) == 1
-
-
-def test_top_k_one_and_tiny_top_p_are_greedy() -> None:
-    logits = np.random.default_rng(1).standard_normal(50).astype(np.float32)
-    best = int(np.argmax(logits))
-    for seed in range(20):
-        rng = np.random.default_rng(seed)
-        assert sample_next(logits, 1.5, 1, 1.0, rng) == best
-        assert sample_next(logits, 1.5, 0, 1e-9, rng) == best
-
-
-def test_top_p_keeps_smallest_set_reaching_p_renormalised() -> None:
-    probs = np.array([0.05, 0.5, 0.1, 0.2, 0.15])
-    logits = np.log(probs)
-    for p, kept in [(0.4, [1]), (0.6, [1, 3]), (0.8, [1, 3, 4]), (0.9, [1, 3, 4, 2]),
-                    (0.99, [0, 1, 2, 3, 4])]:
-        out = next_token_probs(logits, 1.0, 0, p)
-        assert sorted(np.flatnonzero(out)) == sorted(kept), p
-        np.testing.assert_allclose(out[kept], probs[kept] / probs[kept].sum())
-        assert out.sum() == pytest.approx(1.0)
-
-
-def test_top_k_then_temperature() -> None:
-    logits = np.array([1.0, 4.0, 2.0, 3.0])
-    out = next_token_probs(logits, 0.5, 2, 1.0)
-    expected = np.exp(np.array([4.0, 3.0]) / 0.5)
-    np.testing.assert_allclose(out[[1, 3]], expected / expected.sum())
-    assert out[[0, 2]].tolist() == [0.0, 0.0]
-
-
-def test_samples_follow_the_nucleus() -> None:
-    probs = np.array([0.05, 0.5, 0.1, 0.2, 0.15])
-    rng = np.random.default_rng(0)
-    draws = np.array([sample_next(np.log(probs), 1.0, 0, 0.8, rng) for _ in range(4000)])
-    assert set(draws.tolist()) == {1, 3, 4}
-    freq = np.bincount(draws, minlength=5)[[1, 3, 4]] / draws.size
-    np.testing.assert_allclose(freq, np.array([0.5, 0.2, 0.15]) / 0.85, atol=0.03)
-
-
 # ---------------------------------------------------------------------------- KV cache
 
 
@@ -170,21 +121,6 @@ def test_cached_forward_in_chunks_matches_uncached_batch(device: str) -> None:
             assert cache.length == stop
             np.testing.assert_allclose(model.buffer.backend.to_host(logits.data)[:, 0],
                                        full[:, stop - 1], rtol=1e-4, atol=1e-4)
-
-
-def test_generation_runs_the_model_blocks() -> None:
-    """One block implementation: the decoder goes through GPT._block, once per layer."""
-    model = tiny_model()
-    calls = []
-    block = model._block
-
-    def counted(*args: object) -> Tensor:
-        calls.append(args[1])
-        return block(*args)  # type: ignore[arg-type]
-
-    model._block = counted  # type: ignore[method-assign]
-    Decoder(model).feed([3, 4, 5])
-    assert calls == list(range(LAYERS))
 
 
 def test_cached_forward_rejects_targets_overflow_and_backward() -> None:

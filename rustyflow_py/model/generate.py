@@ -1,8 +1,9 @@
-"""Text generation from a trained GPT: a KV-cached decoder, sampling, and the chat loop.
+"""Text generation from a trained GPT: a KV-cached decoder, device sampling, and the chat loop.
 
-The decoder runs the model's own forward (gpt.py) under no_grad() with a KV cache: layer
-norms, matmuls, GELU and residuals are the training code, and only attention differs (it
-attends the new positions over the cached keys and values), so a new token costs one position.
+A prompt (or a chunk of chat) is encoded by the model's own forward (gpt.py) under no_grad()
+with a KV cache; each further token is one DecodeStep (decode.py): the same weights and
+kernels without autograd, writing its keys and values into the cache in place, and on the GPU
+replayed as a CUDA graph (graph_decode.py). B sequences decode at once (`--num-samples`).
 
 Positional embeddings are absolute, so once the context is longer than SEQ_LEN every cached
 key and value would change with the window's start. On overflow the decoder therefore drops
@@ -10,13 +11,12 @@ the oldest tokens and re-encodes the last SEQ_LEN (one prefill) instead of shift
 cache: its logits are then exactly those of the uncached model on the same window, at the
 price of one full-window forward per token beyond SEQ_LEN.
 
-Sampling happens on the host from the last position's logits (one (V,) copy per token) with
-a seeded numpy Generator, so a seed gives the same text on either device.
+The next tokens are chosen on the device (sampling.py); the one host read per token is the
+chosen ids, which the text needs.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import time
 from collections.abc import Iterable, Iterator, Sequence
@@ -26,88 +26,77 @@ import numpy as np
 
 from ..data import EOS, UNK, Vocab, tokenize
 from ..engine.tensor import Tensor, no_grad
+from .decode import DecodeStep
 from .gpt import GPT
+from .graph_decode import GraphDecode
+from .sampling import Sampler, Sampling
+
+__all__ = ["Decoder", "Sampling", "Session", "chat_loop", "generate_text"]
 
 QUIT_WORDS = ("exit", "quit")
 CHAT_PROMPT = "> "
-
-
-# --------------------------------------------------------------------------- sampling
-
-
-@dataclasses.dataclass(frozen=True)
-class Sampling:
-    """How the next token is drawn: temperature 0 is greedy, top_k 0 and top_p 1 are off."""
-
-    temperature: float
-    top_k: int = 0
-    top_p: float = 1.0
-
-
-def next_token_probs(logits: np.ndarray, temperature: float, top_k: int,
-                     top_p: float) -> np.ndarray:
-    """The distribution sampled from: softmax(logits / T), cut to top-k, then to top-p.
-
-    Top-p keeps the smallest set of most likely tokens whose mass reaches p; the kept
-    probabilities are renormalised. Computed in float64 so tiny probabilities survive.
-    """
-    z = logits.astype(np.float64) / temperature  # (V,)
-    if 0 < top_k < z.size:
-        cut = np.full_like(z, -np.inf)
-        keep = np.argpartition(-z, top_k - 1)[:top_k]
-        cut[keep] = z[keep]
-        z = cut
-    probs = np.exp(z - z.max())
-    probs /= probs.sum()
-    if top_p < 1.0:
-        order = np.argsort(-probs)  # most likely first
-        kept = order[: int(np.searchsorted(np.cumsum(probs[order]), top_p)) + 1]
-        nucleus = np.zeros_like(probs)
-        nucleus[kept] = probs[kept]
-        probs = nucleus / nucleus.sum()
-    return probs
-
-
-def sample_next(logits: np.ndarray, temperature: float, top_k: int, top_p: float,
-                rng: np.random.Generator) -> int:
-    """One token id from host logits (V,); temperature 0 is the argmax (no division by 0)."""
-    if temperature == 0:
-        return int(np.argmax(logits))
-    cdf = np.cumsum(next_token_probs(logits, temperature, top_k, top_p))
-    # side="right": a token of zero probability (a flat step of the CDF) is never drawn
-    return min(int(np.searchsorted(cdf, rng.random() * cdf[-1], side="right")), cdf.size - 1)
 
 
 # --------------------------------------------------------------------------- decoder
 
 
 class Decoder:
-    """Generation's bookkeeping around the model's forward with a KV cache, for one sequence.
+    """Generation's bookkeeping around the KV cache, for `batch` sequences of equal length.
 
-    `context` is the token window the cache holds (at most SEQ_LEN tokens); `feed` appends
-    tokens and returns the logits of the token after them, as `model(context)[-1]` would.
+    `contexts` are the token windows the cache holds (at most SEQ_LEN tokens each); `feed`
+    appends tokens and returns the device logits (B, V) of the tokens after them, as
+    `model(context)[:, -1]` would. One new token per sequence is a DecodeStep (replayed as a
+    CUDA graph on the GPU unless `graphs` is False); several, or a window that slides, go
+    through the model's forward.
     """
 
-    def __init__(self, model: GPT) -> None:
+    def __init__(self, model: GPT, batch: int = 1, graphs: bool = True,
+                 warn: Any = None) -> None:
         self.model = model
-        self.cache = model.new_cache()
-        self.context: list[int] = []
-        self.logits: np.ndarray | None = None  # of the token after the context
+        self.backend = model.buffer.backend
+        self.cache = model.new_cache(batch)
+        self.step = DecodeStep(model, self.cache)
+        self.run_step: Any = self.step
+        if graphs and self.backend.kind == "gpu":
+            self.run_step = GraphDecode(self.step, warn or (lambda msg: None))
+        self.contexts: list[list[int]] = [[] for _ in range(batch)]
+        self.logits: Any = None  # (B, V) on the device: of the tokens after the contexts
+
+    @property
+    def context(self) -> list[int]:
+        """The first sequence's window."""
+        return self.contexts[0]
 
     def feed(self, ids: Sequence[int]) -> np.ndarray:
-        """Append `ids` to the context; host logits (V,) for the token that follows."""
-        if not ids:
+        """Append `ids` to every sequence; host logits (V,) of the first one's next token."""
+        return self.backend.to_host(self.feed_rows([list(ids)] * len(self.contexts))[0])
+
+    def feed_rows(self, rows: Sequence[Sequence[int]], on_device: Any = None) -> Any:
+        """Append rows[b] to sequence b (all of one length); device logits (B, V) after them.
+
+        `on_device` (B,), when given, holds the same single tokens already on the device
+        (the sampler's choice), so the step needs no upload.
+        """
+        if not rows[0]:
             raise ValueError("feed() needs at least one token")
-        context = [*self.context, *ids]
-        new = list(ids)
-        if len(context) > self.model.cfg.seq_len:  # slide: re-prefill the new window
-            context = new = context[-self.model.cfg.seq_len:]
-            self.cache.length = 0
-        idx = Tensor(np.asarray([new], dtype=np.int64), device=self.model.device)  # (1, T)
-        with no_grad():
-            logits = self.model(idx, cache=self.cache)  # (1, 1, V)
-        self.context = context
-        self.logits = self.model.buffer.backend.to_host(logits.data)[0, -1]  # (V,)
+        contexts = [[*c, *r] for c, r in zip(self.contexts, rows, strict=True)]
+        n, seq_len = len(contexts[0]), self.model.cfg.seq_len
+        if len(rows[0]) == 1 and n <= seq_len:
+            step = self.step
+            step.tokens[...] = (self.backend.from_host(np.asarray(rows, np.int64)[:, 0])
+                                if on_device is None else on_device)
+            step.pos.fill(n - 1)
+            self.run_step(n)
+            self.cache.length, self.logits = n, step.logits
+        else:
+            new = [list(r) for r in rows]
+            if n > seq_len:  # slide: re-prefill the new window
+                contexts = new = [c[-seq_len:] for c in contexts]
+                self.cache.length = 0
+            idx = Tensor(np.asarray(new, dtype=np.int64), device=self.model.device)  # (B, T)
+            with no_grad():
+                self.logits = self.model(idx, cache=self.cache).data[:, -1]  # (B, V)
+        self.contexts = contexts
         return self.logits
 
 
@@ -200,17 +189,19 @@ def render(words: Iterable[str]) -> str:
 
 
 class Session:
-    """A model, its vocabulary (or Text) and the sampling settings: text in, sampled text out.
+    """A model, its vocabulary (or Text) and the sampling settings: text in, sampled text out,
+    for `batch` samples at once, each with its own random stream.
 
     The context persists across `generate` calls (chat turns share it); the counters give
     the generation speed.
     """
 
-    def __init__(self, model: GPT, vocab: Vocab | Text, sampling: Sampling, seed: int) -> None:
-        self.model, self.vocab, self.sampling = model, vocab, sampling
+    def __init__(self, model: GPT, vocab: Vocab | Text, sampling: Sampling, seed: int,
+                 batch: int = 1, graphs: bool = True, warn: Any = None) -> None:
+        self.model, self.vocab, self.sampling, self.batch = model, vocab, sampling, batch
         self.text: Text = WordText(vocab) if isinstance(vocab, Vocab) else vocab
-        self.decoder = Decoder(model)
-        self.rng = np.random.default_rng(seed)
+        self.decoder = Decoder(model, batch, graphs, warn)
+        self.sampler = Sampler(model.buffer.backend, sampling, seed, batch)
         self.generated, self.seconds = 0, 0.0
         self.path = ""  # where the model was loaded from, for messages
 
@@ -219,30 +210,39 @@ class Session:
         """Whether the context is empty or ends a line."""
         return not self.decoder.context or self.text.ends_line(self.decoder.context[-1])
 
-    def generate(self, ids: Sequence[int], max_tokens: int,
-                 stop_at_eos: bool = False) -> Iterator[Any]:
-        """Tokens sampled after `ids` (appended to the context), up to max_tokens of them, as
-        their text's pieces (words, or a subword token's bytes).
+    def tokens(self, ids: Sequence[int], max_tokens: int,
+               stop_at_eos: bool = False) -> Iterator[np.ndarray]:
+        """The ids (B,) sampled after `ids` (appended to every context), up to max_tokens
+        times; stop_at_eos ends after the first sequence ends a line.
 
         Every sampled token is fed back, the last one too, so the context is complete for
         the next call. No ids continue the context, or start from <eos> (a line's beginning)
         when it is empty.
         """
-        s, eos = self.sampling, self.text.eos_id
+        eos, backend = self.text.eos_id, self.model.buffer.backend
         if not ids and not self.decoder.context:
             ids = [eos]  # type: ignore[list-item]
         start = time.perf_counter()
         try:
-            logits = self.decoder.feed(ids) if ids else self.decoder.logits
+            logits = self.decoder.feed_rows([list(ids)] * self.batch) if ids else \
+                self.decoder.logits
             for _ in range(max_tokens):
-                token = sample_next(logits, s.temperature, s.top_k, s.top_p, self.rng)
-                logits = self.decoder.feed([token])
-                self.generated += 1
-                yield self.text.piece(token)
-                if stop_at_eos and self.text.ends_line(token):
+                chosen = self.sampler(logits)  # (B,) on the device
+                host = backend.to_host(chosen)  # the one read per token
+                logits = self.decoder.feed_rows(host[:, None].tolist(), chosen)
+                self.generated += self.batch
+                yield host
+                if stop_at_eos and self.text.ends_line(int(host[0])):
                     return
         finally:
             self.seconds += time.perf_counter() - start
+
+    def generate(self, ids: Sequence[int], max_tokens: int,
+                 stop_at_eos: bool = False) -> Iterator[Any]:
+        """The first sample's tokens after `ids` as their text's pieces (words, or a subword
+        token's bytes), as they come: see `tokens`."""
+        for host in self.tokens(ids, max_tokens, stop_at_eos):
+            yield self.text.piece(int(host[0]))
 
     def speed(self) -> str:
         """The tokens/s line shown at the end."""
@@ -253,16 +253,30 @@ class Session:
 
 def generate_text(session: Session, prompt: str, max_tokens: int, out: TextIO,
                   err: TextIO) -> None:
-    """`rustyflow generate`: echo the prompt, then stream its continuation to `out`."""
+    """`rustyflow generate`: echo the prompt, then stream its continuation to `out`; with
+    several samples, each is written whole after all are done, under a header line."""
     ids, note = session.text.encode(prompt)
     if note:
         print(note, file=err)
     shown = prompt.rstrip(" \t")
-    out.write(shown)
-    stream = session.text.stream(out, line_start=not shown or shown.endswith("\n"))
-    for word in session.generate(ids, max_tokens):
-        stream.write(word)
-    stream.end_line()
+    line_start = not shown or shown.endswith("\n")
+    if session.batch == 1:
+        out.write(shown)
+        stream = session.text.stream(out, line_start)
+        for word in session.generate(ids, max_tokens):
+            stream.write(word)
+        stream.end_line()
+        return
+    steps = list(session.tokens(ids, max_tokens))  # max_tokens x (B,)
+    for b in range(session.batch):
+        if b:
+            out.write("\n")
+        out.write(f"=== sample {b + 1} of {session.batch} ===\n")
+        out.write(shown)
+        stream = session.text.stream(out, line_start)
+        for host in steps:
+            stream.write(session.text.piece(int(host[b])))
+        stream.end_line()
 
 
 def chat_loop(session: Session, inp: TextIO, out: TextIO, err: TextIO,

@@ -1,0 +1,106 @@
+"""The decode step (model/decode.py) against the model's forward; batches; CUDA graphs."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rustyflow_py.data import EOS, UNK, Vocab
+from rustyflow_py.engine.tensor import Tensor, no_grad
+from rustyflow_py.model.generate import Decoder, Sampling, Session
+from rustyflow_py.model.gpt import GPT, GPTConfig
+
+WORDS = [UNK, EOS, *(f"w{i}" for i in range(46))]
+SEQ_LEN = 64
+
+
+def model_of(device: str, dtype: object = np.float32, seq_len: int = SEQ_LEN,
+             scale: float = 30.0) -> GPT:
+    """A random GPT (3 layers, 4 heads of 8), its embeddings scaled up: far from uniform."""
+    model = GPT(GPTConfig(len(WORDS), seq_len, 3, 4, 32), device, seed=2, dtype=dtype)
+    model.p["wte"].data[...] *= scale
+    model.training = False
+    return model
+
+
+def full_logits(model: GPT, rows: list[list[int]]) -> np.ndarray:
+    """The last position's logits (B, V) of the plain forward on each row's last SEQ_LEN."""
+    window = np.asarray([r[-model.cfg.seq_len:] for r in rows], np.int64)
+    with no_grad():
+        logits = model(Tensor(window, device=model.device))  # (B, T, V)
+    return model.buffer.backend.to_host(logits.data)[:, -1]
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_decode_step_logits_equal_the_full_forward(device: str, dtype: object) -> None:
+    """Two different sequences: a prefill, then single tokens by DecodeStep (no graphs),
+    each step's logits those of the uncached forward on the whole prefix."""
+    model = model_of(device, dtype)
+    decoder = Decoder(model, batch=2, graphs=False)
+    rng = np.random.default_rng(0)
+    rows = rng.integers(0, len(WORDS), (2, 5)).tolist()
+    decoder.feed_rows(rows)
+    for _ in range(20):
+        new = rng.integers(0, len(WORDS), (2, 1)).tolist()
+        rows = [r + n for r, n in zip(rows, new, strict=True)]
+        ours = model.buffer.backend.to_host(decoder.feed_rows(new))
+        assert decoder.cache.length == len(rows[0])
+        np.testing.assert_allclose(ours, full_logits(model, rows), rtol=1e-5,
+                                   atol=1e-5 * np.abs(ours).max())
+
+
+def greedy_reference(model: GPT, prompt: list[int], n: int) -> list[int]:
+    """Greedy tokens from the uncached forward over the window: what generation means."""
+    context = list(prompt)
+    for _ in range(n):
+        context.append(int(np.argmax(full_logits(model, [context])[0])))
+    return context[len(prompt):]
+
+
+def greedy_session(model: GPT, prompt: list[int], n: int, batch: int = 1,
+                   graphs: bool = False) -> np.ndarray:
+    session = Session(model, Vocab(WORDS), Sampling(0.0), 0, batch=batch, graphs=graphs)
+    return np.stack(list(session.tokens(prompt, n)), axis=1)  # (B, n)
+
+
+def test_greedy_50_tokens_equal_the_uncached_model_past_seq_len(device: str) -> None:
+    """50 greedy tokens by the decode step equal argmax of the full forward, here across a
+    sliding window too (SEQ_LEN 32: the last tokens re-prefill)."""
+    model = model_of(device, seq_len=32)
+    prompt = [3, 4, 5, 6, 7]
+    assert greedy_session(model, prompt, 50)[0].tolist() == greedy_reference(model, prompt, 50)
+
+
+def test_batched_generation_repeats_one_prompt_per_sample(device: str) -> None:
+    """Greedy: every sample is the single one. Sampled: sample 0 draws from
+    default_rng(seed), as a single sample does, and the others from streams of their own."""
+    model = model_of(device)
+    single = greedy_session(model, [3, 4], 30)
+    np.testing.assert_array_equal(greedy_session(model, [3, 4], 30, batch=3),
+                                  np.repeat(single, 3, axis=0))
+    hot, model = Sampling(1.5), model_of(device, scale=1.0)
+    one = np.stack(list(Session(model, Vocab(WORDS), hot, 9).tokens([3, 4], 30)), axis=1)
+    many = np.stack(list(Session(model, Vocab(WORDS), hot, 9, batch=4).tokens([3, 4], 30)),
+                    axis=1)  # (4, 30)
+    np.testing.assert_array_equal(many[0], one[0])
+    assert len({tuple(row) for row in many.tolist()}) > 1
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("batch", [1, 8])
+def test_graph_replayed_decode_equals_eager_decode(batch: int) -> None:
+    """On the GPU: 50 greedy tokens from the captured decode step equal the eager step's,
+    and its logits are the eager step's over the full window (the same kernels)."""
+    from rustyflow_py.engine.backend import gpu_unavailable_reason
+
+    if gpu_unavailable_reason() is not None:
+        pytest.skip(str(gpu_unavailable_reason()))
+    model = model_of("gpu")
+    prompt = [3, 4, 5]
+    eager = greedy_session(model, prompt, 50, batch)
+    session = Session(model, Vocab(WORDS), Sampling(0.0), 0, batch=batch, graphs=True,
+                      warn=pytest.fail)  # a failed capture fails the test
+    replayed = np.stack(list(session.tokens(prompt, 50)), axis=1)
+    assert session.decoder.run_step.graph is not None
+    np.testing.assert_array_equal(replayed, eager)
+    assert replayed[0].tolist() == greedy_reference(model, prompt, 50)
