@@ -499,7 +499,7 @@ def _sampling_options(fn: Any) -> Any:
 
 
 def _open_session(model_path: str | None, config: str | None, quiet: bool,
-                  prompt_missing: bool = False, **overrides: Any) -> Any:
+                  prompt_missing: bool = False, samples: int = 1, **overrides: Any) -> Any:
     """Config (flags > env > file), device and checkpoint; user errors as one clear line."""
     from .model.generate import Sampling
     from .training.evaluate import find_checkpoint, open_session
@@ -510,19 +510,24 @@ def _open_session(model_path: str | None, config: str | None, quiet: bool,
     if prompt_missing:
         raise click.UsageError("generate needs --prompt TEXT (the text to continue)")
     return open_session(path, cfg.device, cfg.strict_device,
-                        Sampling(cfg.temperature, cfg.top_k, cfg.top_p), cfg.seed, say, _warn)
+                        Sampling(cfg.temperature, cfg.top_k, cfg.top_p), cfg.seed, say, _warn,
+                        samples)
 
 
 @main.command()
 @click.option("--prompt", default=None,
               help="text to continue; only a trailing newline ends its line with <eos>")
+@click.option("--num-samples", type=click.IntRange(min=1), default=1, show_default=True,
+              help="continuations of the prompt generated at once, each with its own random "
+                   "stream, printed one after another")
 @_sampling_options
 def generate(model_path: str | None, prompt: str | None, max_tokens: int, config: str | None,
-             quiet: bool, **overrides: Any) -> None:
+             quiet: bool, num_samples: int, **overrides: Any) -> None:
     """Continue a prompt with text sampled from a trained model."""
     from .model.generate import generate_text
 
-    session = _open_session(model_path, config, quiet, prompt is None, **overrides)
+    session = _open_session(model_path, config, quiet, prompt is None, num_samples,
+                            **overrides)
     generate_text(session, prompt, max_tokens, sys.stdout, sys.stderr)
     if not quiet:
         click.echo(session.speed(), err=True)

@@ -294,6 +294,22 @@ def test_cli_generate_and_chat(ckpt: Path, isolated: Path) -> None:
     assert chat.stdout.count("> ") == 3 and "tokens/s" in chat.stderr
 
 
+def test_cli_generate_num_samples(ckpt: Path, isolated: Path) -> None:
+    """N samples at once, each under its header; the first is the single sample's text."""
+    runner = CliRunner()
+    base = ["generate", "--model", str(ckpt), "--prompt", "w1 w2", "--max-tokens", "12",
+            "--temperature", "1.0", "--seed", "4", "--quiet"]
+    single = runner.invoke(main, base)
+    many = runner.invoke(main, [*base, "--num-samples", "3"])
+    assert single.exit_code == 0 and many.exit_code == 0, many.output
+    parts = re.split(r"^=== sample (\d) of 3 ===\n", many.stdout, flags=re.M)
+    assert parts[0] == "" and parts[1::2] == ["1", "2", "3"]
+    assert parts[2] == single.stdout + "\n"  # a blank line before the next header
+    assert all(p.startswith("w1 w2") for p in parts[2::2])
+    bad = runner.invoke(main, [*base, "--num-samples", "0"])
+    assert bad.exit_code == 2 and "Traceback" not in bad.output
+
+
 # ---------------------------------------------------------------------------- scripts
 
 

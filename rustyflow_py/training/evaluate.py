@@ -209,15 +209,16 @@ def find_checkpoint(given: str | None, cfg: Config, say: Callable[[str], None],
 
 
 def open_session(model_path: str, device: str, strict: bool, sampling: Sampling, seed: int,
-                 say: Any, warn: Any = None) -> Session:
-    """Load a checkpoint (trained on either device) onto `device` (cpu, gpu or auto)."""
+                 say: Any, warn: Any = None, samples: int = 1) -> Session:
+    """Load a checkpoint (trained on either device) onto `device` (cpu, gpu or auto), to
+    generate `samples` sequences at once."""
     from ..engine.backend import resolve_device
 
     used, _ = resolve_device(device, strict, say, warn or say)
     model, ckpt, _ = load_model(model_path, used)
     tokenizer = checkpoint_tokenizer(ckpt.meta, model_path, "--model")
     text = Vocab.from_array(ckpt.vocab) if tokenizer is None else SubwordText(tokenizer)
-    session = Session(model, text, sampling, seed)
+    session = Session(model, text, sampling, seed, batch=samples, warn=warn or say)
     session.path = model_path
     return session
 
