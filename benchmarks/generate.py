@@ -5,8 +5,9 @@ and prints a Markdown table of tokens per second (all sequences of the batch cou
 rustyflow runs through `Session` (the path `rustyflow generate` takes: decode step, device
 sampling, a CUDA graph on the GPU); transformers (when it and torch are installed) gets the
 same random weights as a GPT2LMHeadModel and runs `generate` with its dynamic cache and, on
-the GPU, also its static one. Each timed run follows a warm-up of the same session, so
-compilation and graph capture are not timed.
+the GPU, also its static one. Each timed run follows a warm-up (rustyflow: the same session's
+prompt and first tokens, so compilation and graph capture are not timed; transformers: a
+whole run of the same length), and is the steady state.
 
     python benchmarks/generate.py --device cpu --tokens 100 --out benchmarks/results/x.md
 """
@@ -96,7 +97,7 @@ def transformers_rate(hf: Any, batch: int, sampling: Sampling, tokens: int,
             torch.cuda.synchronize()
         return time.perf_counter() - start
 
-    run(WARM)
+    run(tokens)  # warm-up at full length: its cache and allocator reach their final size
     return batch * tokens / run(tokens)
 
 

@@ -6,7 +6,9 @@ import numpy as np
 import pytest
 
 from rustyflow_py.data import EOS, UNK, Vocab
+from rustyflow_py.engine.graph import GraphCaptureError
 from rustyflow_py.engine.tensor import Tensor, no_grad
+from rustyflow_py.model import graph_decode
 from rustyflow_py.model.generate import Decoder, Sampling, Session
 from rustyflow_py.model.gpt import GPT, GPTConfig
 
@@ -104,3 +106,39 @@ def test_graph_replayed_decode_equals_eager_decode(batch: int) -> None:
     assert session.decoder.run_step.graph is not None
     np.testing.assert_array_equal(replayed, eager)
     assert replayed[0].tolist() == greedy_reference(model, prompt, 50)
+
+
+class BodyAsGraph:
+    """CapturedStep's stand-in on the CPU: 'replay' runs the captured body (the step over the
+    full window, keys after the position masked), so the replay path is checked here too."""
+
+    def __init__(self, backend: object, body: object) -> None:
+        self.body = body
+
+    def capture(self) -> None:
+        pass
+
+    def replay(self) -> None:
+        self.body()  # type: ignore[operator]
+
+
+class FailingCapture(BodyAsGraph):
+    def capture(self) -> None:
+        raise GraphCaptureError("RuntimeError: no capture here")
+
+
+@pytest.mark.parametrize("graph", [BodyAsGraph, FailingCapture])
+def test_graph_decode_replay_and_fallback_on_the_cpu(monkeypatch: pytest.MonkeyPatch,
+                                                     graph: type) -> None:
+    """GraphDecode's full-window step (what the GPU captures) and its fallback after a failed
+    capture both give the eager greedy tokens; the failure is a warning."""
+    monkeypatch.setattr(graph_decode, "CapturedStep", graph)
+    model, prompt = model_of("cpu"), [3, 4, 5]
+    warnings: list[str] = []
+    session = Session(model, Vocab(WORDS), Sampling(0.0), 0, batch=2, graphs=False)
+    session.decoder.run_step = graph_decode.GraphDecode(session.decoder.step, warnings.append)
+    replayed = np.stack(list(session.tokens(prompt, 50)), axis=1)
+    np.testing.assert_array_equal(replayed, greedy_session(model, prompt, 50, batch=2))
+    assert (session.decoder.run_step.graph is None) == (graph is FailingCapture)
+    assert len(warnings) == (graph is FailingCapture)
+    assert all("decoding eagerly" in w for w in warnings)

@@ -1,8 +1,9 @@
 """The GPT (GPT-2 style: pre-LayerNorm, tied LM head) on the op library, written once.
 
-The same forward trains (autograd, dropout), evaluates, and generates: with a KV cache the
-block code is unchanged, and only its attention becomes `ops.cached_attention`, which appends
-the new keys and values to the cache and attends over every cached position.
+The same forward trains (autograd, dropout), evaluates, and encodes generation's prompts:
+with a KV cache the block code is unchanged, and only its attention becomes
+`ops.cached_attention`, which appends the new keys and values to the cache and attends over
+every cached position. Each token after that is decode.py's step, on the same weights.
 
 All parameters live in one flat buffer (params.py), so the optimizer, the grad-norm and
 zero_grad are each one pass over memory.
