@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import signal
-import time
 import warnings
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from test_train import (  # noqa: F401  (tiny_dir: the autouse fixture these tes
 
 from rustyflow_py.errors import RustyFlowError, TrainingError
 from rustyflow_py.reporting import logfile
-from rustyflow_py.training import checkpoint
+from rustyflow_py.training import checkpoint, loop
 from rustyflow_py.training.checkpoint import Checkpoint
 from rustyflow_py.training.loop import Trainer
 
@@ -46,10 +45,19 @@ from rustyflow_py.training.loop import Trainer
     ("LOG_FILE", "/dev/full", "is not a regular file"),
     ("LOG_FILE", "/proc/rustyflow/log.txt", "cannot append to the log file"),
 ])
-def test_an_unwritable_output_fails_before_any_work(key: str, value: str, reason: str) -> None:
-    start = time.perf_counter()
+def test_an_unwritable_output_fails_before_any_work(
+    key: str, value: str, reason: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Refused before the first piece of work, reading the dataset, starts."""
+    reads: list[str] = []
+
+    def read_corpus(cfg: Any, *args: Any) -> None:
+        reads.append(cfg.dataset)
+        raise AssertionError("the dataset was read before the output was checked")
+
+    monkeypatch.setattr(loop, "corpus_for_run", read_corpus)
     result = invoke("train", "--config", "tiny.env", f"--{key.lower().replace('_', '-')}", value)
-    assert time.perf_counter() - start < 1.0
+    assert reads == []
     assert result.exit_code == 1
     [line] = result.output.strip().splitlines()
     assert line.startswith("Error: ") and reason in line and value.split("/")[1] in line
