@@ -15,10 +15,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_train import (  # noqa: F401  (tiny_dir: the autouse fixture these tests share)
+from helpers import (
     STEPS_PER_EPOCH,
     TINY,
-    env_file,
     interrupt_in_step,
     invoke,
     log_records,
@@ -27,7 +26,6 @@ from test_train import (  # noqa: F401  (tiny_dir: the autouse fixture these tes
     quiet,
     run_interrupted,
     signal_the_command,
-    tiny_dir,
 )
 
 from rustyflow_py.errors import RustyFlowError, TrainingError
@@ -35,6 +33,8 @@ from rustyflow_py.reporting import logfile
 from rustyflow_py.training import checkpoint, loop
 from rustyflow_py.training.checkpoint import Checkpoint
 from rustyflow_py.training.loop import Trainer
+
+pytestmark = pytest.mark.usefixtures("tiny_dir")
 
 # ------------------------------------------------------------------------------ output paths
 
@@ -139,7 +139,7 @@ def test_sigterm_and_sigusr1_stop_like_ctrl_c_and_resume_exactly(signum: int) ->
 
 
 def test_sigterm_to_the_command_exits_143_with_a_checkpoint_and_block(
-    tiny_dir: Path,  # noqa: F811
+    tiny_dir: Path,
 ) -> None:
     assert signal_the_command(tiny_dir, signal.SIGTERM) == 143
     [record] = log_records()
@@ -304,7 +304,7 @@ def test_losses_stay_finite_after_all_this() -> None:
     assert np.isfinite(trainer.val_ppl)
 
 
-def test_the_banner_says_where_the_dataset_was_found(tiny_dir: Path) -> None:  # noqa: F811
+def test_the_banner_says_where_the_dataset_was_found(tiny_dir: Path) -> None:
     result = invoke("banner", "--config", "tiny.env")
     assert result.exit_code == 0, result.output
     assert f"  found in    {tiny_dir / 'tiny.txt'}" in result.output.splitlines()
