@@ -36,7 +36,8 @@ from rustyflow_py.errors import ConfigError
 from rustyflow_py.reporting import profile_text
 from rustyflow_py.reporting.report import format_block, read_log
 from rustyflow_py.reporting.trace import graph_trace
-from rustyflow_py.training import graph_profile, loop
+from rustyflow_py.training import clock as clock_module
+from rustyflow_py.training import graph_profile
 from rustyflow_py.training.config import load_config
 from rustyflow_py.training.graph_profile import GraphSampler, choose_mode
 from rustyflow_py.training.loop import Trainer
@@ -251,13 +252,14 @@ def test_a_cold_start_is_kept_out_of_the_epoch_time(monkeypatch: pytest.MonkeyPa
     29 are kernel compilation. Both report 11 s (the start-up step counted at the epoch's own
     step time), and the start-up has its own line."""
     now = [0.0]
-    monkeypatch.setattr(loop.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(clock_module.time, "perf_counter", lambda: now[0])
     trainer = Trainer(tiny_cfg(), quiet)
     for cold, elapsed in ((False, 11.0), (True, 40.0)):
-        trainer._epoch_start, trainer._epoch_marks = 0.0, (0.0, 0.0, 0)
+        now[0] = 0.0
+        trainer.clock.start_epoch(step=0)
         trainer.runner.startup["first_step_s"] = 30.0 if cold else 0.0
-        trainer.pos.step, now[0] = 11, elapsed
-        assert trainer._epoch_time() == pytest.approx(11.0)
+        now[0] = elapsed
+        assert trainer.clock.epoch_time(step=11) == pytest.approx(11.0)
     record = {"startup": {"first_step_s": 30.0, "capture_s": 0.5, "cache": "cold"}}
     assert profile_text.startup_line(record) == [
         "Start-up: first step 30.000s (kernel compilation and GEMM plans; kernel cache cold), "

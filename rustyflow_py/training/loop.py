@@ -8,13 +8,12 @@ be written, every split fits the batch layout, a resume checkpoint matches. A st
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 import signal
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -34,6 +33,7 @@ from ..reporting import logfile, report
 from ..reporting.trace import MAX_STEPS as TRACE_STEPS
 from ..reporting.trace import chrome_trace, graph_trace
 from . import guard, hooks, outputs, sizing
+from .clock import RunClock
 from .config import Config
 from .evaluate import SplitEvaluator, upload_split
 from .graph_profile import GraphSampler, choose_mode
@@ -161,9 +161,7 @@ class Trainer:
         # Processes must stop at the same step: a stop request waits for the next agreement
         # (see _check_stop) instead of interrupting evaluation on one process only.
         self.signals.deferred = world.distributed
-        self._epoch_start = self._run_start = time.perf_counter()
-        self._epoch_marks = (0.0, 0.0, self.pos.step)  # start-up, eval and step at its start
-        self.aside_in_run = 0.0  # evaluation and checkpoint time inside the run's train_time
+        self.clock = RunClock(self.runner, self.backend.synchronize, self.pos.step)
         self._in_step = False  # a stop forced inside a step must not overwrite the checkpoint
 
     # The history's parts, as the loop and the record read them.
@@ -178,22 +176,6 @@ class Trainer:
     def limit(self) -> int:
         """The step the run stops at (MAX_STEPS, or the end of the last epoch)."""
         return min(self.cfg.max_steps or self.total_steps, self.total_steps)
-
-    @property
-    def startup_s(self) -> float:
-        """The GPU start-up so far (warm-up step and capture), kept out of the training time."""
-        return self.runner.startup["first_step_s"] + self.runner.startup["capture_s"]
-
-    @property
-    def aside_s(self) -> float:
-        """The run's time outside its training steps so far: evaluation, checkpoint writes."""
-        return self.runner.phases["eval"] + self.runner.phases["checkpoint"]
-
-    @property
-    def startup_steps(self) -> int:
-        """How many of this process's steps ran inside the start-up (uncounted in tok/s)."""
-        up = self.runner.startup
-        return int(up["first_step_s"] > 0) + int(up["capture_s"] > 0)
 
     # ---- the run -----------------------------------------------------------------------------
     def run(self) -> report.RunRecord | None:
@@ -213,7 +195,7 @@ class Trainer:
             self.say(nothing_left(self.cfg, self.pos.step, self.total_steps))
             return None
         status, message, stop = "completed", None, None
-        start = self._run_start = time.perf_counter()
+        start = self.clock.start_run()
         self.runner.last_step = self.limit
         self.ledger.reset()
         with self.signals.installed(), quiet_float_errors():
@@ -237,7 +219,7 @@ class Trainer:
             except TrainingError as exc:
                 status, message = "failed", str(exc)
             train_time = time.perf_counter() - start  # evaluation included
-            self.aside_in_run = self.aside_s  # of train_time: the final save comes after it
+            self.clock.end_run()
             with self.signals.deferring():
                 record = self._finish(status, message, train_time)
             status, message = self.outcome
@@ -286,9 +268,8 @@ class Trainer:
         cfg, nb, pos = self.cfg, self.steps_per_epoch, self.pos
         while pos.epoch < cfg.num_epochs and pos.step < self.limit and not self.early_stopped:
             # a resumed run continues the epoch clock where the checkpoint left it
-            self._epoch_start = time.perf_counter() - self.history.epoch_elapsed
+            self.clock.start_epoch(pos.step, self.history.epoch_elapsed)
             self.history.epoch_elapsed = 0.0
-            self._epoch_marks = (self.startup_s, self.aside_s, pos.step)
             if self.progress:
                 self.progress.start_epoch(pos.epoch, min(nb, pos.batch + self.limit - pos.step),
                                           pos.batch)
@@ -305,7 +286,7 @@ class Trainer:
             self._show_progress()  # the bar ends at its total
             if pos.batch < nb:
                 break  # stopped by MAX_STEPS or early stopping mid-epoch
-            self.epoch_times.append(self._epoch_time())
+            self.epoch_times.append(self.clock.epoch_time(pos.step))
             pos.epoch, pos.batch = pos.epoch + 1, 0
             self.say(f"epoch {pos.epoch}/{cfg.num_epochs}: {self.epoch_times[-1]:.2f}s")
             if self._val_step != pos.step:
@@ -313,24 +294,6 @@ class Trainer:
             with self.signals.deferring():
                 self.save()
             self._check_stop()
-
-    def _epoch_clock(self) -> float:
-        """The current epoch's time so far, less its evaluation, checkpoint writes and
-        start-up (kernel compilation, capture)."""
-        startup, aside, _ = self._epoch_marks
-        return (time.perf_counter() - self._epoch_start - (self.aside_s - aside)
-                - (self.startup_s - startup))
-
-    def _epoch_time(self) -> float:
-        """The finished epoch's time: its clock, with the steps that ran inside the start-up
-        counted at the epoch's own step time, so that a cold kernel cache and a warm one give
-        the same epoch time."""
-        clock, (startup, _, first) = self._epoch_clock(), self._epoch_marks
-        steps = self.pos.step - first
-        if self.startup_s - startup <= 0:
-            return clock
-        counted = steps - self.startup_steps
-        return clock * steps / counted if counted > 0 else clock
 
     def _step(self) -> None:
         """One step, with stop signals deferred to its end; the losses are read back (and
@@ -348,7 +311,8 @@ class Trainer:
     def _show_progress(self) -> None:
         """The bar at the current step, with the latest loss (call after a loss drain)."""
         if self.progress and self.losses:
-            self.progress.update(self.pos, self.losses[-1], self._tokens_per_s())
+            self.progress.update(self.pos, self.losses[-1], self.clock.tokens_per_s(
+                self.pos.step - self.start_step, self.tokens_per_step))
 
     def _check_stop(self) -> None:
         """Stop here if asked to. In a data-parallel run every process must stop at the same
@@ -382,7 +346,7 @@ class Trainer:
                  f"{self.evaluator.on('valid')}")
         if best:
             # deferred: a best file and the history that names it agree
-            with self.signals.deferring(), self._timed("checkpoint"):
+            with self.signals.deferring(), self.clock.timed("checkpoint"):
                 self.checkpoints.save_best()
         if stop:
             self.early_stopped = stop
@@ -394,13 +358,6 @@ class Trainer:
             self.test_ppl_of = which
             return self.evaluate("test")
 
-    def _tokens_per_s(self) -> float:
-        """The run's throughput so far, every process's tokens (read at a loss drain, i.e.
-        after a sync)."""
-        elapsed = time.perf_counter() - self._run_start - self.aside_s - self.startup_s
-        steps = self.pos.step - self.start_step - self.startup_steps
-        return max(steps, 0) * self.tokens_per_step / max(elapsed, 1e-9)
-
     @property
     def tokens_per_step(self) -> int:
         """Tokens of one optimizer step over all processes."""
@@ -409,28 +366,16 @@ class Trainer:
     def evaluate(self, split: str) -> float:
         """Perplexity of a split (exp of the mean per-token NLL): all of it, or its first
         EVAL_TOKENS scored tokens."""
-        with self._timed("eval"):
+        with self.clock.timed("eval"):
             hooks.pause("evaluation")
             return self.evaluator(split)
-
-    @contextlib.contextmanager
-    def _timed(self, what: str) -> Iterator[None]:
-        """Time spent inside goes to `what` (eval, checkpoint), never to the training steps,
-        also when it is interrupted. The device finishes the queued steps first: waiting for
-        them is training time."""
-        self.backend.synchronize()
-        start = time.perf_counter()
-        try:
-            yield
-        finally:
-            self.runner.phases[what] += time.perf_counter() - start
 
     # ---- output ------------------------------------------------------------------------------
     def save(self) -> str | None:
         """Write the resumable checkpoint (see RunCheckpoints.save); where it went."""
         self._drain_losses()
-        self.history.epoch_elapsed = self._epoch_clock() if self.pos.batch else 0.0
-        with self._timed("checkpoint"):
+        self.history.epoch_elapsed = self.clock.epoch_clock() if self.pos.batch else 0.0
+        with self.clock.timed("checkpoint"):
             saved = self.checkpoints.save()
         self.history.epoch_elapsed = 0.0
         return saved

@@ -57,8 +57,9 @@ def build_record(trainer: Any, status: str, message: str | None, train_time: flo
     steps_here = max(trainer.pos.step - trainer.start_step, 0)
     # the training steps' own time: no evaluation, checkpoint writes or start-up (nor the
     # steps run inside it)
-    steps_time = max(train_time - trainer.aside_in_run - trainer.startup_s, 0.0)
-    timed = max(steps_here - trainer.startup_steps, 0)
+    clock = trainer.clock
+    steps_time = max(train_time - clock.aside_in_run - clock.startup_s, 0.0)
+    timed = max(steps_here - clock.startup_steps, 0)
     diverged = status == "failed"
     tokens_per_s = (timed * trainer.tokens_per_step / steps_time
                     if steps_time > 0 and timed and not diverged else None)
@@ -145,7 +146,7 @@ def _startup(trainer: Any) -> dict[str, Any] | None:
     whose numba kernels compile before the run starts."""
     if trainer.backend.kind != "gpu":
         return None
-    return {**trainer.runner.startup, "steps": trainer.startup_steps}
+    return {**trainer.runner.startup, "steps": trainer.clock.startup_steps}
 
 
 def _loss_scale(trainer: Any) -> dict[str, Any] | None:
