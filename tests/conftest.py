@@ -1,13 +1,21 @@
-"""Shared fixtures: devices to parametrize over (GPU cases skip cleanly without CUDA)."""
+"""Shared fixtures: devices to parametrize over (GPU cases skip cleanly without CUDA), and the
+folders the training tests run in (tiny_dir; workspace, a tiny run already trained there).
+
+A module whose every test runs in tiny_dir says so with
+`pytestmark = pytest.mark.usefixtures("tiny_dir")`.
+"""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
+from helpers import TINY, TINY_TEXT, TRAIN, env_file, invoke
 
 from rustyflow_py.engine.backend import gpu_unavailable_reason
+from rustyflow_py.training.config import KEYS
 
 _GPU_REASON = gpu_unavailable_reason()
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -35,3 +43,24 @@ def real_data_dir() -> Path | None:
         if candidate and (Path(candidate) / "wikitext-2" / "train.txt").is_file():
             return Path(candidate)
     return None
+
+
+@pytest.fixture
+def tiny_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Run in tmp_path with the tiny corpus and its config (tiny.env), no config keys in env."""
+    for key in KEYS:
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "tiny.txt").write_text(TINY_TEXT)
+    (tmp_path / "tiny.env").write_text(env_file(TINY))
+    return tmp_path
+
+
+@pytest.fixture
+def workspace(tiny_dir: Path) -> Path:
+    """The folder every fault case starts from: a trained model, a text file, someone's .npz."""
+    result = invoke(*TRAIN, "--max-steps", "3")
+    assert result.exit_code == 0, result.output
+    (tiny_dir / "notes.txt").write_text("my notes, not a log\n")
+    np.savez(tiny_dir / "their.npz", weights=np.arange(4.0))
+    return tiny_dir

@@ -8,7 +8,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
-from test_train import TINY, quiet, tiny_dir  # noqa: F401  (tiny_dir: the autouse fixture)
+from helpers import TINY, quiet
 
 from rustyflow_py.model.optim import Schedule
 from rustyflow_py.reporting.curves import MAX_POINTS, curve, evenly_spaced, sparkline
@@ -16,6 +16,8 @@ from rustyflow_py.reporting.report import parse_log, read_log, render_report
 from rustyflow_py.training.config import Config, load_config
 from rustyflow_py.training.loop import Trainer
 from rustyflow_py.training.record import _curves
+
+pytestmark = pytest.mark.usefixtures("tiny_dir")
 
 OLD_LOG = Path(__file__).resolve().parents[1] / "benchmarks/results/runs/seed-epoch-h100.log"
 

@@ -3,6 +3,9 @@ transfer counters; a DEVICE of any of those forms is valid configuration."""
 
 from __future__ import annotations
 
+import sys
+from types import SimpleNamespace
+
 import numpy as np
 import pytest
 from conftest import DEVICES
@@ -50,9 +53,18 @@ def test_each_instance_has_one_backend_with_its_own_counters(device: str) -> Non
     assert TRANSFERS.snapshot() == backend.transfers.snapshot()  # one device in use
 
 
-def test_a_missing_gpu_index_is_named() -> None:
-    reason = resolve_device("gpu:64", False, lambda _: None, lambda _: None)[1]
-    assert reason is not None and ("64" in reason or "not" in reason)
+def test_a_missing_gpu_index_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpu:64 on a machine with two GPUs: the fallback's reason names the index and the count,
+    whether or not this machine has CuPy or a GPU (a stand-in CuPy reports two devices)."""
+    runtime = SimpleNamespace(getDeviceCount=lambda: 2)
+    monkeypatch.setitem(sys.modules, "cupy", SimpleNamespace(cuda=SimpleNamespace(runtime=runtime)))
+    monkeypatch.delenv("RUSTYFLOW_DISABLE_GPU", raising=False)
+    warnings: list[str] = []
+    used, reason = resolve_device("gpu:64", False, lambda _: None, warnings.append)
+    assert (used, reason) == ("cpu", "no CUDA device 64 (this machine has 2)")
+    assert warnings and reason in warnings[0]
+    with pytest.raises(DeviceError, match=r"--device gpu:64: no CUDA device 64 \(this machine"):
+        resolve_device("gpu:64", True, lambda _: None, lambda _: None)
 
 
 def test_device_key_accepts_instances_and_the_checkpoint_names_the_kind() -> None:

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_fault_matrix import TRAIN, TRAINED, assert_intact, snapshot, workspace  # noqa: F401
-from test_train import env_file, invoke, tiny_dir  # noqa: F401
+from helpers import TRAIN, TRAINED, assert_intact, env_file, invoke, snapshot
 
 from rustyflow_py.training.config import KEYS
+
+pytestmark = pytest.mark.usefixtures("tiny_dir")
 
 VALUES = {"enormous": "9" * 30, "1e26": "1e26", "nan": "nan", "-inf": "-inf",
           "binary": "\x01\x7f\ufffd", "blank": " "}
@@ -41,7 +42,7 @@ def answer(*args: str) -> str:
 
 @pytest.mark.parametrize("value", VALUES.values(), ids=VALUES.keys())
 @pytest.mark.parametrize("key", list(KEYS))
-def test_every_config_value(key: str, value: str, tiny_dir: Path) -> None:  # noqa: F811
+def test_every_config_value(key: str, value: str, tiny_dir: Path) -> None:
     (tiny_dir / "fuzz.env").write_text(env_file({
         "DATASET": "tiny.txt", "SEQ_LEN": 16, "BATCH_SIZE": 4, "EMBED_DIM": 32,
         "NUM_HEADS": 2, "NUM_LAYERS": 1, "DEVICE": "cpu", "PROFILE": "false",
@@ -109,7 +110,7 @@ def checkpoint_variants(good: Path) -> dict[str, bytes]:
     }
 
 
-def test_every_checkpoint_damage(workspace: Path) -> None:  # noqa: F811
+def test_every_checkpoint_damage(workspace: Path) -> None:
     for name, data in checkpoint_variants(workspace / TRAINED[0]).items():
         path = f"bad-{name}.npz"
         Path(path).write_bytes(data)
@@ -130,7 +131,7 @@ def text_variants(good: bytes) -> dict[str, bytes]:
             "huge": good * 200}
 
 
-def test_every_log_damage(workspace: Path) -> None:  # noqa: F811
+def test_every_log_damage(workspace: Path) -> None:
     for name, data in text_variants(Path("log.txt").read_bytes()).items():
         path = f"log-{name}.txt"
         Path(path).write_bytes(data)
@@ -142,7 +143,7 @@ def test_every_log_damage(workspace: Path) -> None:  # noqa: F811
         assert_intact(before, snapshot(workspace))
 
 
-def test_every_bench_json_damage(workspace: Path) -> None:  # noqa: F811
+def test_every_bench_json_damage(workspace: Path) -> None:
     good = json.dumps({"vocab": 9, "seconds": 1.0, "devices": ["cpu"], "rows": []}).encode()
     variants = {**text_variants(good), "a-list": b"[1, 2]", "no-rows": b'{"vocab": 9}',
                 "rows-of-numbers": b'{"rows": [1, 2]}', "nan-rows": b'{"rows": NaN}'}
@@ -154,7 +155,7 @@ def test_every_bench_json_damage(workspace: Path) -> None:  # noqa: F811
         assert_intact(before, snapshot(workspace))
 
 
-def test_every_config_file_and_dataset_damage(workspace: Path) -> None:  # noqa: F811
+def test_every_config_file_and_dataset_damage(workspace: Path) -> None:
     for name, data in {**text_variants(Path("tiny.env").read_bytes()),
                        "one-word": b"word\n", "one-long-line": b"the cat " * 50_000}.items():
         Path(f"cfg-{name}.env").write_bytes(data)

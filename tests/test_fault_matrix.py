@@ -27,12 +27,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_train import (  # noqa: F401  (tiny_dir: the autouse fixture these tests share)
+from helpers import (
+    TRAIN,
+    TRAINED,
+    assert_intact,
     invoke,
     log_records,
     poison_weights_after,
+    snapshot,
     subprocess_env,
-    tiny_dir,
 )
 
 from rustyflow_py.engine.backend import gpu_unavailable_reason
@@ -41,42 +44,13 @@ from rustyflow_py.training import checkpoint, evaluate, lock, loop, outputs
 from rustyflow_py.training.checkpoint import Checkpoint
 from rustyflow_py.training.loop import Trainer
 
-TRAIN = ("train", "--config", "tiny.env")
+pytestmark = pytest.mark.usefixtures("tiny_dir")
+
 NEW = ("--model-path", "models/new.npz")  # a path no earlier run used
-TRAINED = ("models/tiny-cpu.npz", "models/tiny-cpu-best.npz")
 Patch = Callable[[pytest.MonkeyPatch], None]
 
 
 # ------------------------------------------------------------------------------ the harness
-
-
-def snapshot(root: Path) -> dict[str, bytes]:
-    """Every file under `root` (relative path -> bytes)."""
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file()}
-
-
-def assert_intact(before: dict[str, bytes], after: dict[str, bytes],
-                  replaced: tuple[str, ...] = ()) -> None:
-    """Every file of `before` is unchanged in `after`, but `replaced` ones; logs only grew."""
-    for name, data in before.items():
-        if name in replaced:
-            continue
-        assert name in after, f"{name} was removed"
-        if name.endswith("log.txt"):
-            assert after[name].startswith(data), f"{name} was rewritten, not appended to"
-        else:
-            assert after[name] == data, f"{name} was changed"
-
-
-@pytest.fixture
-def workspace(tiny_dir: Path) -> Path:  # noqa: F811
-    """The folder every case starts from: a trained model, a text file, someone's .npz."""
-    result = invoke(*TRAIN, "--max-steps", "3")
-    assert result.exit_code == 0, result.output
-    (tiny_dir / "notes.txt").write_text("my notes, not a log\n")
-    np.savez(tiny_dir / "their.npz", weights=np.arange(4.0))
-    return tiny_dir
 
 
 @dataclass(frozen=True)

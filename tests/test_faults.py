@@ -9,17 +9,15 @@ from __future__ import annotations
 
 import math
 import signal
-import time
 import warnings
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from test_train import (  # noqa: F401  (tiny_dir: the autouse fixture these tests share)
+from helpers import (
     STEPS_PER_EPOCH,
     TINY,
-    env_file,
     interrupt_in_step,
     invoke,
     log_records,
@@ -28,14 +26,15 @@ from test_train import (  # noqa: F401  (tiny_dir: the autouse fixture these tes
     quiet,
     run_interrupted,
     signal_the_command,
-    tiny_dir,
 )
 
 from rustyflow_py.errors import RustyFlowError, TrainingError
 from rustyflow_py.reporting import logfile
-from rustyflow_py.training import checkpoint
+from rustyflow_py.training import checkpoint, loop
 from rustyflow_py.training.checkpoint import Checkpoint
 from rustyflow_py.training.loop import Trainer
+
+pytestmark = pytest.mark.usefixtures("tiny_dir")
 
 # ------------------------------------------------------------------------------ output paths
 
@@ -46,10 +45,19 @@ from rustyflow_py.training.loop import Trainer
     ("LOG_FILE", "/dev/full", "is not a regular file"),
     ("LOG_FILE", "/proc/rustyflow/log.txt", "cannot append to the log file"),
 ])
-def test_an_unwritable_output_fails_before_any_work(key: str, value: str, reason: str) -> None:
-    start = time.perf_counter()
+def test_an_unwritable_output_fails_before_any_work(
+    key: str, value: str, reason: str, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Refused before the first piece of work, reading the dataset, starts."""
+    reads: list[str] = []
+
+    def read_corpus(cfg: Any, *args: Any) -> None:
+        reads.append(cfg.dataset)
+        raise AssertionError("the dataset was read before the output was checked")
+
+    monkeypatch.setattr(loop, "corpus_for_run", read_corpus)
     result = invoke("train", "--config", "tiny.env", f"--{key.lower().replace('_', '-')}", value)
-    assert time.perf_counter() - start < 1.0
+    assert reads == []
     assert result.exit_code == 1
     [line] = result.output.strip().splitlines()
     assert line.startswith("Error: ") and reason in line and value.split("/")[1] in line
@@ -131,7 +139,7 @@ def test_sigterm_and_sigusr1_stop_like_ctrl_c_and_resume_exactly(signum: int) ->
 
 
 def test_sigterm_to_the_command_exits_143_with_a_checkpoint_and_block(
-    tiny_dir: Path,  # noqa: F811
+    tiny_dir: Path,
 ) -> None:
     assert signal_the_command(tiny_dir, signal.SIGTERM) == 143
     [record] = log_records()
@@ -296,7 +304,7 @@ def test_losses_stay_finite_after_all_this() -> None:
     assert np.isfinite(trainer.val_ppl)
 
 
-def test_the_banner_says_where_the_dataset_was_found(tiny_dir: Path) -> None:  # noqa: F811
+def test_the_banner_says_where_the_dataset_was_found(tiny_dir: Path) -> None:
     result = invoke("banner", "--config", "tiny.env")
     assert result.exit_code == 0, result.output
     assert f"  found in    {tiny_dir / 'tiny.txt'}" in result.output.splitlines()

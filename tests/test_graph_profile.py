@@ -16,8 +16,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import TINY, quiet
 from test_trace import check_nesting, check_schema, tracks
-from test_train import TINY, quiet, tiny_dir  # noqa: F401  (tiny_dir: the autouse fixture)
 
 from rustyflow_py.engine.autograd import run_op
 from rustyflow_py.engine.backend import get_backend, gpu_unavailable_reason
@@ -41,6 +41,8 @@ from rustyflow_py.training import graph_profile
 from rustyflow_py.training.config import load_config
 from rustyflow_py.training.graph_profile import GraphSampler, choose_mode
 from rustyflow_py.training.loop import Trainer
+
+pytestmark = pytest.mark.usefixtures("tiny_dir")
 
 GRAPH_LOG = (Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "runs"
              / "h100-seed-graph-profile.log")

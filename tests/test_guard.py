@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-from test_train import make_cfg, tiny_dir  # noqa: F401
+from helpers import make_cfg
 
 from rustyflow_py.errors import TrainingError
 from rustyflow_py.model.gpt import build_model
@@ -17,6 +17,8 @@ from rustyflow_py.model.loss_scale import COLLAPSE_FLOOR, COLLAPSE_STREAK, LossS
 from rustyflow_py.training import ownership, sizing
 from rustyflow_py.training.lock import RunLock
 from rustyflow_py.training.outputs import fallbacks
+
+pytestmark = pytest.mark.usefixtures("tiny_dir")
 
 
 @pytest.mark.parametrize("shape", [
@@ -55,7 +57,7 @@ def test_the_loss_scale_collapses_after_a_streak_of_skips_or_below_the_floor() -
     assert _overflow(clean, COLLAPSE_STREAK - 1) is None
 
 
-def test_a_held_lock_names_its_holder_and_a_released_one_is_free(tiny_dir: Path) -> None:  # noqa: F811
+def test_a_held_lock_names_its_holder_and_a_released_one_is_free(tiny_dir: Path) -> None:
     first, warned = RunLock(), []
     first.acquire("model.npz", "checkpoint", warned.append)
     with pytest.raises(TrainingError, match=rf"checkpoint model.npz is in use by pid "
@@ -69,7 +71,7 @@ def test_a_held_lock_names_its_holder_and_a_released_one_is_free(tiny_dir: Path)
     assert warned == []  # nothing was stale
 
 
-def test_marks_tell_rustyflow_files_from_others(tiny_dir: Path) -> None:  # noqa: F811
+def test_marks_tell_rustyflow_files_from_others(tiny_dir: Path) -> None:
     Path("log.txt").write_text("")
     assert ownership.is_log(Path("log.txt"))
     Path("log.txt").write_text("=== RustyFlow run 2026 | completed\n")
@@ -83,7 +85,7 @@ def test_marks_tell_rustyflow_files_from_others(tiny_dir: Path) -> None:  # noqa
     assert ownership.checkpoint_meta("their.npz") is None
 
 
-def test_a_fallback_place_never_names_an_existing_file(tiny_dir: Path) -> None:  # noqa: F811
+def test_a_fallback_place_never_names_an_existing_file(tiny_dir: Path) -> None:
     Path("m.npz").write_text("someone's")
     Path("m-rescued1.npz").write_text("someone else's")
     assert fallbacks("models/m.npz")[0] == tiny_dir / "m-rescued2.npz"

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from test_train import make_cfg, quiet, tiny_dir  # noqa: F401  (tiny_dir: the autouse fixture)
+from helpers import make_cfg, quiet
 
 from rustyflow_py import data
 from rustyflow_py.cli import main
@@ -26,6 +26,8 @@ st_numpy = pytest.importorskip("safetensors.numpy",
                                reason="the hf extra: pip install 'rustyflow-py[hf]'")
 
 from rustyflow_py.interop.hf_export import hf_name  # noqa: E402
+
+pytestmark = pytest.mark.usefixtures("tiny_dir")
 
 
 def hf_folder(folder: Path, vocab: list[str] | None = None, size: int = 20,

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_train import log_records, make_cfg, quiet, tiny_dir  # noqa: F401 (autouse fixture)
+from helpers import log_records, make_cfg, quiet
 
 from rustyflow_py.engine.backend import get_backend, gpu_unavailable_reason
 from rustyflow_py.engine.precision import Precision
@@ -23,6 +23,8 @@ from rustyflow_py.model.loss_scale import LossScaler
 from rustyflow_py.model.optim import AdamW, Muon, Schedule
 from rustyflow_py.reporting.report import format_block
 from rustyflow_py.training.loop import Trainer, check_precision
+
+pytestmark = pytest.mark.usefixtures("tiny_dir")
 
 GPU = pytest.mark.skipif(gpu_unavailable_reason() is not None,
                          reason=str(gpu_unavailable_reason()))

@@ -23,13 +23,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_train import (  # noqa: F401  (tiny_dir: the autouse fixture these tests share)
-    STEPS_PER_EPOCH,
-    make_cfg,
-    quiet,
-    run_interrupted,
-    tiny_dir,
-)
+from helpers import STEPS_PER_EPOCH, make_cfg, quiet, run_interrupted
 
 from rustyflow_py.engine.backend import get_backend, gpu_unavailable_reason
 from rustyflow_py.engine.kernels.reference import XpKernels
@@ -54,6 +48,8 @@ from rustyflow_py.training import optimizers
 from rustyflow_py.training.config import KEYS, OPTIMIZERS, Config, ConfigError
 from rustyflow_py.training.loop import Trainer
 from rustyflow_py.training.resume import MATH_KEYS, SHAPE_KEYS, START_KEYS
+
+pytestmark = pytest.mark.usefixtures("tiny_dir")
 
 REPO = Path(__file__).resolve().parents[1]
 GPU_ONLY = pytest.mark.skipif(gpu_unavailable_reason() is not None,

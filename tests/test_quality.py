@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_train import make_cfg, quiet, tiny_dir  # noqa: F401 (tiny_dir: autouse fixture)
+from helpers import make_cfg, quiet
 
 from rustyflow_py import data
 from rustyflow_py.model.gpt import GPT, GPTConfig
@@ -16,6 +16,8 @@ from rustyflow_py.reporting.report import format_block, read_log
 from rustyflow_py.training.checkpoint import Checkpoint
 from rustyflow_py.training.evaluate import perplexity, windows
 from rustyflow_py.training.loop import Trainer
+
+pytestmark = pytest.mark.usefixtures("tiny_dir")
 
 
 def scripted_validation(trainer: Trainer, values: list[float]) -> list[int]:

@@ -76,3 +76,16 @@ def test_transfers_are_counted_and_strict_mode_refuses_them(gpu: str) -> None:
     with strict_transfers(), pytest.raises(TransferError, match="24 bytes"):
         t.numpy()
     assert TRANSFERS.d2h_count == 1  # the refused copy did not happen
+
+
+def test_an_op_refuses_an_attribute_it_does_not_declare() -> None:
+    """A misspelt keyword (eps -> esp) is an error naming it and what the op takes, not a
+    silently ignored attribute; a missing required one is refused the same way."""
+    x, w, b = (Tensor(np.ones(s, np.float32)) for s in ((2, 4), 4, 4))
+    unknown = r"LayerNorm\.apply: unknown attribute\(s\) esp; it takes: eps"
+    with pytest.raises(TypeError, match=unknown):
+        ops.LayerNorm.apply(x, w, b, esp=1e-5)
+    with pytest.raises(TypeError, match=r"LayerNorm\.apply: missing attribute\(s\) eps"):
+        ops.LayerNorm.apply(x, w, b)
+    assert ops.MatMul.attributes == {"transpose_b"} and not ops.MatMul.required
+    assert ops.Sum.required == {"axis", "keepdims"}

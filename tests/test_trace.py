@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from test_train import TINY, quiet, tiny_dir  # noqa: F401  (tiny_dir: the autouse fixture)
+from helpers import TINY, quiet
 
 from rustyflow_py.cli import main
 from rustyflow_py.engine.autograd import run_op
@@ -22,6 +22,8 @@ from rustyflow_py.training import loop
 from rustyflow_py.training.config import Config, load_config
 from rustyflow_py.training.loop import Trainer
 from rustyflow_py.training.signals import Stopped
+
+pytestmark = pytest.mark.usefixtures("tiny_dir")
 
 
 def tiny_cfg(device: str = "cpu", **changes: object) -> Config:
@@ -245,7 +247,7 @@ def test_an_interrupted_run_still_writes_its_trace(monkeypatch: pytest.MonkeyPat
 
 
 def test_trace_from_the_command_line_and_its_errors(
-    tiny_dir: Path,  # noqa: F811
+    tiny_dir: Path,
 ) -> None:
     (tiny_dir / "tiny.env").write_text("".join(f"{k}={v}\n" for k, v in TINY.items()))
     runner = CliRunner()

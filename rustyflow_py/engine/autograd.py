@@ -11,6 +11,7 @@ to. Without a profiler the cost there is one global lookup.
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
@@ -93,6 +94,10 @@ class Function:
 
     `forward` may stash what backward needs on `self`; `release()` drops it as soon as
     backward has run, so activations are freed during the backward sweep.
+
+    The keyword attributes `apply` takes are the subclass's class annotations (`eps: float`),
+    optional where the class gives a default; any other keyword is an error, so a misspelt
+    attribute cannot silently fall back to a default.
     """
 
     name: ClassVar[str] = "op"
@@ -102,13 +107,37 @@ class Function:
     # it for backward, so an activation nobody saved is freed as soon as the model drops it.
     parents: tuple[Function | Tensor | None, ...] = ()
     released: bool = False
+    # What __init_subclass__ reads from a subclass's annotations: every attribute, and those
+    # without a class default.
+    attributes: ClassVar[frozenset[str]] = frozenset()
+    required: ClassVar[frozenset[str]] = frozenset()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        ops = [k for k in cls.__mro__ if issubclass(k, Function) and k is not Function]
+        declared = {name for k in ops for name, hint in inspect.get_annotations(k).items()
+                    if not str(hint).startswith(("ClassVar", "typing.ClassVar"))}
+        cls.attributes = frozenset(declared)
+        cls.required = frozenset(n for n in declared if not any(n in k.__dict__ for k in ops))
 
     def __init__(self, backend: Backend, **attrs: Any) -> None:
+        self._check_attributes(attrs)
         self.backend = backend
         self.xp = backend.xp
         self.kernels = backend.kernels
         self.needs_input_grad: tuple[bool, ...] = ()
         self.__dict__.update(attrs)
+
+    @classmethod
+    def _check_attributes(cls, attrs: dict[str, Any]) -> None:
+        unknown = sorted(set(attrs) - cls.attributes)
+        missing = sorted(cls.required - set(attrs))
+        if unknown or missing:
+            takes = ", ".join(sorted(cls.attributes)) or "none"
+            problem = (f"unknown attribute(s) {', '.join(unknown)}" if unknown
+                       else f"missing attribute(s) {', '.join(missing)}")
+            raise TypeError(f"{cls.__name__}.apply: {problem}; it takes: {takes} "
+                            "(declare a new one as a class annotation on the op)")
 
     def forward(self, *arrays: Any) -> Any:
         raise NotImplementedError

@@ -205,7 +205,15 @@ def find_checkpoint(given: str | None, cfg: Config, say: Callable[[str], None],
              f"no --model given, and no checkpoint at {' or '.join(candidates)} (MODEL_PATH "
              f"of the config): train one with ./train_cpu.sh or ./train_gpu.sh, or pass --model")
     raise CheckpointError(("generate needs --prompt TEXT; also, " if prompt_missing else "")
-                          + where)
+                          + where + _checkpoints_beside(Path(candidates[0]).parent))
+
+
+def _checkpoints_beside(folder: Path) -> str:
+    """The checkpoints that do exist where one was looked for: the likely right --model."""
+    if not folder.is_dir():
+        return f" ({folder}/ does not exist)"
+    found = sorted(p.name for p in folder.glob("*.npz"))
+    return f" ({folder}/ holds {', '.join(found) or 'no .npz files'})"
 
 
 def open_session(model_path: str, device: str, strict: bool, sampling: Sampling, seed: int,

@@ -138,7 +138,8 @@ class CpuPool(XpKernels):
         self._spare[(buf.shape, buf.dtype)] = buf
 
     def _ones_vector(self, n: int, dtype: Any) -> np.ndarray:
-        """ones(n): row and column sums as BLAS GEMVs, ~2-4x faster than NumPy's sum()."""
+        """ones(n): row and column sums as BLAS GEMVs, which beat NumPy's sum() (a pairwise
+        reduction that does not use BLAS)."""
         key = (n, np.dtype(dtype))
         if key not in self._ones:
             self._ones[key] = np.ones(n, dtype)

@@ -49,7 +49,7 @@ class CpuCrossEntropy(CpuPool):
 
         The shift is the row max, unless `source` = (h, w) with logits = h @ w.T says how to
         rebuild a row (and out is logits): then the shift is 0, which saves a max pass and a
-        subtraction (~15% of this pass). That is exact while the row sum s is finite and
+        subtraction. That is exact while the row sum s is finite and
         >= _SAFE_SUM (no exp overflowed; what underflowed weighs < 1e-15 of s); the rare row
         outside is recomputed from `source` with the max shift."""
         n, v = logits.shape
@@ -72,7 +72,7 @@ class CpuCrossEntropy(CpuPool):
                 # (errstate is per thread) an unshifted row that overflows is redone below
                 with np.errstate(over="ignore", divide="ignore"):
                     np.exp(e, out=e)
-                    s = e @ ones  # row sums as a BLAS GEMV: ~10% faster than sum()
+                    s = e @ ones  # row sums as a BLAS GEMV, cheaper than sum()
                     nll[i:j] = np.log(s) - picked
                 sums[i:j] = s
                 if grad_of_mean:

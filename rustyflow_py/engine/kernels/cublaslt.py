@@ -367,19 +367,15 @@ class CublasLt:
                           bias=_Alloc((n,), dtype) if bias_grad_out is None else bias_grad_out,
                           lt_a_untransposed=True)
 
-    def matmul_dgelu(self, g: Any, w_t: Any, pre_gelu: Any, *, out: Any = None) -> Any:
-        """dpre = (g @ w_t) * gelu_tanh'(pre_gelu) (epilogue DGELU): the gradient through a
-        GEMM back into the GELU before it. g (..., N), w_t (N, K) (typically W.T, a view, of
-        the (K, N) weight), pre_gelu (..., K) C-contiguous with K % 8 == 0; dpre (..., K)."""
-        return self._dgelu("matmul_dgelu", g, w_t, pre_gelu, out, None, bgrad=False)[0]
-
     def matmul_dgelu_bgrad(self, g: Any, w_t: Any, pre_gelu: Any, *, out: Any = None,
                            bias_grad_out: Any = None) -> tuple[Any, Any]:
-        """(dpre, db) = matmul_dgelu's dpre and its column sums (epilogue DGELU_BGRAD): db is
-        the bias gradient of the layer whose pre-activation `pre_gelu` is (c_fc's). cuBLASLt's
-        D is dpre^T (K x M); the bias gradient has D's rows count K, summed over M."""
-        return self._dgelu("matmul_dgelu_bgrad", g, w_t, pre_gelu, out, bias_grad_out,
-                           bgrad=True)
+        """(dpre, db): dpre = (g @ w_t) * gelu_tanh'(pre_gelu), the gradient through a GEMM
+        back into the GELU before it, and db its column sums (epilogue DGELU_BGRAD), the bias
+        gradient of the layer whose pre-activation `pre_gelu` is (c_fc's). g (..., N), w_t
+        (N, K) (typically W.T, a view, of the (K, N) weight), pre_gelu (..., K) C-contiguous
+        with K % 8 == 0; dpre (..., K), db (K,). cuBLASLt's D is dpre^T (K x M); the bias
+        gradient has D's rows count K, summed over M."""
+        return self._dgelu("matmul_dgelu_bgrad", g, w_t, pre_gelu, out, bias_grad_out)
 
     def close(self) -> None:
         """Destroy the plans, the preference and the handle (the object is unusable after)."""
@@ -394,8 +390,8 @@ class CublasLt:
             self.handle = ctypes.c_void_p()
 
     # ---- internals ------------------------------------------------------------------------
-    def _dgelu(self, what: str, g: Any, w_t: Any, pre_gelu: Any, out: Any, bias_grad_out: Any,
-               *, bgrad: bool) -> tuple[Any, Any]:
+    def _dgelu(self, what: str, g: Any, w_t: Any, pre_gelu: Any, out: Any,
+               bias_grad_out: Any) -> tuple[Any, Any]:
         g2 = self._rows(g, "g")
         n = g2.shape[1]
         if w_t.ndim != 2 or w_t.shape[0] != n:
@@ -410,12 +406,9 @@ class CublasLt:
             raise CublasLtUnsupported(f"{what}: DGELU needs K % 8 == 0, K = {k}")
         self._check_out(out, shape, dtype, what, "out")
         self._check_out(bias_grad_out, (k,), dtype, what, "bias_grad_out")
-        db = None
-        if bgrad:
-            db = _Alloc((k,), dtype) if bias_grad_out is None else bias_grad_out
+        db = _Alloc((k,), dtype) if bias_grad_out is None else bias_grad_out
         dpre, db = self._gemm(g2, w_t, _Alloc((g2.shape[0], k), dtype) if out is None
-                              else out.reshape(-1, k),
-                              EPILOGUE_DGELU_BGRAD if bgrad else EPILOGUE_DGELU,
+                              else out.reshape(-1, k), EPILOGUE_DGELU_BGRAD,
                               bias=db, aux=pre_gelu.reshape(-1, k))
         return (dpre.reshape(shape) if out is None else out), db
 

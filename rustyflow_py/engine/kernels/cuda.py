@@ -642,7 +642,7 @@ class CudaKernels(CudaOptimizer, XpKernels):
     ) -> tuple[Any, Any]:
         """The logits' rows are padded to a multiple of 64 columns. A vocabulary such as
         WikiText-2's 33,278 leaves every row of an unpadded (N, V) misaligned for the tensor
-        cores, and cuBLAS runs the LM head's GEMMs up to ~3x slower. Unless V is a multiple
+        cores, and cuBLAS runs the LM head's GEMMs markedly slower. Unless V is a multiple
         already, the weight is copied once per step into a (Vp, E) buffer whose pad rows are
         zero, so the pad logits are exactly 0: the softmax never reads them, and they add
         nothing to either gradient."""

@@ -59,7 +59,6 @@ BLOCK = 64  # query rows per block (BM) and keys per tile (BN)
 THREADS = 128  # 4 warps x 16 rows
 HEAD_DIMS = (32, 64, 128)
 MAX_BLOCKS_Y = 65535  # B * H rides on gridDim.y
-MAX_SHARED_BYTES = 227 * 1024  # an sm_90 block's opt-in shared memory
 _STATIC_SHARED_BYTES = 48 * 1024  # beyond this a kernel must opt in to dynamic shared memory
 _OPTIONS = ("--std=c++17",)
 # Storage dtype name -> (CUDA type, header, which mma); keyed by name so that this module

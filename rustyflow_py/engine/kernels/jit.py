@@ -76,7 +76,7 @@ def softmax_xent(out: Any, x: Any, targets: Any, shift: bool, grad_n: int, nll: 
     """Rows of a softmax cross-entropy: out <- exp(x - m) (m = row max, or 0 without shift),
     nll = log(sum) - (x[t] - m), sums = the row sums; grad_n > 0 then turns out into
     d(mean NLL over grad_n rows)/dx. x=None works in place on out: passing the same array
-    twice would make LLVM's aliasing check fall back to scalar code (~7x slower)."""
+    twice would make LLVM's aliasing check fall back to scalar code."""
     src = out if x is None else x
     rows, v = out.shape
     for i in range(rows):
@@ -228,7 +228,7 @@ def causal_softmax_backward(g: Any, p: Any, scale: float, ds: Any) -> None:
 
 @jit
 def scatter_add_rows(dst: Any, idx: Any, rows: Any) -> None:
-    """dst[idx[i]] += rows[i] (NumPy's add.at takes ~2 ms for the seed shape's 1,024 rows)."""
+    """dst[idx[i]] += rows[i] (NumPy's add.at is an unbuffered, slow per-element loop)."""
     for i in range(idx.size):
         dst[idx[i]] += rows[i]
 
@@ -271,8 +271,8 @@ def adam_l2(p: Any, g: Any, m: Any, v: Any, decay_until: int, l2: float, c1: flo
 
 def warm_up() -> None:
     """Compile every kernel (or load it from numba's cache) for the array types training
-    passes, so no training step, and no op in the profile, pays for compilation (~9 s on
-    a first run, ~0.5 s from the cache)."""
+    passes, so no training step, and no op in the profile, pays for compilation (slow on a
+    first run, shorter from numba's cache, and never free)."""
     x, row, col = np.zeros((2, 4), f32), np.zeros(4, f32), np.zeros((2, 1), f32)
     nll, sums = np.zeros(2, f32), np.zeros(2, f32)
     cube, lse = np.zeros((1, 2, 2), f32), np.zeros((1, 2, 1), f32)

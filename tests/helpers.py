@@ -1,0 +1,181 @@
+"""Helpers the training tests share (plain functions and constants; the fixtures that use
+them, tiny_dir and workspace, are in conftest.py).
+
+The tiny run: a 1-layer, 32-wide model on a few hundred lines of repetitive text (29 steps per
+epoch), with its config TINY; the commands that train it in this process or as a subprocess;
+and the fault harness's check that a command left every file it found intact.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from click.testing import CliRunner, Result
+
+from rustyflow_py.cli import main
+from rustyflow_py.model.optim import AdamW
+from rustyflow_py.reporting.report import read_log
+from rustyflow_py.training.config import KEYS, Config, load_config
+from rustyflow_py.training.loop import Trainer
+
+REPO = Path(__file__).resolve().parents[1]
+STEPS_PER_EPOCH = 29  # the tiny corpus below at BATCH_SIZE 4 x SEQ_LEN 16
+
+# A memorisable corpus: 300 lines cycling through five overlapping 6-word windows.
+_WORDS = "the cat sat on the mat and the dog ran to the park".split()
+TINY_TEXT = "".join(" ".join(_WORDS[i % 5 : i % 5 + 6]) + "\n" for i in range(300))
+
+TINY = {
+    "DATASET": "tiny.txt",
+    "SEQ_LEN": 16,
+    "BATCH_SIZE": 4,
+    "EMBED_DIM": 32,
+    "NUM_HEADS": 2,
+    "NUM_LAYERS": 1,
+    "LEARNING_RATE": 1e-2,
+    "WARMUP_STEPS": 5,
+    "LOG_INTERVAL": 4,  # most stop points below fall mid-chunk: partial read-backs too
+    "DEVICE": "cpu",
+    "PROFILE": False,
+    "LOG_FILE": "log.txt",
+    "MODEL_PATH": "models/tiny.npz",
+}
+
+TRAIN = ("train", "--config", "tiny.env")
+TRAINED = ("models/tiny-cpu.npz", "models/tiny-cpu-best.npz")
+
+
+def env_file(values: dict[str, Any]) -> str:
+    return "".join(f"{k}={v}\n" for k, v in values.items())
+
+
+def make_cfg(**changes: Any) -> Config:
+    cfg, warnings = load_config(None, {**TINY, **changes}, environ={})
+    assert warnings == []
+    return cfg
+
+
+def quiet(_: str) -> None:
+    """A `say` that drops the trainer's console output."""
+
+
+def invoke(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args))
+
+
+def subprocess_env(**extra: str) -> dict[str, str]:
+    """The environment for `python -m rustyflow_py` and the scripts: this checkout's package."""
+    env = {k: v for k, v in os.environ.items() if k not in KEYS}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return {**env, **extra}
+
+
+def log_records(path: str | Path = "log.txt") -> list[dict[str, Any]]:
+    warnings: list[str] = []
+    records = read_log(path, warnings)
+    assert warnings == []
+    return records
+
+
+def interrupt_in_step(trainer: Trainer, step: int, signum: int = signal.SIGINT) -> None:
+    """Deliver a real `signum` to this process while the trainer runs step number `step`."""
+    real_run = trainer.runner.run
+
+    def run(done: int) -> None:
+        if done + 1 == step:
+            os.kill(os.getpid(), signum)
+        real_run(done)
+
+    trainer.runner.run = run  # type: ignore[method-assign]
+
+
+def run_interrupted(cfg: Config, stop_after: int, resume: str | None = None,
+                    say: Callable[[str], None] | None = None,
+                    signum: int = signal.SIGINT) -> Trainer:
+    """Train until a stop signal arrives inside step `stop_after`: the trainer finishes that
+    step, writes its checkpoint and log block, and raises KeyboardInterrupt. (It replaces
+    whatever an earlier run of the test left at its checkpoint: `overwrite`.)"""
+    trainer = Trainer(cfg, say or quiet, resume=resume, overwrite=True)
+    interrupt_in_step(trainer, stop_after, signum)
+    with pytest.raises(KeyboardInterrupt):
+        trainer.run()
+    return trainer
+
+
+def wait_for_line(stream: Any, pattern: str, timeout: float) -> None:
+    """Block until a line of `stream` matches `pattern`; a reader thread bounds the wait."""
+    lines: queue.Queue[str] = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in stream], daemon=True).start()
+    while True:
+        try:
+            line = lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no line matching {pattern!r} within {timeout}s") from None
+        if re.search(pattern, line):
+            return
+
+
+def signal_the_command(tiny_dir: Path, signum: int) -> int:
+    """Run `rustyflow train` in a subprocess, send `signum` once epoch 2 has started, and
+    return its exit status."""
+    (tiny_dir / "tiny.env").write_text(env_file({**TINY, "NUM_EPOCHS": 1000}))
+    cmd = [sys.executable, "-m", "rustyflow_py", "train", "--config", "tiny.env"]
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, env=subprocess_env())
+    try:
+        wait_for_line(proc.stderr, r"^epoch 2/1000", timeout=60)
+        proc.send_signal(signum)
+        return proc.wait(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def poison_weights_after(monkeypatch: pytest.MonkeyPatch, updates: int,
+                         value: float = np.nan) -> None:
+    """After the optimizer's `updates`-th step, set every weight to `value` (NaN: the next loss
+    is NaN; a huge value: the next forward overflows)."""
+    real_step = AdamW.step
+    calls = 0
+
+    def step(self: AdamW) -> None:
+        nonlocal calls
+        real_step(self)
+        calls += 1
+        if calls == updates:
+            self.buffer.flat[...] = value
+
+    monkeypatch.setattr(AdamW, "step", step)
+
+
+# ------------------------------------------------------------------------------ intact files
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under `root` (relative path -> bytes)."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file()}
+
+
+def assert_intact(before: dict[str, bytes], after: dict[str, bytes],
+                  replaced: tuple[str, ...] = ()) -> None:
+    """Every file of `before` is unchanged in `after`, but `replaced` ones; logs only grew."""
+    for name, data in before.items():
+        if name in replaced:
+            continue
+        assert name in after, f"{name} was removed"
+        if name.endswith("log.txt"):
+            assert after[name].startswith(data), f"{name} was rewritten, not appended to"
+        else:
+            assert after[name] == data, f"{name} was changed"
