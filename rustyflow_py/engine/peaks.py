@@ -8,7 +8,6 @@ it read high; a table figure is a ceiling no kernel quite reaches.
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import numpy as np
@@ -49,26 +48,17 @@ def lookup(name: str) -> dict[str, Any] | None:
 def of(backend: Any, dtype: Any, precision: str, cpu_gflops: float | None = None
        ) -> dict[str, Any]:
     """The limits of `backend`'s device for a run of PRECISION `precision`: from the table for
-    a known GPU, else measured; on the CPU, `cpu_gflops` (the run's measured GEMM rate)."""
+    a known GPU, else measured; on the CPU, `cpu_gflops` (the GEMM rate the run measured for
+    its matmul floor, record.measure_gemm_gflops; no peak without it)."""
     if backend.kind != "gpu":
-        rate = cpu_gflops if cpu_gflops is not None else _cpu_gemm_gflops(dtype)
-        return {"source": "measured (this machine's BLAS GEMM)",
-                "tflops": {compute_type(np.dtype(dtype).name, precision): rate / 1e3},
+        tflops = ({compute_type(np.dtype(dtype).name, precision): cpu_gflops / 1e3}
+                  if cpu_gflops is not None else {})
+        return {"source": "measured (this machine's BLAS GEMM)", "tflops": tflops,
                 "bandwidth_gbs": None}
     known = lookup(backend.hardware())
     if known is not None:
         return known
     return probe_gpu(backend, dtype, precision)
-
-
-def _cpu_gemm_gflops(dtype: Any, n: int = 512, seconds: float = 0.2) -> float:
-    a = np.ones((n, n), dtype=dtype)
-    a @ a
-    reps, start = 0, time.perf_counter()
-    while time.perf_counter() - start < seconds:
-        a @ a
-        reps += 1
-    return 2.0 * n**3 * reps / (time.perf_counter() - start) / 1e9
 
 
 def probe_gpu(backend: Any, dtype: Any, precision: str, n: int = 4096,
