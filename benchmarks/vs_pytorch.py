@@ -51,13 +51,10 @@ sys.path.insert(0, str(ROOT))  # time the working tree's package, installed or n
 
 from rustyflow_py import data  # noqa: E402
 from rustyflow_py.engine import backend, devices  # noqa: E402
-from rustyflow_py.engine.backend import (  # noqa: E402
-    get_backend,
-    gpu_unavailable_reason,
-    set_threads,
-)
+from rustyflow_py.engine.backend import Backend, get_backend, gpu_unavailable_reason  # noqa: E402
 from rustyflow_py.engine.graph import CapturedStep, GraphCaptureError  # noqa: E402
 from rustyflow_py.engine.memory import PeakMemory  # noqa: E402
+from rustyflow_py.engine.policy import RunPolicy  # noqa: E402
 from rustyflow_py.engine.precision import Precision  # noqa: E402
 from rustyflow_py.engine.tensor import Tensor  # noqa: E402
 from rustyflow_py.model.gpt import GPT, GPTConfig, init_weights  # noqa: E402
@@ -135,9 +132,11 @@ def rustyflow_step_fn(model: GPT, optimizer: AdamW, mode: str, scaler: Any = Non
     fails.
     """
 
+    backend = model.buffer.backend
+
     def eager(x: Any, y: Any) -> Any:
         model.buffer.zero_grad()
-        loss = model(Tensor(x), Tensor(y))
+        loss = model(Tensor.wrap(x, backend), Tensor.wrap(y, backend))
         loss.backward(None if scaler is None else scaler.seed(1))
         optimizer.step()
         return loss.data
@@ -152,20 +151,21 @@ def rustyflow_step_fn(model: GPT, optimizer: AdamW, mode: str, scaler: Any = Non
 
 
 def rustyflow_training(
-    cfg: GPTConfig, device: str, precision: str, total_steps: int
+    cfg: GPTConfig, backend: Backend, total_steps: int
 ) -> tuple[GPT, AdamW, Any]:
-    """GPT + AdamW at `precision`, and the loss scaler (None unless the policy scales the loss).
+    """GPT + AdamW on `backend` at its policy's precision, and the loss scaler (None unless
+    the precision scales the loss).
 
     fp32/tf32 build the model as always. bf16/fp16 keep float32 master weights, gradients and
     optimizer state (`storage`) and run forward/backward on a 16-bit copy (`compute`) that
     the optimizer refreshes at the end of every step; fp16 also scales the loss.
     """
-    p = Precision.of(precision)
+    p = backend.policy.precision
     sched = Schedule(LR, WARMUP, total_steps, MIN_RATIO)
     if p.compute == p.storage:
-        model = GPT(cfg, device, SEED)  # initialised with init_weights(cfg, SEED)
+        model = GPT(cfg, backend, SEED)  # initialised with init_weights(cfg, SEED)
         return model, AdamW(model.buffer, sched, grad_clip=CLIP), None
-    model = GPT(cfg, device, SEED, dtype=p.storage, compute=p.compute)
+    model = GPT(cfg, backend, SEED, dtype=p.storage, compute=p.compute)
     opt = AdamW(model.buffer, sched, grad_clip=CLIP)
     scaler = None
     if p.loss_scaling:
@@ -326,15 +326,13 @@ def free_gpu_memory() -> None:
 
 
 def measure_rustyflow(job: Job) -> dict[str, Any]:
-    backend = get_backend(job.device)
-    backend.set_precision(Precision.of(job.precision))
-    if job.device == "cpu":
-        set_threads(job.threads)
-        backend.kernels.set_jit("off" if job.mode == "numpy" else "auto")
+    backend = get_backend(job.device, RunPolicy(
+        Precision.of(job.precision), threads=job.threads,
+        cpu_jit="off" if job.mode == "numpy" else "auto"))
     base = rss_bytes()
     cfg, batch = gpt_config(job.shape)
     x, y = (backend.from_host(a) for a in synthetic_batch(cfg, batch))
-    model, opt, scaler = rustyflow_training(cfg, job.device, job.precision, 10**6)
+    model, opt, scaler = rustyflow_training(cfg, backend, 10**6)
     step = rustyflow_step_fn(model, opt, job.mode, scaler)
     times, loss = time_steps(step, x, y, job, backend.synchronize)
     out: dict[str, Any] = {"times": times, "loss": host_float(backend, loss)}
@@ -469,9 +467,8 @@ def loss_curves(device: str, shape: str, cfg: GPTConfig, batches: Batches,
 def rustyflow_curve(device: str, cfg: GPTConfig, batches: Batches,
                     precision: str) -> tuple[list[float], str | None]:
     """RustyFlow's loss per step, and its loss scaler's state after the run (fp16)."""
-    backend = get_backend(device)
-    backend.set_precision(Precision.of(precision))
-    model, opt, scaler = rustyflow_training(cfg, device, precision, len(batches))
+    backend = get_backend(device, RunPolicy(Precision.of(precision)))
+    model, opt, scaler = rustyflow_training(cfg, backend, len(batches))
     step = rustyflow_step_fn(model, opt, "eager", scaler)
     losses = [host_float(backend, step(backend.from_host(x), backend.from_host(y)))
               for x, y in batches]
@@ -537,9 +534,9 @@ def plot_curves(curves: list[dict[str, Any]], path: Path) -> str:
 def machine(device: str) -> str:
     if device == "gpu":
         return devices.gpu_description()
-    blas = devices.blas_info()
+    blas, kernels = devices.blas_info(), backend.cpu_kernels(get_backend("cpu").kernels)
     return (f"{devices.cpu_name()} ({os.cpu_count()} cores, {blas['library']}); RustyFlow "
-            f"eager: {backend.cpu_kernels()} kernels, numpy: CPU_JIT=off (NumPy kernels)")
+            f"eager: {kernels} kernels, numpy: CPU_JIT=off (NumPy kernels)")
 
 
 def versions(device: str) -> str:
@@ -755,7 +752,7 @@ def run_curves(args: argparse.Namespace) -> list[dict[str, Any] | str]:
     if args.device == "cpu":
         import torch
 
-        torch.set_num_threads(set_threads(args.threads))
+        torch.set_num_threads(RunPolicy(threads=args.threads).cpu_threads)
     try:
         cfg, batches = curve_batches(args.curve_shape, args.curve_steps, args.data_dir)
     except data.DataError as exc:

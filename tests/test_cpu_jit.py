@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TypeVar
 
 import numpy as np
@@ -16,6 +16,7 @@ import pytest
 from rustyflow_py.engine.backend import get_backend
 from rustyflow_py.engine.kernels.cpu import CpuKernels
 from rustyflow_py.engine.kernels.cpu_pool import load_jit
+from rustyflow_py.engine.policy import RunPolicy
 from rustyflow_py.engine.tensor import Tensor
 from rustyflow_py.model.gpt import GPT, GPTConfig
 from rustyflow_py.model.optim import AdamW, Schedule
@@ -27,21 +28,14 @@ needs_numba = pytest.mark.skipif(
 )
 
 
-@pytest.fixture
-def kernels() -> Iterator[CpuKernels]:
-    """The CPU backend's kernels; the JIT mode a test sets is undone afterwards."""
-    k = get_backend("cpu").kernels
-    before = k.jit
-    yield k
-    k.jit = before
+def cpu(jit: str) -> CpuKernels:
+    """The CPU's kernels under a run policy of CPU_JIT=`jit`."""
+    return get_backend("cpu", RunPolicy(cpu_jit=jit)).kernels
 
 
-def both(k: CpuKernels, fn: Callable[[], T]) -> tuple[T, T]:
-    """fn() with the NumPy kernels, then with the numba kernels."""
-    k.set_jit("off")
-    ref = fn()
-    k.set_jit("on")
-    return ref, fn()
+def both(fn: Callable[[CpuKernels], T]) -> tuple[T, T]:
+    """fn(kernels) with the NumPy kernels, then with the numba kernels."""
+    return fn(cpu("off")), fn(cpu("on"))
 
 
 def exp_via_kernel(x: np.ndarray) -> np.ndarray:
@@ -74,21 +68,19 @@ def test_jit_exp_keeps_ieee_special_values() -> None:
 
 @needs_numba
 @pytest.mark.parametrize("inplace", [False, True])
-def test_jit_cross_entropy_matches_numpy(kernels: CpuKernels, inplace: bool) -> None:
+def test_jit_cross_entropy_matches_numpy(inplace: bool) -> None:
     rng = np.random.default_rng(0)
     logits = (rng.standard_normal((37, 1001)) * 4).astype(np.float32)
     logits[3] += 500.0  # a row only the max shift keeps finite
     targets = rng.integers(0, 1001, 37)
     (l0, g0), (l1, g1) = both(
-        kernels, lambda: kernels.cross_entropy(logits.copy(), targets, True, inplace))
+        lambda kernels: kernels.cross_entropy(logits.copy(), targets, True, inplace))
     np.testing.assert_allclose(l1, l0, rtol=1e-5)
     np.testing.assert_allclose(g1, g0, rtol=1e-4, atol=1e-9)
 
 
 @needs_numba
-def test_jit_lm_head_matches_numpy_including_rows_that_must_be_redone(
-    kernels: CpuKernels,
-) -> None:
+def test_jit_lm_head_matches_numpy_including_rows_that_must_be_redone() -> None:
     """The fused LM head skips the max shift; rows whose exponentials overflow (row 1) or
     all underflow (row 2) are recomputed shifted, on both paths."""
     rng = np.random.default_rng(1)
@@ -98,14 +90,13 @@ def test_jit_lm_head_matches_numpy_including_rows_that_must_be_redone(
     h[2] = -h[1]
     w[:, :] += np.abs(w).mean()  # logits of row 2 all very negative
     targets = rng.integers(0, 3000, 24)
-    mm = kernels.matmul
-
-    def head() -> tuple[float, np.ndarray, np.ndarray]:
+    def head(kernels: CpuKernels) -> tuple[float, np.ndarray, np.ndarray]:
+        mm = kernels.matmul
         loss, state = kernels.lm_head_xent(h, w, targets, True, mm)
         dh, dw = kernels.lm_head_xent_backward(state, np.float32(1.0), True, True, mm)
         return float(loss), dh, dw
 
-    (l0, dh0, dw0), (l1, dh1, dw1) = both(kernels, head)
+    (l0, dh0, dw0), (l1, dh1, dw1) = both(head)
     assert np.isfinite(l1)
     np.testing.assert_allclose(l1, l0, rtol=1e-5)
     np.testing.assert_allclose(dh1, dh0, rtol=1e-4, atol=1e-6)
@@ -114,27 +105,27 @@ def test_jit_lm_head_matches_numpy_including_rows_that_must_be_redone(
 
 @needs_numba
 @pytest.mark.parametrize("with_bias", [False, True])
-def test_jit_gelu_matches_numpy(kernels: CpuKernels, with_bias: bool) -> None:
+def test_jit_gelu_matches_numpy(with_bias: bool) -> None:
     rng = np.random.default_rng(2)
     x = (rng.standard_normal((3, 50, 96)) * 5).astype(np.float32)
     x[0, 0, :4] = [-60.0, -20.0, 20.0, 60.0]  # exp(-2u) under- and overflow
     bias = rng.standard_normal(96).astype(np.float32) if with_bias else None
     g = rng.standard_normal(x.shape).astype(np.float32)
     (y0, d0), (y1, d1) = both(
-        kernels, lambda: (kernels.gelu_forward(x, bias), kernels.gelu_backward(g, x, bias)))
+        lambda kernels: (kernels.gelu_forward(x, bias), kernels.gelu_backward(g, x, bias)))
     np.testing.assert_allclose(y1, y0, rtol=2e-6, atol=2e-6)
     np.testing.assert_allclose(d1, d0, rtol=2e-5, atol=2e-6)
 
 
 @needs_numba
 @pytest.mark.parametrize("clip", [None, 0.25])
-def test_jit_adamw_matches_numpy(kernels: CpuKernels, clip: float | None) -> None:
+def test_jit_adamw_matches_numpy(clip: float | None) -> None:
     rng = np.random.default_rng(3)
     n, decay_size = 300_001, 200_003  # the decay boundary falls inside a block
     start = [rng.standard_normal(n).astype(np.float32) for _ in range(3)]
     scale = None if clip is None else np.asarray(clip, np.float32)
 
-    def steps() -> list[np.ndarray]:
+    def steps(kernels: CpuKernels) -> list[np.ndarray]:
         p, g, m = (a.copy() for a in start)
         v = np.abs(start[1]) * 0.1
         for t in (1, 2, 3):
@@ -142,39 +133,39 @@ def test_jit_adamw_matches_numpy(kernels: CpuKernels, clip: float | None) -> Non
                           (0.9, 0.95), 1e-8, 0.1, decay_size)
         return [p, m, v]
 
-    for got, ref in zip(*both(kernels, steps), strict=True):
+    for got, ref in zip(*both(steps), strict=True):
         np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)  # |p| ~ 1: a few ulp
 
 
 @needs_numba
-def test_jit_layernorm_matches_numpy(kernels: CpuKernels) -> None:
+def test_jit_layernorm_matches_numpy() -> None:
     rng = np.random.default_rng(5)
     x = (rng.standard_normal((4, 300, 96)) * 3 + 1).astype(np.float32)
     w, b = (rng.standard_normal(96).astype(np.float32) for _ in range(2))
     g = rng.standard_normal(x.shape).astype(np.float32)
 
-    def run() -> tuple[np.ndarray, ...]:
+    def run(kernels: CpuKernels) -> tuple[np.ndarray, ...]:
         y, mean, rstd = kernels.layernorm_forward(x, w, b, 1e-5)
         return (y, mean, rstd, *kernels.layernorm_backward(g, x, w, mean, rstd))
 
-    for got, ref in zip(*both(kernels, run), strict=True):
+    for got, ref in zip(*both(run), strict=True):
         np.testing.assert_allclose(got, ref, rtol=2e-4, atol=2e-5)
 
 
 @needs_numba
-def test_jit_causal_attention_softmax_matches_numpy(kernels: CpuKernels) -> None:
+def test_jit_causal_attention_softmax_matches_numpy() -> None:
     """Forward (with the log-sum-exp), recompute from it, and backward; the masked keys
     above the diagonal must come out exactly zero."""
     rng = np.random.default_rng(6)
     scores = (rng.standard_normal((2, 3, 70, 70)) * 4).astype(np.float32)
     g = rng.standard_normal(scores.shape).astype(np.float32)
 
-    def run() -> tuple[np.ndarray, ...]:
+    def run(kernels: CpuKernels) -> tuple[np.ndarray, ...]:
         probs, lse = kernels.causal_softmax_forward(scores.copy(), 0.3, True)
         again = kernels.causal_softmax_recompute(scores.copy(), lse, 0.3)
         return probs, lse, again, kernels.causal_softmax_backward(g, probs, 0.3)
 
-    ref, got = both(kernels, run)
+    ref, got = both(run)
     above = ~np.tri(70, dtype=bool)
     for a in (got[0], got[2], got[3]):
         assert not a[..., above].any()
@@ -183,72 +174,70 @@ def test_jit_causal_attention_softmax_matches_numpy(kernels: CpuKernels) -> None
 
 
 @needs_numba
-def test_jit_scatter_add_rows_adds_repeated_indices(kernels: CpuKernels) -> None:
+def test_jit_scatter_add_rows_adds_repeated_indices() -> None:
     rng = np.random.default_rng(7)
     idx = rng.integers(0, 9, (6, 5))  # 30 rows into 9: many repeats
     rows = rng.standard_normal((6, 5, 4)).astype(np.float32)
     start = rng.standard_normal((9, 4)).astype(np.float32)
 
-    def run() -> np.ndarray:
+    def run(kernels: CpuKernels) -> np.ndarray:
         table = start.copy()
         kernels.scatter_add_rows(table, idx, rows)
         return table
 
-    ref, got = both(kernels, run)
+    ref, got = both(run)
     np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(ref.sum(0), start.sum(0) + rows.reshape(-1, 4).sum(0), rtol=1e-5)
 
 
 @needs_numba
-def test_float64_work_keeps_the_numpy_kernels(kernels: CpuKernels) -> None:
-    kernels.set_jit("on")
+def test_float64_work_keeps_the_numpy_kernels() -> None:
+    kernels = cpu("on")
     assert kernels._jit_for(np.zeros(2, np.float32)) is kernels.jit is not None
     assert kernels._jit_for(np.zeros(2, np.float32), np.zeros(2)) is None
 
 
 @needs_numba
-def test_training_with_and_without_jit_follows_the_same_losses(kernels: CpuKernels) -> None:
+def test_training_with_and_without_jit_follows_the_same_losses() -> None:
     rng = np.random.default_rng(4)
     x = rng.integers(0, 500, (4, 16))
     y = rng.integers(0, 500, (4, 16))
 
-    def run() -> list[float]:
-        model = GPT(GPTConfig(500, 16, 2, 2, 32), "cpu", seed=7)
+    def run(kernels: CpuKernels) -> list[float]:
+        model = GPT(GPTConfig(500, 16, 2, 2, 32), kernels.backend, seed=7)
         opt = AdamW(model.buffer, Schedule(3e-3, 2, 20, 0.1), grad_clip=1.0)
         losses = []
         for _ in range(15):
             model.buffer.zero_grad()
-            loss = model(Tensor(x), Tensor(y))
+            loss = model(Tensor(x, device=kernels.backend), Tensor(y, device=kernels.backend))
             loss.backward()
             opt.step()
             losses.append(loss.item())
         return losses
 
-    ref, got = both(kernels, run)
+    ref, got = both(run)
     assert ref[-1] < ref[0] - 0.5  # it trained
     np.testing.assert_allclose(got, ref, rtol=1e-4)
 
 
 @needs_numba
 @pytest.mark.parametrize("dtype", [np.int32, np.int64])
-def test_warm_up_compiles_everything_a_training_step_needs(
-    kernels: CpuKernels, dtype: type,
-) -> None:
+def test_warm_up_compiles_everything_a_training_step_needs(dtype: type) -> None:
     """The trainer warms the kernels up before its first step, so compilation never lands
     in a step or in the profile: a step afterwards must not compile anything new."""
     import numba
 
     from rustyflow_py.engine.kernels import jit
 
-    kernels.set_jit("on")
+    backend = cpu("on").backend
     jit.warm_up()
     dispatchers = [f for f in vars(jit).values() if isinstance(f, numba.core.dispatcher.Dispatcher)]
     before = [len(f.signatures) for f in dispatchers]
     for heads, seq_len in ((2, 8), (4, 64)):  # attention keeps the probabilities / the lse
-        model = GPT(GPTConfig(300, seq_len, 1, heads, 16), "cpu", seed=1)
+        model = GPT(GPTConfig(300, seq_len, 1, heads, 16), backend, seed=1)
         opt = AdamW(model.buffer, Schedule(1e-3, 1, 10, 0.1))
-        x = np.arange(2 * seq_len, dtype=dtype).reshape(2, seq_len) % 300
-        model(Tensor(x), Tensor(x)).backward()
+        x = Tensor(np.arange(2 * seq_len, dtype=dtype).reshape(2, seq_len) % 300, device=backend)
+        model(x, x).backward()
         opt.step()
     assert [len(f.signatures) for f in dispatchers] == before
 

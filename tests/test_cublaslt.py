@@ -345,8 +345,8 @@ def test_plans_are_cached_and_refusals_remembered(fake: tuple[FakeLt, CublasLt])
     for _ in range(3):
         lt.matmul_bias(x, w, b, out=out)
     assert lib.heuristic_calls == 1
-    lt.matmul_compute = "tf32"  # another compute type: another plan
-    lt.matmul_bias(x, w, b, out=out)
+    lt.with_compute("tf32").matmul_bias(x, w, b, out=out)  # another compute type: a plan
+    assert lt.matmul_compute == "fp32"  # the handle's own mode is untouched
     assert lib.heuristic_calls == 2
     lt.stream.capturing = True  # a new problem during capture: refused before any call
     with pytest.raises(CublasLtUnsupported, match="capture"):
@@ -405,7 +405,7 @@ def down(env: SimpleNamespace, d: Any) -> np.ndarray:
 
 def setup_mode(env: SimpleNamespace, mode: str) -> tuple[np.dtype, float, float]:
     name, compute, tol = MODES[mode]
-    env.lt.matmul_compute = compute
+    env.lt = env.lt.with_compute(compute)
     act_tol = max(tol, ACT_TOL_FP32) if name == "float32" else tol
     return np_dtype(name), tol, act_tol
 

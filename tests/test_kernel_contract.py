@@ -27,7 +27,7 @@ BACKENDS = [XpKernels, CpuKernels, CudaKernels]
 DTYPES = [np.float32, np.float64]
 PACKAGE = Path(__file__).resolve().parents[1] / "rustyflow_py"
 # `kernels.<name>` uses outside engine/kernels/ that are backend settings or modules, not kernels
-NOT_KERNELS = {"xp", "jit", "set_jit", "threads", "set_threads", "cublas", "cpu", "cuda"}
+NOT_KERNELS = {"xp", "jit", "threads", "bound", "cublas", "cpu", "cuda"}
 
 
 # ---- signatures ------------------------------------------------------------------------------

@@ -10,7 +10,6 @@ cover the ops' math on both devices.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
@@ -19,6 +18,7 @@ import pytest
 from rustyflow_py.engine import ops
 from rustyflow_py.engine.backend import get_backend, gpu_unavailable_reason
 from rustyflow_py.engine.kernels import cublaslt
+from rustyflow_py.engine.policy import RunPolicy
 from rustyflow_py.engine.precision import Precision
 from rustyflow_py.engine.tensor import Tensor
 
@@ -30,20 +30,22 @@ B, T, E = 2, 40, 64
 
 
 @pytest.fixture
-def gpu_kernels() -> Iterator[Any]:
+def gpu_kernels() -> Any:
+    """The default GPU backend's kernels (epilogues on, fp32)."""
     if _GPU_REASON is not None:
         pytest.skip(_GPU_REASON)
-    backend = get_backend(GPU)
-    kernels = backend.kernels
-    yield kernels
-    kernels.epilogues = True
-    backend.set_precision(Precision.of("fp32"))
+    return get_backend(GPU).kernels
 
 
-def run(op: Any, arrays: list[np.ndarray], dtype: Any, upstream: np.ndarray
-        ) -> list[np.ndarray]:
-    """The op's output and every input's gradient, as float64 host arrays."""
-    ts = [Tensor(a.astype(dtype), requires_grad=True, device=GPU) for a in arrays]
+def gpu_backend(mode: str, epilogues: bool) -> Any:
+    """The GPU under a run policy of PRECISION=`mode`, with cuBLASLt's epilogues or not."""
+    return get_backend(GPU, RunPolicy(Precision.of(mode), epilogues=epilogues))
+
+
+def run(op: Any, arrays: list[np.ndarray], dtype: Any, upstream: np.ndarray,
+        backend: Any) -> list[np.ndarray]:
+    """The op's output and every input's gradient on `backend`, as float64 host arrays."""
+    ts = [Tensor(a.astype(dtype), requires_grad=True, device=backend) for a in arrays]
     y = op(*ts)
     y.backward(y.backend.from_host(upstream.astype(dtype)))
     return [np.asarray(y.numpy(), np.float64)] + [
@@ -63,7 +65,7 @@ def planned_epilogues(kernels: Any) -> set[int]:
 @pytest.mark.parametrize("mode", list(TOLERANCE))
 def test_fused_linear_and_mlp_match_the_unfused_ops(gpu_kernels: Any, mode: str) -> None:
     precision = Precision.of(mode)
-    get_backend(GPU).set_precision(precision)
+    fused_on, fused_off = gpu_backend(mode, True), gpu_backend(mode, False)
     rng = np.random.default_rng(3)
     x = rng.standard_normal((B, T, E)).astype(np.float32)
     linear = [x, rng.standard_normal((E, 3 * E)).astype(np.float32) / 8,
@@ -75,14 +77,12 @@ def test_fused_linear_and_mlp_match_the_unfused_ops(gpu_kernels: Any, mode: str)
     cases = [(ops.linear, linear, rng.standard_normal((B, T, 3 * E))),
              (ops.mlp, mlp, rng.standard_normal((B, T, E)))]
     for op, arrays, upstream in cases:
-        gpu_kernels.epilogues = False
-        want = run(op, arrays, precision.compute, upstream)
-        gpu_kernels.epilogues = True
-        got = run(op, arrays, precision.compute, upstream)
+        want = run(op, arrays, precision.compute, upstream, fused_off)
+        got = run(op, arrays, precision.compute, upstream, fused_on)
         for i, (a, b) in enumerate(zip(got, want, strict=True)):
             err = rel_max(a, b)
             assert err < TOLERANCE[mode], f"{op.__name__} {mode}: output/grad {i}: {err:.2e}"
-    planned = planned_epilogues(gpu_kernels)
+    planned = planned_epilogues(fused_on.kernels)
     fused = {cublaslt.EPILOGUE_BIAS, cublaslt.EPILOGUE_BGRADA}
     if mode != "fp32":  # exact float32 keeps its own GELU kernel (see CudaKernels.linear)
         fused |= {cublaslt.EPILOGUE_GELU_AUX_BIAS, cublaslt.EPILOGUE_DGELU_BGRAD}

@@ -15,6 +15,7 @@ import pytest
 from helpers import log_records, make_cfg, quiet
 
 from rustyflow_py.engine.backend import get_backend, gpu_unavailable_reason
+from rustyflow_py.engine.policy import RunPolicy
 from rustyflow_py.engine.precision import Precision
 from rustyflow_py.engine.tensor import Tensor
 from rustyflow_py.errors import ConfigError
@@ -40,7 +41,7 @@ def batch(seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
 def loss_and_grad(model: GPT, seed: Any = None) -> tuple[float, np.ndarray]:
     x, y = batch()
     model.buffer.zero_grad()
-    loss = model(Tensor(x, device=model.device), Tensor(y, device=model.device))
+    loss = model(Tensor(x, device=model.buffer.backend), Tensor(y, device=model.buffer.backend))
     loss.backward(seed)
     backend = model.buffer.backend
     return float(backend.to_host(loss.data)), backend.to_host(model.buffer.grad)
@@ -126,14 +127,10 @@ def test_the_default_rules_are_gradscalers() -> None:
 @pytest.mark.parametrize("name", ["bf16", "fp16"])
 def test_16_bit_model_matches_float32_loss_and_gradients(name: str) -> None:
     p = Precision.of(name)
-    get_backend("gpu").set_precision(p)
-    try:
-        model = GPT(CFG, "gpu", seed=5, compute=p.compute)
-        assert model.p["h.0.attn.c_attn.weight"].data.dtype == p.compute
-        loss16, grad16 = loss_and_grad(model)
-        loss32, grad32 = loss_and_grad(GPT(CFG, "gpu", seed=5))
-    finally:
-        get_backend("gpu").set_precision(Precision.of("fp32"))
+    model = GPT(CFG, get_backend("gpu", RunPolicy(p)), seed=5, compute=p.compute)
+    assert model.p["h.0.attn.c_attn.weight"].data.dtype == p.compute
+    loss16, grad16 = loss_and_grad(model)
+    loss32, grad32 = loss_and_grad(GPT(CFG, "gpu", seed=5))
     assert loss16 == pytest.approx(loss32, rel=2e-2)
     assert rel(grad16, grad32) < (8e-2 if name == "bf16" else 3e-2)
 

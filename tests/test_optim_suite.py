@@ -28,7 +28,6 @@ from helpers import STEPS_PER_EPOCH, make_cfg, quiet, run_interrupted
 from rustyflow_py.engine.backend import get_backend, gpu_unavailable_reason
 from rustyflow_py.engine.kernels.reference import XpKernels
 from rustyflow_py.engine.kernels.reference_step import NS_COEFFICIENTS
-from rustyflow_py.engine.precision import Precision
 from rustyflow_py.model.gpt import hidden_matrices
 from rustyflow_py.model.optim import (
     SGD,
@@ -99,7 +98,6 @@ def feed(buffer: ParameterBuffer, grads: dict[str, np.ndarray]) -> None:
 def run_ours(device: str, make: Callable[[ParameterBuffer, Schedule], Optimizer], lr: float,
              grads: list[dict[str, np.ndarray]], dtype: Any = np.float32,
              weights: dict[str, np.ndarray] | None = None) -> dict[str, np.ndarray]:
-    get_backend(device).set_precision(Precision.of("fp64" if dtype == np.float64 else "fp32"))
     buffer = ParameterBuffer(weights or start_weights(), device, dtype)
     opt = make(buffer, Schedule(lr, WARMUP, len(grads), 0.1))
     for g in grads:

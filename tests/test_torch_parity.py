@@ -19,7 +19,6 @@ import pytest
 
 from rustyflow_py.engine import ops
 from rustyflow_py.engine.backend import get_backend
-from rustyflow_py.engine.precision import Precision
 from rustyflow_py.engine.tensor import Tensor
 from rustyflow_py.model.gpt import GPT, GPTConfig, init_weights
 from rustyflow_py.model.optim import AdamW, Schedule
@@ -45,8 +44,9 @@ REF = _reference()
 
 @pytest.fixture
 def dev(device: str) -> str:
-    """The device under test, with TF32 off: parity is float32 all the way."""
-    get_backend(device).set_precision(Precision.of("fp32"))
+    """The device under test: its default backend computes fp32 (no TF32), so parity is
+    float32 all the way."""
+    assert get_backend(device).policy.matmul_compute == "fp32"
     return device
 
 

@@ -292,16 +292,14 @@ def test_cpu_kernels_that_fail_to_compile_fall_back_to_numpy(
 ) -> None:
     from rustyflow_py.engine.kernels import jit
 
-    kernels = get_backend("cpu").kernels
-    monkeypatch.setattr(kernels, "jit", kernels.jit)  # restored afterwards
-
     def cannot_compile() -> None:
         raise RuntimeError("no LLVM target for this CPU")
 
     monkeypatch.setattr(jit, "warm_up", cannot_compile)
     said: list[str] = []
     trainer = Trainer(make_cfg(MAX_STEPS=2), said.append)
-    assert kernels.jit is None
+    assert trainer.backend.kernels.jit is None and trainer.backend.policy.cpu_jit == "off"
+    assert get_backend("cpu").kernels.jit is jit  # the shared device is untouched
     assert any("training with the NumPy kernels" in line for line in said)
     assert trainer.run()["status"] == "completed"
     with pytest.raises(TrainingError, match=r"CPU_JIT=on, but numba could not compile.*"

@@ -193,11 +193,17 @@ def _common_backend(op: str, inputs: Sequence[Tensor]) -> Backend:
     backend = inputs[0].backend
     for t in inputs[1:]:
         if t.backend is not backend:
-            raise DeviceError(
-                f"{op}: inputs live on different devices ({inputs[0].device} and {t.device}); "
-                "move one explicitly with .to(device)"
-            )
+            raise DeviceError(_mixed(op, backend, t.backend))
     return backend
+
+
+def _mixed(op: str, first: Backend, other: Backend) -> str:
+    """Why two inputs cannot meet: two devices, or one device under two run policies."""
+    if first.name == other.name:
+        return (f"{op}: inputs belong to two runs on {first.name} (different run policies); "
+                "make a run's tensors on its backend: Tensor(x, device=model.buffer.backend)")
+    return (f"{op}: inputs live on different devices ({first.name} and {other.name}); "
+            "move one explicitly with .to(device)")
 
 
 class Tensor:
@@ -209,7 +215,7 @@ class Tensor:
         self,
         data: Any,
         requires_grad: bool = False,
-        device: str | None = None,
+        device: str | Backend | None = None,
         name: str | None = None,
         _ctx: Function | None = None,
     ) -> None:
@@ -220,8 +226,8 @@ class Tensor:
             backend = get_backend(device_name("gpu", data.device.id) if on_gpu else "cpu")
             if not on_gpu:
                 data = _as_host_array(data)
-        else:
-            backend = get_backend(device)
+        else:  # a device's name, or a run's backend (one bound to its policy)
+            backend = device if isinstance(device, Backend) else get_backend(device)
             if hasattr(data, "__cuda_array_interface__"):
                 if backend.kind == "cpu":
                     raise DeviceError("Tensor(cupy array, device='cpu'): use .to('cpu')")

@@ -9,6 +9,7 @@ Every host<->device copy goes through `to_host`/`from_host` so it can be counted
 from __future__ import annotations
 
 import contextlib
+import copy
 import dataclasses
 import functools
 import os
@@ -20,9 +21,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import DeviceError, TrainingError
-from . import devices
 from .devices import blas_info, cpu_name, gpu_description, gpu_properties, gpu_unavailable_reason
-from .precision import Precision
+from .policy import DEFAULT, RunPolicy
 
 DEVICES = ("cpu", "gpu", "gpu:N")  # "gpu" is GPU 0; "gpu:N" is GPU N (0-based)
 
@@ -106,43 +106,52 @@ class Backend:
         self.name, self.index = "cpu", 0
         self.transfers = TransferStats()
         self.xp: ModuleType = np
+        self.policy = DEFAULT
+        self._views: dict[RunPolicy, Backend] = {DEFAULT: self}
         from .kernels.cpu import CpuKernels
 
         self.kernels = CpuKernels(self)
 
-    def set_precision(self, precision: Precision) -> None:
-        """Nothing to set: the CPU's GEMMs have one compute mode per dtype (TF32 is a GPU
-        mode), and the dtypes come with the arrays."""
+    def bound(self, policy: RunPolicy) -> Backend:
+        """This device under a run's `policy`: a view sharing the device (its array module,
+        stream, transfer counts, handles and buffers) whose kernels read `policy` (made once
+        per policy, so every tensor of a run, and of a later run with the same policy, is on
+        one backend). The device itself is never changed by a run."""
+        view = self._views.get(policy)
+        if view is None:
+            view = copy.copy(self)
+            view.policy = policy
+            try:
+                view.kernels = self.kernels.bound(view)
+            except RuntimeError as exc:  # CPU_JIT=on without numba
+                raise DeviceError(str(exc)) from None
+            self._views[policy] = view
+        return view
 
-    def configure(self, threads: int, cpu_jit: str, say: Callable[[str], None],
-                  warn: Callable[[str], None]) -> None:
-        """CPU: THREADS and CPU_JIT, compiling the numba kernels now rather than inside the
-        first step (so compilation never lands in a step or the profile)."""
+    def prepared(self, say: Callable[[str], None], warn: Callable[[str], None]) -> Backend:
+        """This backend with the CPU's numba kernels compiled now rather than inside the first
+        step (so compilation never lands in a step or the profile). When numba cannot compile
+        them under CPU_JIT=auto, the view under CPU_JIT=off, said with a warning."""
         import time
 
-        set_threads(threads)
-        kernels = self.kernels
-        try:
-            kernels.set_jit(cpu_jit)
-        except RuntimeError as exc:
-            raise DeviceError(str(exc)) from None
-        if kernels.jit is None:
-            return
+        jit = self.kernels.jit
+        if jit is None:
+            return self
         start = time.perf_counter()
         try:
-            kernels.jit.warm_up()
+            jit.warm_up()
         except Exception as exc:  # numba installed but unable to compile on this machine
-            if cpu_jit == "on":
+            if self.policy.cpu_jit == "on":
                 raise TrainingError(f"CPU_JIT=on, but numba could not compile the CPU kernels "
                                     f"({type(exc).__name__}: {exc}); set CPU_JIT=auto or "
                                     "off to train with the NumPy kernels") from exc
             warn(f"WARN: numba could not compile the CPU kernels ({type(exc).__name__}); "
                  "training with the NumPy kernels (CPU_JIT=off silences this)")
-            kernels.set_jit("off")
-            return
+            return self.bound(dataclasses.replace(self.policy, cpu_jit="off"))
         seconds = time.perf_counter() - start
         if seconds > 1.0:
             say(f"numba CPU kernels compiled in {seconds:.1f}s (cached for later runs)")
+        return self
 
     def hardware(self) -> str:
         """The processor's name, for the log's summary line."""
@@ -163,7 +172,7 @@ class Backend:
         GPU) may have left its own current."""
 
     def describe(self) -> str:
-        return cpu_description()
+        return cpu_description(self.kernels)
 
     # ---- memory: what the run record reports --------------------------------------------------
     def reset_memory_stats(self) -> None:
@@ -194,6 +203,8 @@ class CupyBackend(Backend):
 
         self.name, self.index = device_name("gpu", index), index
         self.transfers = TransferStats()
+        self.policy = DEFAULT
+        self._views = {DEFAULT: self}
         cupy.cuda.Device(index).use()
         self.xp = cupy
         self.stream = cupy.cuda.Stream(non_blocking=True)
@@ -203,19 +214,9 @@ class CupyBackend(Backend):
         self.kernels = CudaKernels(self)
         self.reset_memory_stats()
 
-    def set_precision(self, precision: Precision) -> None:
-        """The GEMM compute mode, for RustyFlow's cuBLAS calls and CuPy's own (matmul_compute
-        "tf32" lets float32 GEMMs use TF32 tensor cores)."""
-        from cupy._core import _routines_linalg as linalg
-
-        tf32 = precision.matmul_compute == "tf32"
-        linalg.set_compute_type(np.float32, linalg.COMPUTE_TYPE_TF32 if tf32
-                                else linalg.COMPUTE_TYPE_DEFAULT)
-        self.kernels.cublas.matmul_compute = precision.matmul_compute
-
-    def configure(self, threads: int, cpu_jit: str, say: Callable[[str], None],
-                  warn: Callable[[str], None]) -> None:
-        """THREADS and CPU_JIT are CPU settings."""
+    def prepared(self, say: Callable[[str], None], warn: Callable[[str], None]) -> Backend:
+        """Nothing to compile ahead: the CUDA kernels compile on first use, outside a step."""
+        return self
 
     def hardware(self) -> str:
         return str(gpu_properties(self.index)["name"])
@@ -298,12 +299,16 @@ def resolve_device(requested: str, strict: bool, say: Callable[[str], None],
     return "cpu", reason
 
 
-def get_backend(device: str) -> Backend:
-    """The (shared) backend of a device instance: cpu, gpu (= gpu:0) or gpu:N; raises
-    DeviceError when it is unusable. Its device and stream become current in the calling
-    thread (CuPy's current stream is per thread: a backend first made in another thread would
-    otherwise leave this one launching CuPy's kernels on the default stream)."""
+def get_backend(device: str, policy: RunPolicy | None = None) -> Backend:
+    """The backend of a device instance (cpu, gpu (= gpu:0) or gpu:N) under a run's `policy`
+    (None: the default policy, what tests and library calls get); raises DeviceError when it
+    is unusable. The device is made once and shared; each policy gets its own view of it
+    (Backend.bound). Its device and stream become current in the calling thread (CuPy's
+    current stream is per thread: a backend first made in another thread would otherwise
+    leave this one launching CuPy's kernels on the default stream)."""
     backend = _backend(*parse_device(device))
+    if policy is not None:
+        backend = backend.bound(policy)
     backend.make_current()
     return backend
 
@@ -318,37 +323,25 @@ def _backend(kind: str, index: int) -> Backend:
     return CupyBackend(index)
 
 
-def set_threads(threads: int) -> int:
-    """Use `threads` cores for BLAS and RustyFlow's own CPU passes (0 = all cores)."""
-    n = threads or os.cpu_count() or 1
-    devices.set_blas_threads(n)
-    get_backend("cpu").kernels.set_threads(n)
-    return n
+def cpu_kernels(kernels: Any) -> str:
+    """Which formulation a CPU kernel set's elementwise kernels run (CPU_JIT)."""
+    return "NumPy" if kernels.jit is None else f"numba {kernels.jit.VERSION}"
 
 
-def compute_threads() -> int:
-    """Threads RustyFlow's CPU kernels use (its pool splits GEMMs into one-thread BLAS calls
-    when it can pin BLAS to one thread; otherwise BLAS threads itself)."""
-    return int(get_backend("cpu").kernels.threads)
-
-
-def cpu_kernels() -> str:
-    """Which formulation the CPU's elementwise kernels run (CPU_JIT)."""
-    jit = get_backend("cpu").kernels.jit
-    return "NumPy" if jit is None else f"numba {jit.VERSION}"
-
-
-def cpu_description() -> str:
+def cpu_description(kernels: Any) -> str:
+    """The CPU, its BLAS, and the threads and kernels a CPU kernel set runs."""
     blas = blas_info()
     return (f"{cpu_name()} ({os.cpu_count()} cores; numpy {np.__version__}, "
-            f"{blas['library']}, {compute_threads()} threads, {cpu_kernels()} kernels)")
+            f"{blas['library']}, {kernels.threads} threads, {cpu_kernels(kernels)} kernels)")
 
 
 def devices_report() -> dict[str, Any]:
     """Everything `rustyflow devices` prints: each backend, usable or why not."""
+    kernels = get_backend("cpu").kernels
     report: dict[str, Any] = {
         "cpu": {"usable": True, "name": cpu_name(), "cores": os.cpu_count(),
-                "numpy": np.__version__, "threads": compute_threads(), "kernels": cpu_kernels(),
+                "numpy": np.__version__, "threads": kernels.threads,
+                "kernels": cpu_kernels(kernels),
                 **{f"blas_{k}": v for k, v in blas_info().items()}},
     }
     reason = gpu_unavailable_reason()

@@ -46,16 +46,6 @@ def blas_info() -> dict[str, Any]:
     }
 
 
-def set_blas_threads(threads: int) -> bool:
-    """Give OpenBLAS `threads` threads; False if this NumPy's BLAS cannot be controlled."""
-    found = openblas()
-    if found is None:
-        return False
-    lib, pattern = found
-    getattr(lib, pattern % "set_num_threads")(ctypes.c_int(threads))
-    return True
-
-
 def cpu_name() -> str:
     try:
         with open("/proc/cpuinfo") as info:

@@ -93,7 +93,7 @@ class Decoder:
             if n > seq_len:  # slide: re-prefill the new window
                 contexts = new = [c[-seq_len:] for c in contexts]
                 self.cache.length = 0
-            idx = Tensor(np.asarray(new, dtype=np.int64), device=self.model.device)  # (B, T)
+            idx = Tensor(np.asarray(new, dtype=np.int64), device=self.backend)  # (B, T)
             with no_grad():
                 self.logits = self.model(idx, cache=self.cache).data[:, -1]  # (B, V)
         self.contexts = contexts

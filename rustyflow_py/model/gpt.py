@@ -18,6 +18,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..engine import ops
+from ..engine.backend import Backend
 from ..engine.tensor import Tensor
 from .params import ParameterBuffer
 
@@ -134,7 +135,8 @@ class GPT:
     """Token + position embedding, pre-LN blocks, final LN, LM head tied to the embedding."""
 
     def __init__(
-        self, cfg: GPTConfig, device: str = "cpu", seed: int = 0, dtype: Any = np.float32,
+        self, cfg: GPTConfig, device: str | Backend = "cpu", seed: int = 0,
+        dtype: Any = np.float32,
         pad_to: int = 1, compute: Any = None,
     ) -> None:
         self.cfg = cfg
@@ -200,7 +202,7 @@ class GPT:
             x, t = ops.index(x, (slice(None), slice(t - 1, t))), 1  # (B, 1, E)
         if score_from:
             x, t = ops.index(x, (slice(None), slice(score_from, t))), t - score_from
-            targets = Tensor(targets.data[:, score_from:])  # (B, T - score_from)
+            targets = Tensor.wrap(targets.data[:, score_from:], targets.backend)  # (B, T')
         x = ops.layer_norm(x, p["ln_f.weight"], p["ln_f.bias"], LN_EPS)
         h = ops.reshape(x, (b * t, cfg.n_embd))  # (B*T, E)
         if targets is None:
@@ -237,11 +239,12 @@ class GPT:
         return 3.0 * (c.n_layer * per_layer + 2 * n * e * c.vocab_size)
 
 
-def build_model(shape: ModelShape, vocab_size: int, device: str = "cpu",
+def build_model(shape: ModelShape, vocab_size: int, device: str | Backend = "cpu",
                 dtype: Any = np.float32, pad_to: int = 1, compute: Any = None) -> GPT:
     """The GPT a run configuration describes, initialised from its seed: what training builds,
-    and what a checkpoint's weights are loaded into for evaluation and generation. `pad_to`
-    and `compute`: see ParameterBuffer."""
+    and what a checkpoint's weights are loaded into for evaluation and generation. `device`
+    is a device's name or a run's backend (bound to its policy); `pad_to` and `compute`: see
+    ParameterBuffer."""
     cfg = GPTConfig(vocab_size, shape.seq_len, shape.num_layers, shape.num_heads,
                     shape.embed_dim, shape.dropout, shape.embd_dropout, shape.attn_dropout,
                     shape.resid_dropout, shape.word_dropout)

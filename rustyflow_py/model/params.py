@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.backend import get_backend
+from ..engine.backend import Backend, get_backend
 from ..engine.tensor import Tensor
 
 
@@ -50,9 +50,9 @@ class ParameterBuffer:
     (`sync_compute` refreshes it).
     """
 
-    def __init__(self, weights: dict[str, np.ndarray], device: str, dtype: Any,
+    def __init__(self, weights: dict[str, np.ndarray], device: str | Backend, dtype: Any,
                  pad_to: int = 1, compute: Any = None) -> None:
-        backend = get_backend(device)
+        backend = device if isinstance(device, Backend) else get_backend(device)
         names = sorted(weights, key=lambda n: weights[n].ndim < 2)  # stable: decayed first
         spans, offset = [], 0
         for n in names:
@@ -76,7 +76,7 @@ class ParameterBuffer:
         self.params: dict[str, Tensor] = {}
         for s in self.spans:
             t = Tensor(self.compute_flat[s.offset : s.offset + s.size].reshape(s.shape),
-                       requires_grad=True, name=s.name)
+                       requires_grad=True, device=backend, name=s.name)
             t.grad = self.grad[s.offset : s.offset + s.size].reshape(s.shape)
             self.params[s.name] = t
 

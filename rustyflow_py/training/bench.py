@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.backend import get_backend, gpu_unavailable_reason
-from ..engine.precision import Precision
+from ..engine.backend import Backend, get_backend, gpu_unavailable_reason
+from ..engine.policy import DEFAULT
 from ..engine.profiler import Profiler
 from ..errors import RustyFlowError
 from ..model.gpt import build_model
@@ -80,19 +80,18 @@ def sweep(points: Sequence[Point], vocab: int = VOCAB, seconds: float = 1.0,
     reason = gpu_unavailable_reason()
     kinds = ["cpu"] + (["gpu"] if reason is None else [])
     devices: dict[str, Any] = {"gpu": {"usable": False, "reason": reason}}
-    for kind in kinds:
-        backend = get_backend(kind)
-        backend.configure(0, "auto", say, warn)  # all cores, numba kernels when installed
-        backend.set_precision(Precision.of("fp32"))
+    # the default policy: fp32, all cores, numba kernels when installed
+    backends = {kind: get_backend(kind, DEFAULT).prepared(say, warn) for kind in kinds}
+    for kind, backend in backends.items():
         devices[kind] = {"usable": True, "name": backend.hardware(),
                          "describe": backend.describe()}
     rows = []
     for point in points:
         row: dict[str, Any] = {**dataclasses.asdict(point), "vocab": vocab}
         for kind in kinds:
-            cell = _time_point(point, kind, vocab, seconds, warn)
+            cell = _time_point(point, backends[kind], vocab, seconds, warn)
             gc.collect()  # this point's model, its buffers and graph, before the next one
-            get_backend(kind).release_cached_memory()
+            backends[kind].release_cached_memory()
             row.update({k: cell.pop(k) for k in ("params", "flops_per_step") if k in cell})
             row[kind] = cell
             say(f"{kind} {point.name()}: " + (
@@ -160,15 +159,16 @@ def write_results(result: dict[str, Any], folder: str | Path, say: Say = print) 
     return report
 
 
-def _time_point(point: Point, kind: str, vocab: int, seconds: float,
+def _time_point(point: Point, backend: Backend, vocab: int, seconds: float,
                 warn: Say) -> dict[str, Any]:
     """One point on one device: sizes, step time, tokens/s and the matmul share; a GPU that
     runs out of memory gives {"error": ...} instead of stopping the sweep."""
-    cfg, backend = point.config(kind), get_backend(kind)
+    kind = backend.kind
+    cfg = point.config(kind)
     tokens = np.random.default_rng(0).integers(0, vocab, point.batch * (8 * point.seq_len + 1))
     try:
         with quiet_float_errors():
-            model = build_model(cfg, vocab, kind)
+            model = build_model(cfg, vocab, backend)
             stream = upload_split(backend, tokens, point.batch)
             optimizer = make_optimizer(cfg, model.buffer, total_steps=10**6)
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import sys
 from collections.abc import Callable
@@ -14,6 +15,7 @@ import numpy as np
 from .. import data
 from ..data import Vocab
 from ..engine.backend import get_backend
+from ..engine.policy import DEFAULT, RunPolicy
 from ..engine.precision import Precision
 from ..engine.tensor import Tensor, no_grad
 from ..errors import DataError
@@ -28,17 +30,19 @@ from .subword.text import SubwordText
 
 
 def load_model(path: str, device: str) -> tuple[GPT, Checkpoint, Config]:
-    """A GPT with a checkpoint's weights on `device` (whichever device trained it)."""
+    """A GPT with a checkpoint's weights on `device` (whichever device trained it), on the
+    backend of the checkpoint's policy (load_policy)."""
     ckpt = Checkpoint(path)
     try:
         cfg = Config.from_dict(ckpt.config)
     except ConfigError as exc:
         raise CheckpointError(f"{path}: its stored configuration is invalid ({exc})") from None
     vocab = len(ckpt.vocab)
-    sizing.check_fits(cfg, vocab, get_backend(device), "evaluation")
-    precision = Precision.of(cfg.precision)  # mixed precision is GPU-only: fp32 on the CPU
-    model = build_model(cfg, vocab, device, precision.storage,
-                        compute=precision.compute if device != "cpu" else None)
+    backend = get_backend(device, load_policy(cfg))
+    sizing.check_fits(cfg, vocab, backend, "evaluation")
+    precision = backend.policy.precision  # mixed precision is GPU-only: fp32 on the CPU
+    model = build_model(cfg, vocab, backend, precision.storage,
+                        compute=precision.compute if backend.kind != "cpu" else None)
     try:
         model.buffer.load_state_dict(ckpt.weights)
     except ValueError as exc:
@@ -47,6 +51,14 @@ def load_model(path: str, device: str) -> tuple[GPT, Checkpoint, Config]:
                               f"V{vocab})") from None
     model.training = False
     return model, ckpt, cfg
+
+
+def load_policy(cfg: Config) -> RunPolicy:
+    """How a loaded checkpoint computes: as it trained (its PRECISION and ATTENTION), with
+    this machine's own CPU threads and kernels (THREADS and CPU_JIT were the training
+    machine's)."""
+    return dataclasses.replace(DEFAULT, precision=Precision.of(cfg.precision),
+                               attention=cfg.attention)
 
 
 def upload_split(backend: Any, tokens: np.ndarray, batch_size: int) -> Any:
@@ -122,7 +134,8 @@ def perplexity(model: GPT, stream: Any, seq_len: int, stride: int = 0, budget: i
             for start, first in within_budget(spans, rows, seq_len, budget):
                 x = xp.ascontiguousarray(stream[:, start : start + seq_len])  # (B, T)
                 y = xp.ascontiguousarray(stream[:, start + 1 : start + seq_len + 1])
-                total += model(Tensor(x), Tensor(y), score_from=first).data * (seq_len - first)
+                total += model(Tensor.wrap(x, backend), Tensor.wrap(y, backend),
+                               score_from=first).data * (seq_len - first)
                 scored += seq_len - first
                 if advance is not None:
                     advance(rows * (seq_len - first))

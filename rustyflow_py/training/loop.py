@@ -23,8 +23,8 @@ from ..distributed.comm import communicator
 from ..distributed.data_parallel import BucketedAllReduce, ReduceScatter, ShardedOptimizer
 from ..distributed.group import check_same_config, process_group, rank_device
 from ..distributed.world import World
-from ..engine.backend import get_backend, resolve_device
-from ..engine.precision import GPU_ONLY, Precision
+from ..engine.backend import parse_device, resolve_device
+from ..engine.precision import GPU_ONLY
 from ..engine.profiler import Profiler
 from ..errors import ConfigError, TrainingError
 from ..model.gpt import build_model
@@ -40,6 +40,7 @@ from .graph_profile import GraphSampler, choose_mode
 from .init_from import initialize
 from .init_from import load as load_init
 from .optimizers import make_optimizer
+from .policy import run_backend, run_policy
 from .record import TransferLedger, build_record
 from .resume import History, restore
 from .saver import RunCheckpoints
@@ -84,12 +85,10 @@ class Trainer:
                                          self.trace, resume, overwrite, self.say, self.warn,
                                          recipe=cfg.to_dict())
                      if main else None)
-        self.backend = get_backend(self.device)
-        self.backend.configure(cfg.threads, cfg.cpu_jit, self.say, self.warn)
-        self.precision = Precision.of(cfg.precision)
-        check_precision(cfg.precision, self.backend.kind, self.fallback)
-        self.backend.set_precision(self.precision)
-        self.backend.kernels.set_attention(cfg.attention)
+        check_precision(cfg.precision, parse_device(self.device)[0], self.fallback)
+        # the run's settings, frozen: its backend's kernels read them, nothing sets them
+        self.backend = run_backend(self.device, run_policy(cfg), self.say, self.warn)
+        self.precision = self.backend.policy.precision
         self.comm = communicator(self.backend, group) if group is not None else None
         sharded = cfg.shard_optimizer and self.comm is not None
         if cfg.shard_optimizer and not sharded:
@@ -101,7 +100,7 @@ class Trainer:
         data.check_layout(self.corpus, streams, cfg.seq_len)
         sizing.check_fits(cfg, len(self.corpus.vocab), self.backend,
                           world_size=world.size if sharded else 1)
-        self.model = build_model(cfg, len(self.corpus.vocab), self.device,
+        self.model = build_model(cfg, len(self.corpus.vocab), self.backend,
                                  self.precision.storage, world.size if sharded else 1,
                                  compute=self.precision.compute)
         if init_from:
@@ -135,7 +134,7 @@ class Trainer:
         self.start_step = self.pos.step  # this process's steps are counted from here
         self.profiler = (Profiler(self.backend, TRACE_STEPS if self.trace else 0)
                          if cfg.profile else None)
-        graph = use_graph(cfg.graph, self.backend.kind, self.warn)
+        graph = use_graph(self.backend.policy.graph, self.backend.kind, self.warn)
         self.profile_mode, tracer = (
             choose_mode(cfg.profile_mode, self.backend.kind, graph, self.warn, world.size)
             if cfg.profile else ("off", None))

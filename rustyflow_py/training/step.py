@@ -121,7 +121,7 @@ class StepRunner:
             t1 = clock()
             if sh.count > 1:  # each shard of the global batch draws dropout masks of its own
                 self.model.rng = dataclasses.replace(self.model.rng, shard=shard)
-            loss = self.model(Tensor(self.x), Tensor(self.y))
+            loss = self.model(Tensor.wrap(self.x, self.backend), Tensor.wrap(self.y, self.backend))
             t2 = clock()
             last = k == sh.accum - 1
             hook = sh.sync.start(overlap) if last and sh.sync is not None else None

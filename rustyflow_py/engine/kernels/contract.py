@@ -254,14 +254,10 @@ class Kernels(Protocol):
         ...
 
     # ---- fused attention (a backend without it says so) -------------------------------------
-    def set_attention(self, mode: str) -> None:
-        """ATTENTION: "auto" lets fused_attention say yes where it can, "materialized" makes
-        it say no."""
-        ...
-
     def fused_attention(self, dtype: Any, head_dim: int, seq_len: int) -> bool:
         """Whether attention_forward/backward take q, k, v of this dtype and shape; when
-        not, attention is materialised (batched GEMMs around the causal softmax)."""
+        not, attention is materialised (batched GEMMs around the causal softmax). The run
+        policy's ATTENTION=materialized makes it say no."""
         ...
 
     def attention_forward(self, q: Any, k: Any, v: Any, scale: float,

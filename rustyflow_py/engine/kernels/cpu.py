@@ -28,4 +28,5 @@ from .reference import ReferenceFor16Bit
 
 class CpuKernels(ReferenceFor16Bit, CpuGemm, CpuCrossEntropy, CpuAttention, CpuGelu,
                  CpuLayerNorm, CpuOptimizer):
-    """The CPU backend's kernel set (threads and CPU_JIT are set on it: see cpu_pool.py)."""
+    """The CPU backend's kernel set (threads and CPU_JIT come from the run policy: see
+    cpu_pool.py)."""

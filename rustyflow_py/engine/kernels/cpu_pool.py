@@ -14,7 +14,6 @@ kernels/jit.py instead of the NumPy calls: same blocks, same pool, one compiled 
 from __future__ import annotations
 
 import ctypes
-import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
@@ -23,6 +22,7 @@ from typing import Any
 import numpy as np
 
 from ..devices import openblas
+from ..policy import RunPolicy
 from .reference import XpKernels
 
 Blocks = Iterator[tuple[int, int]]
@@ -82,29 +82,26 @@ def _blocks(start: int, stop: int, size: int) -> Blocks:
 
 
 class CpuPool(XpKernels):
-    """The state the CPU kernel families share: threads, pool, JIT module and buffers."""
+    """The state the CPU kernel families share: threads, pool, JIT module and buffers.
+
+    Threads and CPU_JIT come from the run's policy, read when the kernel set (or a view of
+    it for another policy, `bound`) is made; buffers are the device's, shared by views."""
 
     def __init__(self, backend: Any) -> None:
         super().__init__(backend)
-        self._pool: ThreadPoolExecutor | None = None
         self._spare: dict[tuple[tuple[int, ...], Any], np.ndarray] = {}  # see _workspace
         self._ones: dict[tuple[int, Any], np.ndarray] = {}
-        self.set_threads(os.cpu_count() or 1)
-        self.set_jit("auto")
         _keep_freed_memory()
 
-    def set_threads(self, threads: int) -> None:
-        """Use `threads` cores; GEMMs are split by the pool only when BLAS can be pinned to
-        one thread per call (otherwise BLAS threads itself and chunks would oversubscribe)."""
-        self.threads = max(1, threads)
+    def _read_policy(self, policy: RunPolicy) -> None:
+        """THREADS cores; GEMMs are split by the pool only when BLAS can be pinned to one
+        thread per call (otherwise BLAS threads itself and chunks would oversubscribe).
+        CPU_JIT: auto (numba kernels when numba imports), on (numba required) or off."""
+        super()._read_policy(policy)
+        self.threads = policy.cpu_threads
         self.split_gemms = self.threads > 1 and _blas_single_thread()
-        if self._pool is not None:
-            self._pool.shutdown()
-            self._pool = None
-
-    def set_jit(self, mode: str) -> None:
-        """CPU_JIT: auto (numba kernels when numba imports), on (numba required) or off."""
-        self.jit = load_jit(mode)
+        self.jit = load_jit(policy.cpu_jit)
+        self._pool: ThreadPoolExecutor | None = None  # this view's, made on first use
 
     def _jit_for(self, *arrays: np.ndarray) -> ModuleType | None:
         """The numba kernels for float32 work; float64 (gradient checks, PRECISION=fp64)

@@ -11,6 +11,7 @@ float16 or bfloat16; 16-bit products accumulate in fp32.
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import functools
 from typing import Any
@@ -72,9 +73,16 @@ class Cublas:
         _check(self.lib.cublasSetWorkspace_v2(self.handle, ctypes.c_void_p(self.workspace.data.ptr),
                                               ctypes.c_size_t(_WORKSPACE_BYTES)),
                "cublasSetWorkspace")
-        self.matmul_compute: MatmulCompute = "fp32"  # Precision.matmul_compute
+        self.matmul_compute: MatmulCompute = "fp32"  # Precision.matmul_compute: with_compute
         self._one32, self._zero32 = ctypes.c_float(1.0), ctypes.c_float(0.0)
         self._one64, self._zero64 = ctypes.c_double(1.0), ctypes.c_double(0.0)
+
+    def with_compute(self, compute: MatmulCompute) -> Cublas:
+        """This handle with GEMMs in `compute` (a run policy's): a view sharing the handle and
+        its workspace, so no run's mode is ever set on a handle another run uses."""
+        view = copy.copy(self)
+        view.matmul_compute = compute
+        return view
 
     def _operand(self, x: Any) -> tuple[Any, int, int]:
         """(array, op, leading dimension) of the last two axes in column-major terms."""

@@ -38,6 +38,7 @@ naming the call and the status.
 
 from __future__ import annotations
 
+import copy
 import ctypes
 import ctypes.util
 import dataclasses
@@ -302,10 +303,17 @@ class CublasLt:
         _check(self.lib.cublasLtMatmulPreferenceCreate(ctypes.byref(self.pref)),
                "cublasLtMatmulPreferenceCreate")
         self._set_pref(PREF_MAX_WORKSPACE_BYTES, WORKSPACE_BYTES)
-        self.matmul_compute: MatmulCompute = "fp32"  # Precision.matmul_compute
+        self.matmul_compute: MatmulCompute = "fp32"  # Precision.matmul_compute: with_compute
         self._one, self._zero = ctypes.c_float(1.0), ctypes.c_float(0.0)  # scale type 32F
         self._plans: dict[tuple[Any, ...], _Plan] = {}
         self._refused: dict[tuple[Any, ...], str] = {}
+
+    def with_compute(self, compute: MatmulCompute) -> CublasLt:
+        """This handle with float32 GEMMs in `compute` (a run policy's): a view sharing the
+        handle, workspace and plans (a plan's key holds its compute type)."""
+        view = copy.copy(self)
+        view.matmul_compute = compute
+        return view
 
     # ---- public GEMMs ---------------------------------------------------------------------
     def matmul_bias(self, x: Any, w: Any, bias: Any, *, gelu: bool = False, out: Any = None,

@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from ..policy import RunPolicy
 from ..precision import accumulate_dtype
 from . import cuda_attention, philox
 from .cublas import Cublas
@@ -428,12 +429,20 @@ class CudaKernels(CudaOptimizer, XpKernels):
     """Fused CuPy kernels; anything not overridden uses the shared formulation."""
 
     def __init__(self, backend: Any) -> None:
+        self._device_cublas = Cublas(backend.xp, backend.stream)  # shared by the views
+        self._device_lt: list[CublasLt] = []  # the device's cuBLASLt handle, once made
         super().__init__(backend)
         self._one = backend.xp.ones((), dtype=np.float32)
-        self.cublas = Cublas(backend.xp, backend.stream)
-        self._cublaslt: CublasLt | None = None
-        self.epilogues = True  # Linear layers through cuBLASLt's epilogues where it can
         self._ones: dict[tuple[int, Any], Any] = {}
+
+    def _read_policy(self, policy: RunPolicy) -> None:
+        """The GEMM compute mode (TF32 or not) and whether Linear layers go through
+        cuBLASLt's epilogues where it can: the run's, on views of the device's handles."""
+        super()._read_policy(policy)
+        self.tf32 = policy.matmul_compute == "tf32"
+        self.epilogues = policy.epilogues
+        self.cublas = self._device_cublas.with_compute(policy.matmul_compute)
+        self._cublaslt: CublasLt | None = None  # this view's, on first use
 
     def matmul(self, a: Any, b: Any, *, transpose_b: bool = False, out: Any = None) -> Any:
         """cuBLAS takes the swapped view as op=T: no copy."""
@@ -457,13 +466,15 @@ class CudaKernels(CudaOptimizer, XpKernels):
     # during graph capture (its plan must come from an eager call, which the trainer's warm-up
     # steps make); each refusal takes the shared formulation: GEMM, then a kernel.
     def _lt(self) -> CublasLt:
-        """The cuBLASLt handle, made on first use, in the cuBLAS handle's compute mode."""
+        """The cuBLASLt handle (the device's, made on first use) in the policy's compute
+        mode."""
         if self._cublaslt is None:
-            if self.backend.stream.is_capturing():  # its workspace would be the graph's
-                raise CublasLtUnsupported("cuBLASLt's handle is made by an eager call, not "
-                                          "during graph capture")
-            self._cublaslt = CublasLt(self.xp, self.backend.stream)
-        self._cublaslt.matmul_compute = self.cublas.matmul_compute
+            if not self._device_lt:
+                if self.backend.stream.is_capturing():  # its workspace would be the graph's
+                    raise CublasLtUnsupported("cuBLASLt's handle is made by an eager call, "
+                                              "not during graph capture")
+                self._device_lt.append(CublasLt(self.xp, self.backend.stream))
+            self._cublaslt = self._device_lt[0].with_compute(self.cublas.matmul_compute)
         return self._cublaslt
 
     def linear(self, x: Any, w: Any, b: Any, gelu: bool,
@@ -472,7 +483,7 @@ class CudaKernels(CudaOptimizer, XpKernels):
         bias included) for backward. cuBLASLt's GELU may use a fast tanh (relative errors
         near 1e-3): below tf32's and 16-bit's own rounding, but not exact float32, so a
         float32 run without TF32 keeps the GELU kernel."""
-        exact = x.dtype == np.float32 and self.cublas.matmul_compute != "tf32"
+        exact = x.dtype == np.float32 and not self.tf32
         if self.epilogues and not (gelu and exact):
             try:
                 if not gelu:
@@ -686,10 +697,10 @@ class CudaKernels(CudaOptimizer, XpKernels):
     # ---- fused attention (kernels/cuda_attention.py) -------------------------------------------
     def fused_attention(self, dtype: Any, head_dim: int, seq_len: int) -> bool:
         """Its float32 products run on tf32 tensor cores, so an fp32 run keeps the
-        materialised path; ATTENTION=materialized turns it off (set_attention)."""
+        materialised path; the policy's ATTENTION=materialized turns it off."""
         if self.attention == "materialized":
             return False
-        if np.dtype(dtype) == np.float32 and self.cublas.matmul_compute != "tf32":
+        if np.dtype(dtype) == np.float32 and not self.tf32:
             return False
         return cuda_attention.supports(dtype, head_dim, seq_len)
 

@@ -9,10 +9,12 @@ back: outputs keep the input's dtype, statistics (mean, rstd, lse, the loss) sta
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable
 from typing import Any
 
+from ..policy import RunPolicy
 from ..precision import accumulate_dtype, is_16bit
 from .reference_step import StepKernels
 
@@ -33,6 +35,21 @@ class XpKernels(StepKernels):
         self.backend = backend
         self.xp = backend.xp
         self._masks: dict[int, Any] = {}
+        self._read_policy(backend.policy)
+
+    def bound(self, backend: Any) -> Any:
+        """This kernel set for `backend`, a view of the same device under another run policy:
+        the device's handles, caches and buffers are shared, and what the policy decides is
+        read once, here (engine/policy.py)."""
+        view = copy.copy(self)
+        view.backend = backend
+        view._read_policy(backend.policy)
+        return view
+
+    def _read_policy(self, policy: RunPolicy) -> None:
+        """Read what this kernel set needs from the run's policy (at creation only)."""
+        self.policy = policy
+        self.attention = policy.attention
 
     def matmul(self, a: Any, b: Any, *, transpose_b: bool = False, out: Any = None) -> Any:
         return self.xp.matmul(a, self.xp.swapaxes(b, -1, -2) if transpose_b else b, out=out)

@@ -231,11 +231,6 @@ class StepKernels:
                      step: Any) -> Any:
         return philox.dropout_mask(self.xp, shape, dtype, p, seed, site, step)
 
-    attention = "auto"
-
-    def set_attention(self, mode: str) -> None:
-        self.attention = mode
-
     def fused_attention(self, dtype: Any, head_dim: int, seq_len: int) -> bool:
         return False  # attention is materialised here (a GPU kernel fuses it)
 
