@@ -47,7 +47,10 @@ def train(device: str, policy: RunPolicy, steps: int = 4) -> tuple[list[float], 
                 compute=p.compute if backend.kind == "gpu" else None)
     opt = AdamW(model.buffer, Schedule(3e-3, 1, 10, 0.1), grad_clip=1.0)
     rng = np.random.default_rng(0)
-    x, y = (Tensor(rng.integers(0, 97, (4, 16)), device=backend) for _ in range(2))
+    # no token twice in the input: the GPU's embedding scatter-add sums repeats with atomics,
+    # whose order (and so whose last bit) may change from run to run
+    x = Tensor(rng.permutation(97)[:64].reshape(4, 16), device=backend)
+    y = Tensor(rng.integers(0, 97, (4, 16)), device=backend)
     losses = []
     for _ in range(steps):
         model.buffer.zero_grad()
@@ -66,7 +69,7 @@ def assert_isolated(device: str, a: RunPolicy, b: RunPolicy, b_differs: bool) ->
     assert again[0] == first[0]
     np.testing.assert_array_equal(again[1], first[1])
     if b_differs:  # B's policy took effect in B's run (and only there)
-        assert other[0] != first[0]
+        assert not np.array_equal(other[1], first[1])
 
 
 # ---- the object ----------------------------------------------------------------------------

@@ -80,8 +80,9 @@ class ParameterBuffer:
         self.sync_compute()
         self.params: dict[str, Tensor] = {}
         for s in self.spans:
-            t = Tensor(self.compute_flat[s.offset : s.offset + s.size].reshape(s.shape),
-                       requires_grad=True, device=backend, name=s.name)
+            t = Tensor.wrap(self.compute_flat[s.offset : s.offset + s.size].reshape(s.shape),
+                            backend, requires_grad=True)
+            t.name = s.name
             t.grad = self.grad[s.offset : s.offset + s.size].reshape(s.shape)
             self.params[s.name] = t
 
