@@ -449,10 +449,11 @@ def curve_batches(shape: str, steps: int, data_dir: str | None) -> tuple[GPTConf
 
 
 def loss_curves(device: str, shape: str, cfg: GPTConfig, batches: Batches,
-                precision: str) -> dict[str, Any]:
+                precision: str, threads: int) -> dict[str, Any]:
     """Train both from the same weights on the same batches with the same schedule at
     `precision` (PyTorch under autocast for bf16/fp16), and the worst relative gap."""
-    ours, our_scaler = rustyflow_curve(device, cfg, batches, precision)
+    ours, our_scaler = rustyflow_curve(device, cfg, batches,
+                                       RunPolicy(Precision.of(precision), threads=threads))
     if device == "gpu":
         free_gpu_memory()
     theirs, their_scaler = pytorch_curve(device, cfg, batches, precision)
@@ -465,9 +466,10 @@ def loss_curves(device: str, shape: str, cfg: GPTConfig, batches: Batches,
 
 
 def rustyflow_curve(device: str, cfg: GPTConfig, batches: Batches,
-                    precision: str) -> tuple[list[float], str | None]:
-    """RustyFlow's loss per step, and its loss scaler's state after the run (fp16)."""
-    backend = get_backend(device, RunPolicy(Precision.of(precision)))
+                    policy: RunPolicy) -> tuple[list[float], str | None]:
+    """RustyFlow's loss per step under `policy`, and its loss scaler's state after the run
+    (fp16)."""
+    backend = get_backend(device, policy)
     model, opt, scaler = rustyflow_training(cfg, backend, len(batches))
     step = rustyflow_step_fn(model, opt, "eager", scaler)
     losses = [host_float(backend, step(backend.from_host(x), backend.from_host(y)))
@@ -764,7 +766,8 @@ def run_curves(args: argparse.Namespace) -> list[dict[str, Any] | str]:
         if args.device == "gpu":
             free_gpu_memory()
         try:
-            curves.append(loss_curves(args.device, args.curve_shape, cfg, batches, precision))
+            curves.append(loss_curves(args.device, args.curve_shape, cfg, batches, precision,
+                                      args.threads))
         except NotAvailable as exc:
             curves.append(f"{precision}: not available: {exc}")
         except Exception as exc:
