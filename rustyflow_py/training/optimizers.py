@@ -19,6 +19,7 @@ from ..model.optim import (
     Schedule,
 )
 from ..model.params import ParameterBuffer
+from ..model.wd_schedule import DecaySchedule
 from .config import Config
 
 # Every optimizer reads the schedule and the clip (LEARNING_RATE, WARMUP_STEPS, MIN_LR_RATIO,
@@ -64,12 +65,22 @@ def _value(v: object) -> str:
 
 
 def make_optimizer(cfg: Config, buffer: ParameterBuffer, total_steps: int) -> Optimizer:
-    """The optimizer and learning-rate schedule `cfg` asks for."""
+    """The optimizer and learning-rate schedule `cfg` asks for, with its weight-decay
+    schedule when WD_SCHEDULE is not constant (the config allows it for adamw and muon)."""
+    optimizer = _optimizer(cfg, buffer, total_steps)
+    if cfg.wd_schedule != "constant":
+        optimizer.decay_schedule = DecaySchedule(cfg.wd_schedule, cfg.weight_decay,
+                                                 cfg.wd_final, total_steps)
+    return optimizer
+
+
+def _optimizer(cfg: Config, buffer: ParameterBuffer, total_steps: int) -> Optimizer:
+    """The optimizer itself (decay 0 in its kernels when a schedule applies it apart)."""
     def schedule(lr: float) -> Schedule:
         return Schedule(lr, cfg.warmup_steps, total_steps, cfg.min_lr_ratio)
 
-    main, betas, wd, clip = schedule(cfg.learning_rate), (cfg.beta1, cfg.beta2), \
-        cfg.weight_decay, cfg.grad_clip
+    main, betas, clip = schedule(cfg.learning_rate), (cfg.beta1, cfg.beta2), cfg.grad_clip
+    wd = cfg.weight_decay if cfg.wd_schedule == "constant" else 0.0
     opt = cfg.optimizer
     if opt == "sgd":
         return SGD(buffer, main, cfg.momentum, cfg.nesterov, wd, clip)

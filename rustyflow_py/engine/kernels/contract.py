@@ -239,6 +239,12 @@ class Kernels(Protocol):
         p and its orthogonalised update of the same shape (possibly a strided view)."""
         ...
 
+    def ema_update(self, ema: Any, p: Any, decay: float, step: Any, start: int) -> None:
+        """The weights' exponential moving average, in place over the flat (P,) buffers:
+        ema <- ema + (1 - decay) * (p - ema) once the 0-d int32 device counter `step` (steps
+        done) exceeds `start`, else ema <- p exactly (the average starts at step `start`)."""
+        ...
+
     # ---- data and logging ------------------------------------------------------------------------
     def gather_batch(self, stream: Any, step: Any, seq_len: int, x: Any, y: Any, *,
                      rank: int = 0, world_size: int = 1) -> None:

@@ -109,6 +109,10 @@ def _optimizer_kernels() -> dict[str, Any]:
         "muon_apply": cupy.ElementwiseKernel(
             "T u, float32 lr, float32 wd, float32 f", "T p",
             "p = p * (T)(1 - lr * wd) - (T)(lr * f) * u;", "rf_muon_apply"),
+        # the weights' moving average (model/ema.py): one pass, started after step `start`
+        "ema_update": cupy.ElementwiseKernel(
+            "T p, T c, int32 step, int64 start", "T ema",
+            "ema = step > start ? ema + c * (p - ema) : p;", "rf_ema_update"),
         "ns_axpby": cupy.ElementwiseKernel(  # y <- a x + b y in place
             "T x, float32 a, float32 b", "T y", "y = (T)a * x + (T)b * y;", "rf_ns_axpby"),
         "div_eps": cupy.ElementwiseKernel(
@@ -300,5 +304,9 @@ class CudaOptimizer:
                    factor: float) -> None:
         _optimizer_kernels()["muon_apply"](update, lr, np.float32(weight_decay), np.float32(factor),
                                      p)
+
+    def ema_update(self, ema: Any, p: Any, decay: float, step: Any, start: int) -> None:
+        _optimizer_kernels()["ema_update"](p, ema.dtype.type(1.0 - decay), step,
+                                           np.int64(start), ema)
 
     # ---- data ---------------------------------------------------------------------------------

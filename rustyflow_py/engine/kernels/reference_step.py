@@ -204,6 +204,13 @@ class StepKernels:
             p *= 1.0 - lr * weight_decay
         p -= (lr * factor).astype(p.dtype) * update
 
+    def ema_update(self, ema: Any, p: Any, decay: float, step: Any, start: int) -> None:
+        """(1 - decay) is rounded once, from double precision, to the buffers' dtype."""
+        moved = p - ema
+        moved *= ema.dtype.type(1.0 - decay)
+        moved += ema
+        self.xp.copyto(ema, self.xp.where(step > start, moved, p))
+
     # ---- data -------------------------------------------------------------------------------
     def gather_batch(self, stream: Any, step: Any, seq_len: int, x: Any, y: Any, *,
                      rank: int = 0, world_size: int = 1) -> None:
