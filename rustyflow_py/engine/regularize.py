@@ -52,6 +52,7 @@ class SmoothingTerm(Function):
 
     def forward(self, h: Any, w: Any, targets: Any) -> Any:
         acc = accumulate_dtype(h.dtype)
+        targets = targets.reshape(-1)  # (N,)
         self.h, self.targets, self.w_shape, self.w_dtype = h, targets, w.shape, w.dtype
         self.d = w[targets].astype(acc) - w.astype(acc).mean(axis=0)  # (N, E)
         scale = acc.type(self.eps / h.shape[0])
