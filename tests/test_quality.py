@@ -297,8 +297,8 @@ def test_label_smoothing_matches_torch(device: str, eps: float) -> None:
 
 def test_evaluation_never_includes_label_smoothing() -> None:
     idx, tgt = _batch(np.random.default_rng(5))
-    plain, smooth = GPT(CFG, "cpu", seed=1), GPT(GPTConfig(**{**CFG.__dict__,
-                                                              "label_smoothing": 0.2}), "cpu", seed=1)
+    plain = GPT(CFG, "cpu", seed=1)
+    smooth = GPT(GPTConfig(**{**CFG.__dict__, "label_smoothing": 0.2}), "cpu", seed=1)
     assert float(smooth(idx, tgt).data) != float(plain(idx, tgt).data)  # training: smoothed
     plain.training = smooth.training = False
     assert float(smooth(idx, tgt).data) == float(plain(idx, tgt).data)  # perplexity: plain NLL
