@@ -9,10 +9,9 @@ from typing import Any
 
 import numpy as np
 import pytest
-from test_gpu import _config, _losses
+from test_gpu import _config, _losses, steps_transfer_nothing
 
-from rustyflow_py.engine.backend import TRANSFERS, gpu_unavailable_reason, strict_transfers
-from rustyflow_py.engine.tensor import Tensor
+from rustyflow_py.engine.backend import gpu_unavailable_reason
 from rustyflow_py.model.ema import EMA
 from rustyflow_py.model.gpt import GPT, GPTConfig
 from rustyflow_py.model.optim import AdamW, Schedule
@@ -56,25 +55,9 @@ def test_cpu_and_gpu_agree_with_the_quality_keys(tmp_path: Path) -> None:
 
 
 def test_a_quality_step_makes_no_transfers() -> None:
-    import cupyx
-
     cfg = GPTConfig(vocab_size=101, seq_len=16, n_layer=2, n_head=2, n_embd=32, dropout=0.2,
                     locked_dropout=True, label_smoothing=0.1)
     model = GPT(cfg, "gpu", seed=0)
     opt = AdamW(model.buffer, Schedule(1e-3, 2, 10, 0.1), weight_decay=0.0)
     opt.decay_schedule = DecaySchedule("linear", 0.1, 0.0, 10)
-    ema = EMA(model.buffer, 0.99)
-    xp, rng = model.buffer.backend.xp, np.random.default_rng(0)
-    x = xp.asarray(rng.integers(0, 101, (4, 16)), dtype=np.int32)
-    y = xp.asarray(rng.integers(0, 101, (4, 16)), dtype=np.int32)
-    TRANSFERS.reset()
-    with strict_transfers(), cupyx.allow_synchronize(False):
-        for _ in range(2):
-            model.buffer.zero_grad()
-            loss = model(Tensor(x), Tensor(y))
-            loss.backward()
-            opt.step()
-            ema.after_step(opt.step_count)
-    assert TRANSFERS.snapshot() == {"h2d_count": 0, "h2d_bytes": 0, "d2h_count": 0,
-                                    "d2h_bytes": 0}
-    assert np.isfinite(float(loss.data.get()))
+    steps_transfer_nothing(model, opt, EMA(model.buffer, 0.99).after_step)

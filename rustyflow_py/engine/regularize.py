@@ -22,17 +22,15 @@ from collections.abc import Sequence
 from typing import Any
 
 from .autograd import Function, Tensor
-from .ops import Randomness, add
+from .ops import Dropout, Randomness, add
 from .precision import accumulate_dtype
 
 
-class LockedDropout(Function):
-    """x (B, T, E) times a (B, 1, E) inverted-dropout mask of (rng, site), broadcast over T."""
+class LockedDropout(Dropout):
+    """x (B, T, E) times a (B, 1, E) inverted-dropout mask of (rng, site), broadcast over T
+    (Dropout's settings; its mask is kept, being T times smaller than x)."""
 
     name = "locked_dropout"
-    p: float
-    rng: Randomness
-    site: int
 
     def forward(self, x: Any) -> Any:
         b, _, e = x.shape
