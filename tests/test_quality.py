@@ -185,12 +185,10 @@ def test_decay_schedule_values(kind: str) -> None:
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_a_flat_schedule_equals_constant_decay(optimizer: str) -> None:
     """linear from WEIGHT_DECAY to WEIGHT_DECAY is the fused kernels' constant decay: the
-    separate pass applies what the kernels would (float64 weights; the factor 1 - lr * wd is
-    rounded to float32 as the CUDA kernels round it, where Muon's CPU reference keeps it in
-    float64: hence a tolerance, not bit equality)."""
+    separate pass applies exactly what the kernels would, bit for bit (float32)."""
     runs = []
     for scheduled in (False, True):
-        model = GPT(CFG, "cpu", seed=4, dtype=np.float64)
+        model = GPT(CFG, "cpu", seed=4)
         sched = Schedule(1e-2, 2, 10, 0.1)
         if optimizer == "adamw":
             opt: Any = AdamW(model.buffer, sched, weight_decay=0.0 if scheduled else 0.3)
@@ -202,7 +200,7 @@ def test_a_flat_schedule_equals_constant_decay(optimizer: str) -> None:
         if scheduled:
             opt.decay_schedule = DecaySchedule("linear", 0.3, 0.3, 10)
         runs.append(_train(model, opt, 5)[-1])
-    np.testing.assert_allclose(runs[1], runs[0], rtol=1e-6, atol=1e-9)
+    np.testing.assert_array_equal(runs[1], runs[0])
 
 
 def test_a_decay_schedule_decays_towards_its_final_value() -> None:
