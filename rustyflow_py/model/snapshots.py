@@ -4,8 +4,8 @@ Each validation (every epoch's end, or every EVAL_INTERVAL steps) first adds the
 weights to a ring of K host copies, then measures the mean of the ring; the best checkpoint
 is that mean. The mean is summed in float64 in the ring's order of arrival and rounded once
 to the storage dtype, so it is exactly reproducible (tests hold it to NumPy). The ring lives
-on the host (K copies of the parameters: nothing on the device) and is saved with the
-resumable checkpoint, so `--resume` continues the same average.
+on the host (K copies of the parameters; the device holds only their mean) and is saved
+with the resumable checkpoint, so `--resume` continues the same average.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ class SnapshotAverage:
     def __init__(self, buffer: ParameterBuffer, k: int) -> None:
         self.buffer, self.k = buffer, k
         self.ring: list[np.ndarray] = []  # (P,) host copies, oldest first
+        self.mean: Any = None  # (P,) the ring's mean on the device, made at each validation
 
     def describe(self) -> str:
         return (f"mean of the weights at the last {len(self.ring) or self.k} validations "
@@ -43,15 +44,19 @@ class SnapshotAverage:
         """Nothing inside the step: snapshots are taken at validations."""
 
     def at_validation(self) -> None:
-        """Add the current weights to the ring (dropping the oldest beyond k)."""
+        """Add the current weights to the ring (dropping the oldest beyond k) and put the
+        ring's mean on the device (the host<->device copies of a validation)."""
         self.ring.append(self.buffer.backend.to_host(self.buffer.flat).copy())
         del self.ring[: -self.k]
+        self.mean = self.buffer.backend.from_host(mean_of(self.ring, self.buffer.flat.dtype))
 
     def swapped_in(self) -> contextlib.AbstractContextManager[None]:
         if not self.ring:  # nothing validated yet: the raw weights are the only ones
             return contextlib.nullcontext()
-        mean = mean_of(self.ring, self.buffer.flat.dtype)
-        return swapped_in(self.buffer, self.buffer.backend.from_host(mean))
+        if self.mean is None:  # resumed, not validated since
+            self.mean = self.buffer.backend.from_host(mean_of(self.ring,
+                                                              self.buffer.flat.dtype))
+        return swapped_in(self.buffer, self.mean)
 
     def state_dict(self) -> dict[str, np.ndarray]:
         return {f"snapshot.{i}": s for i, s in enumerate(self.ring)}
@@ -61,4 +66,5 @@ class SnapshotAverage:
         saved = [state[f"snapshot.{i}"] for i in range(len(state))
                  if f"snapshot.{i}" in state]
         self.ring = [s.astype(self.buffer.flat.dtype) for s in saved][-self.k:]
+        self.mean = None
         return bool(saved)
