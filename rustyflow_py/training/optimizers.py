@@ -45,16 +45,22 @@ def relevant_keys(optimizer: str) -> tuple[str, ...]:
     return (*SCHEDULE_KEYS, *OPTIMIZER_KEYS[optimizer])
 
 
+def _read_keys(cfg: Config) -> tuple[str, ...]:
+    """The keys the optimizer reads, with the weight-decay schedule's when it is on."""
+    scheduled = ("WD_SCHEDULE", "WD_FINAL") if cfg.wd_schedule != "constant" else ()
+    return (*OPTIMIZER_KEYS[cfg.optimizer], *scheduled)
+
+
 def settings(cfg: Config) -> dict[str, Any]:
     """The optimizer's settings by lower-case key name (the run record's optimizer_settings)."""
-    return {k.lower(): getattr(cfg, k.lower()) for k in relevant_keys(cfg.optimizer)}
+    return {k.lower(): getattr(cfg, k.lower()) for k in (*SCHEDULE_KEYS, *_read_keys(cfg))}
 
 
 def describe(cfg: Config) -> str:
     """What OPTIMIZER runs and the keys it reads, as the banner shows it (with Muon's split
     of the parameters): 'adamw (BETA1=0.9, BETA2=0.95, ADAM_EPS=1e-08, WEIGHT_DECAY=0.1)'."""
     name = MUON_SPLIT if cfg.optimizer == "muon" else cfg.optimizer
-    values = [f"{k}={_value(getattr(cfg, k.lower()))}" for k in OPTIMIZER_KEYS[cfg.optimizer]]
+    values = [f"{k}={_value(getattr(cfg, k.lower()))}" for k in _read_keys(cfg)]
     return f"{name} ({', '.join(values)})"
 
 
