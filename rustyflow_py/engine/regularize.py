@@ -52,9 +52,9 @@ class SmoothingTerm(Function):
         acc = accumulate_dtype(h.dtype)
         targets = targets.reshape(-1)  # (N,)
         self.h, self.targets, self.w_shape, self.w_dtype = h, targets, w.shape, w.dtype
-        self.d = w[targets].astype(acc) - w.astype(acc).mean(axis=0)  # (N, E)
+        self.d = w[targets].astype(acc) - w.astype(acc, copy=False).mean(axis=0)  # (N, E)
         scale = acc.type(self.eps / h.shape[0])
-        return (self.xp.sum(h.astype(acc) * self.d) * scale).astype(acc)
+        return (self.xp.sum(h.astype(acc, copy=False) * self.d) * scale).astype(acc)
 
     def backward(self, grad: Any) -> Sequence[Any]:
         xp = self.xp
@@ -63,7 +63,7 @@ class SmoothingTerm(Function):
         dh = (self.d * c).astype(self.h.dtype) if self.needs_input_grad[0] else None
         dw = None
         if self.needs_input_grad[1]:
-            ch = self.h.astype(acc) * c  # (N, E)
+            ch = self.h.astype(acc, copy=False) * c  # (N, E)
             dw = xp.zeros(self.w_shape, dtype=acc)  # (V, E)
             dw -= ch.sum(axis=0) / acc.type(self.w_shape[0])  # the mean row's share
             self.kernels.scatter_add_rows(dw, self.targets, ch)
