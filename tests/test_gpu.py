@@ -15,7 +15,7 @@ from rustyflow_py.engine.backend import (
     gpu_unavailable_reason,
     strict_transfers,
 )
-from rustyflow_py.engine.kernels.reference import XpKernels
+from rustyflow_py.engine.ops.reference_set import XpKernels
 from rustyflow_py.engine.tensor import Tensor
 from rustyflow_py.model.gpt import GPT, GPTConfig
 from rustyflow_py.model.optim import AdamW, Schedule
@@ -206,7 +206,7 @@ DROPOUTS = dict(dropout=0.2, embd_dropout=0.1, word_dropout=0.1)
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_dropout_mask_kernel_equals_numpys_philox(gpu: tuple[object, object], dtype: type) -> None:
     """The fused CUDA Philox and the shared array code draw identical bits."""
-    from rustyflow_py.engine.kernels import philox
+    from rustyflow_py.engine.ops.dropout import philox
 
     backend, ref = gpu
     shape = (3, 4, 37, 37)
