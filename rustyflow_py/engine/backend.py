@@ -108,7 +108,7 @@ class Backend:
         self.xp: ModuleType = np
         self.policy = DEFAULT
         self._views: dict[RunPolicy, Backend] = {DEFAULT: self}
-        from .kernels.cpu import CpuKernels
+        from .ops.cpu_set import CpuKernels
 
         self.kernels = CpuKernels(self)
 
@@ -209,7 +209,7 @@ class CupyBackend(Backend):
         self.xp = cupy
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.stream.use()
-        from .kernels.cuda import CudaKernels
+        from .ops.cuda_set import CudaKernels
 
         self.kernels = CudaKernels(self)
         self.reset_memory_stats()
