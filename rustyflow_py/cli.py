@@ -310,7 +310,8 @@ def data() -> None:
 @click.option("--data-dir", default="data", help="destination folder")
 def data_download(dataset: str, data_dir: str) -> None:
     """Download and verify DATASET (wikitext-2 or tinyshakespeare)."""
-    from .data import DataError, download_dataset
+    from .data import DataError
+    from .data.download import download_dataset
 
     try:
         path = download_dataset(dataset, data_dir)
