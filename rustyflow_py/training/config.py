@@ -124,6 +124,7 @@ class _Rules:
                 "(LAMB's trust ratio, Muon's orthogonalisation) that a shard splits: set "
                 "SHARD_OPTIMIZER=false, or OPTIMIZER=adamw (or adam, sgd, rmsprop, adagrad, "
                 "adadelta)")
+        self._check_quality_keys(where)
         if self.num_gpus > 1 and self.device == "cpu":
             raise ConfigError(
                 f"NUM_GPUS={self.num_gpus} ({where['NUM_GPUS']}) starts one process per GPU, "
@@ -147,6 +148,20 @@ class _Rules:
                     f"{flag}=true ({where[flag]}) needs {momentum} > 0, but {momentum}="
                     f"{value:g} ({where[momentum]}): set {momentum} (e.g. "
                     f"{KEYS[momentum].default or 0.9}) or {flag}=false")
+
+    def _check_quality_keys(self, where: dict[str, str]) -> None:
+        """Weight averaging is one kind at a time; a decay schedule needs decoupled decay."""
+        if self.ema_decay > 0 and self.average_last_k > 1:
+            raise ConfigError(
+                f"EMA_DECAY={self.ema_decay:g} ({where['EMA_DECAY']}) and AVERAGE_LAST_K="
+                f"{self.average_last_k} ({where['AVERAGE_LAST_K']}) both average the weights "
+                "for evaluation: choose one (set the other to 0)")
+        if self.wd_schedule != "constant" and self.optimizer not in ("adamw", "muon"):
+            raise ConfigError(
+                f"WD_SCHEDULE={self.wd_schedule} ({where['WD_SCHEDULE']}) schedules decoupled "
+                f"weight decay, which OPTIMIZER={self.optimizer} ({where['OPTIMIZER']}) does not "
+                "have (its decay is an L2 term, or inside LAMB's trust ratio): use "
+                "OPTIMIZER=adamw or muon, or WD_SCHEDULE=constant")
 
     def _expand_model_path(self, path: str) -> str:
         """Fill ${KEY} placeholders from the final values, so flags change the default path."""
@@ -228,6 +243,17 @@ class Config(_Rules):
     word_dropout: float = key(0.0, "whole-word dropout: drop entire vocabulary rows of the "
         "input embedding for a step, survivors scaled by 1/(1-p) (0 = off)", lo=0, hi=1,
         hi_open=True)
+    locked_dropout: bool = key(False, "variational dropout: the embedding and residual "
+        "dropout sites draw one mask per sequence, shared by all its positions")
+    label_smoothing: float = key(0.0, "label smoothing of the training loss (0 = off); "
+        "validation and test perplexity never include it", lo=0, hi=1, hi_open=True)
+    ema_decay: float = key(0.0, "evaluate (and keep as the best checkpoint) an "
+        "exponential moving average of the weights with this decay (0 = off)", lo=0, hi=1,
+        hi_open=True)
+    ema_start: int = key(0, "EMA_DECAY: the step the average starts at (the weights "
+        "themselves until then)", lo=0)
+    average_last_k: int = key(0, "evaluate (and keep as the best checkpoint) the mean of "
+        "the weights at the last K validations (0 or 1 = off)", lo=0)
     model_path: str = key(MODEL_PATH_TEMPLATE, "checkpoint path (.npz); -cpu/-gpu is inserted "
         "before .npz for the device used; empty = the default", allow_empty=True)
     temperature: float = key(0.8, "sampling temperature for generate/chat (0 = greedy)", lo=0)
@@ -239,6 +265,11 @@ class Config(_Rules):
     weight_decay: float = key(0.1, "weight decay on tensors with >= 2 dimensions (biases and "
         "LayerNorm exempt): decoupled for adamw, lamb and muon; an L2 term of the gradient for "
         "adam, sgd, rmsprop, adagrad and adadelta, as in torch.optim", lo=0)
+    wd_schedule: str = key("constant", "weight decay over the run (adamw and muon): "
+        "constant WEIGHT_DECAY, or linear / cosine from WEIGHT_DECAY at the start to WD_FINAL "
+        "at the last step", choices=("constant", "linear", "cosine"))
+    wd_final: float = key(0.0, "WD_SCHEDULE=linear|cosine: the weight decay at the last step",
+        lo=0)
     beta1: float = key(0.9, "adamw, adam, lamb (and muon's adamw part): first-moment decay",
         lo=0, hi=1, hi_open=True)
     beta2: float = key(0.95, "adamw, adam, lamb (and muon's adamw part): second-moment decay",
