@@ -196,7 +196,7 @@ def warmup(config: str | None, resume: str | None, trace: str | None,
 def eval_(model_path: str, split: str, device: str, data_dir: str | None, budget: int) -> None:
     """Perplexity of a checkpoint on a split (per token, and per word for subwords)."""
     from .reporting.progress import TrainingProgress
-    from .reporting.report import on_tokens
+    from .reporting.text import on_tokens
     from .training.evaluate import evaluate_checkpoint
 
     progress = TrainingProgress(1)
@@ -223,13 +223,13 @@ _LOG_OPTION = click.option(
 def _read_logs(logs: tuple[str, ...]) -> list[Any]:
     """The runs of every --log, in time order (a log's own order for equal times); each
     log's warnings on stderr. A missing log is an error, never silently skipped."""
-    from .reporting import report as rep
+    from .reporting.log_parser import read_log
 
     warnings: list[str] = []
     records = []
     for path in logs or ("training_log.txt",):
         try:
-            records += rep.read_log(path, warnings)
+            records += read_log(path, warnings)
         except FileNotFoundError as exc:
             raise click.ClickException(str(exc)) from None
     for w in warnings:
@@ -244,9 +244,9 @@ def _read_logs(logs: tuple[str, ...]) -> list[Any]:
               default="table")
 def report(logs: tuple[str, ...], last: int | None, fmt: str) -> None:
     """The runs in the log(s), CPU-vs-GPU speed-ups and the latest profiling report."""
-    from .reporting import report as rep
+    from .reporting.report_page import render_report
 
-    click.echo(rep.render_report(_read_logs(logs), fmt, last))
+    click.echo(render_report(_read_logs(logs), fmt, last))
 
 
 @main.command()
@@ -417,7 +417,7 @@ def banner(train_args: tuple[str, ...]) -> None:
     from pathlib import Path
 
     from .data import where_found
-    from .reporting.report import plural
+    from .reporting.text import plural
     from .training.optimizers import describe as describe_optimizer
 
     with train.make_context("rustyflow train", list(train_args)) as ctx:

@@ -43,7 +43,8 @@ from rustyflow_py.model.optim import (
     Schedule,
 )
 from rustyflow_py.model.params import ParameterBuffer
-from rustyflow_py.reporting.report import format_block, read_log
+from rustyflow_py.reporting.log_parser import read_log
+from rustyflow_py.reporting.log_writer import format_block
 from rustyflow_py.training import optimizers
 from rustyflow_py.training.config import KEYS, OPTIMIZERS, Config, ConfigError
 from rustyflow_py.training.loop import Trainer

@@ -12,7 +12,8 @@ from helpers import make_cfg, quiet
 
 from rustyflow_py import data
 from rustyflow_py.model.gpt import GPT, GPTConfig
-from rustyflow_py.reporting.report import format_block, read_log
+from rustyflow_py.reporting.log_parser import read_log
+from rustyflow_py.reporting.log_writer import format_block
 from rustyflow_py.training.checkpoint import Checkpoint
 from rustyflow_py.training.evaluate import perplexity, windows
 from rustyflow_py.training.loop import Trainer

@@ -8,16 +8,12 @@ import numpy as np
 import pytest
 from report_records import CPU_OPS, cpu_record, dp_record, gpu_record, interrupted_record, parallel
 
+from rustyflow_py.reporting.analysis import scaling, speedups
+from rustyflow_py.reporting.log_parser import parse_log, read_log
+from rustyflow_py.reporting.log_writer import format_block
 from rustyflow_py.reporting.logfile import append_block
-from rustyflow_py.reporting.report import (
-    format_block,
-    format_summary,
-    parse_log,
-    read_log,
-    render_report,
-    scaling,
-    speedups,
-)
+from rustyflow_py.reporting.report_page import render_report
+from rustyflow_py.reporting.run_text import format_summary
 
 
 def lines_of(block: str) -> list[str]:

@@ -21,13 +21,11 @@ from report_records import cpu_record, dp_record, gpu_record, interrupted_record
 
 from rustyflow_py.cli import main
 from rustyflow_py.errors import command
-from rustyflow_py.reporting.report import (
-    JSON_TAG,
-    format_block,
-    format_summary,
-    read_log,
-    render_report,
-)
+from rustyflow_py.reporting.log_parser import read_log
+from rustyflow_py.reporting.log_writer import format_block
+from rustyflow_py.reporting.record_schema import JSON_TAG
+from rustyflow_py.reporting.report_page import render_report
+from rustyflow_py.reporting.run_text import format_summary
 
 REPO = Path(__file__).resolve().parents[1]
 RUNS = REPO / "benchmarks" / "results" / "runs"

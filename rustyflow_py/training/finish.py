@@ -11,7 +11,10 @@ import json
 from typing import Any
 
 from ..engine.profiler import Profiler
-from ..reporting import logfile, report
+from ..reporting import logfile
+from ..reporting.log_writer import format_block
+from ..reporting.record_schema import RunRecord
+from ..reporting.run_text import format_summary
 from ..reporting.trace import chrome_trace, graph_trace
 from . import guard, hooks, outputs
 from .record import build_record
@@ -21,7 +24,7 @@ Outcome = tuple[str, str | None]  # the run's final status and message
 
 
 def finish(run: Any, status: str, message: str | None,
-           train_time: float) -> tuple[report.RunRecord | None, Outcome]:
+           train_time: float) -> tuple[RunRecord | None, Outcome]:
     """Checkpoint (not after a divergence), record, console summary, log block (rank 0;
     the others only take part in gathering a sharded optimizer's state) of `run`, a
     loop.Trainer whose loop has ended with `status`. Returns the record
@@ -38,14 +41,14 @@ def finish(run: Any, status: str, message: str | None,
     if not run.world.main:
         return None, outcome
     record = build_record(run, status, message, train_time, ckpt)
-    block = report.format_block(record)
+    block = format_block(record)
     def append(path: str) -> None:
         hooks.pause("log-append")
         logfile.append_block(path, block)
 
     log = outputs.write_with_fallback(run.cfg.log_file, append, "log block", run.warn,
                                       name="training_log.txt")
-    run.say(report.format_summary(record, log))
+    run.say(format_summary(record, log))
     if log is None:
         outcome = "failed", f"the log block of this {status} run is lost (see above)"
     elif run.signals.requested is not None and status != "interrupted":

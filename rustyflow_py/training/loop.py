@@ -18,7 +18,8 @@ import numpy as np
 from ..distributed.group import process_group
 from ..distributed.world import World
 from ..errors import ConfigError, TrainingError
-from ..reporting import report
+from ..reporting.record_schema import RunRecord
+from ..reporting.text import plural
 from . import guard, hooks
 from .config import Config
 from .finish import finish
@@ -33,7 +34,7 @@ class Trainer(RunParts):
     requests, and the resumable checkpoint at each epoch end."""
 
     # ---- the run -----------------------------------------------------------------------------
-    def run(self) -> report.RunRecord | None:
+    def run(self) -> RunRecord | None:
         """See _run; the checkpoint lock is released at the end, however the run ends."""
         try:
             return self._run()
@@ -41,7 +42,7 @@ class Trainer(RunParts):
             if self.lock is not None:
                 self.lock.release()
 
-    def _run(self) -> report.RunRecord | None:
+    def _run(self) -> RunRecord | None:
         """Train, evaluate, save, log. Returns the record (None if nothing was left to do, and
         on every data-parallel process but rank 0);
         raises Stopped after an interrupted run and TrainingError after a failed one, both
@@ -198,7 +199,7 @@ class Trainer(RunParts):
 
 def nothing_left(cfg: Config, step: int, total_steps: int) -> str:
     """What a resume of a finished run says (it trains nothing and logs nothing)."""
-    done = (f"all {report.plural(cfg.num_epochs, 'epoch')}" if step >= total_steps
+    done = (f"all {plural(cfg.num_epochs, 'epoch')}" if step >= total_steps
             else f"MAX_STEPS={cfg.max_steps}")
     return (f"Nothing left to do: the checkpoint is at step {step}, which completes {done}. "
             f"To train longer, resume with --num-epochs {cfg.num_epochs + 1} (or more), or a "
@@ -214,7 +215,7 @@ def divergence_advice(cfg: Config) -> str:
 
 def train(cfg: Config, say: Say = print, resume: str | None = None, progress: Any = None,
           warn: Say | None = None, trace: str | None = None,
-          overwrite: bool = False, init_from: str | None = None) -> report.RunRecord | None:
+          overwrite: bool = False, init_from: str | None = None) -> RunRecord | None:
     """Train per `cfg`, as one process or as one of a data-parallel run's (the launcher's
     environment says which); returns the run record also appended to the log (None when a
     resumed run had nothing left to do, and on every process but rank 0). `trace`: see
