@@ -160,15 +160,20 @@ class Trainer(RunParts):
 
     def _validate(self) -> None:
         """Validation perplexity, into the curve; a new best writes the best checkpoint, and
-        PATIENCE validations in a row without one stop the run."""
-        best, stop = self.history.validated(self.evaluate("valid"), self.cfg.patience)
-        self._val_step = self.pos.step
-        self.say(f"step {self.pos.step}: validation perplexity {self.val_ppl:.2f}"
-                 f"{self.evaluator.on('valid')}")
-        if best:
-            # deferred: a best file and the history that names it agree
-            with self.signals.deferring(), self.clock.timed("checkpoint"):
-                self.checkpoints.save_best()
+        PATIENCE validations in a row without one stop the run. With weight averaging
+        (EMA_DECAY, AVERAGE_LAST_K) the averaged weights are measured and saved."""
+        if self.averager is not None:
+            with self.ledger.set_aside():
+                self.averager.at_validation()
+        with self.checkpoints.averaged():
+            best, stop = self.history.validated(self.evaluate("valid"), self.cfg.patience)
+            self._val_step = self.pos.step
+            self.say(f"step {self.pos.step}: validation perplexity {self.val_ppl:.2f}"
+                     f"{self.evaluator.on('valid')}")
+            if best:
+                # deferred: a best file and the history that names it agree
+                with self.signals.deferring(), self.clock.timed("checkpoint"):
+                    self.checkpoints.save_best()
         if stop:
             self.early_stopped = stop
             self.say(stop)

@@ -25,6 +25,7 @@ from ..model.gpt import build_model
 from ..model.loss_scale import LossScaler
 from ..reporting.trace import MAX_STEPS as TRACE_STEPS
 from . import guard, outputs, sizing
+from .averaging import averager_for
 from .clock import RunClock
 from .config import Config
 from .evaluate import SplitEvaluator, upload_split
@@ -116,8 +117,10 @@ class RunParts:
         if self.precision.loss_scaling:
             self.optimizer.loss_scaler = LossScaler(self.backend.xp)
         self.shards = Shards(world.rank, world.size, cfg.grad_accum_steps, self.comm, sync)
+        self.averager = averager_for(cfg, buffer)  # EMA_DECAY / AVERAGE_LAST_K, or None
         self.history = (restore(resume, cfg, self.corpus.vocab.itos, buffer, self.optimizer,
-                                self.warn, world.size) if resume else History())
+                                self.warn, world.size, self.averager)
+                        if resume else History())
         if resume:
             self.say(f"Resumed from {resume} at step {self.pos.step} (epoch "
                      f"{self.pos.epoch + 1}, batch {self.pos.batch})")
@@ -140,13 +143,13 @@ class RunParts:
             log_interval=min(cfg.log_interval, self.limit),  # a ring no longer than the run
             profiler=self.profiler,
             profile_steps=cfg.profile_steps, graph=graph, warn=self.warn,
-            shards=self.shards, sampler=sampler)
+            shards=self.shards, sampler=sampler, averager=self.averager)
         self.ledger = TransferLedger(self.backend)
         self.checkpoints = RunCheckpoints(
             cfg.model_path_for(self.device), cfg, self.device, self.model, self.optimizer,
             self.corpus.vocab.to_array(), self.history, self.ledger.set_aside, self.warn,
             world.size, writes=main, barrier=self.comm.barrier if self.comm else None,
-            tokenizer=self.corpus.tokenizer)
+            tokenizer=self.corpus.tokenizer, averager=self.averager)
         self.evaluator = SplitEvaluator(self.model, self.corpus, cfg.batch_size, cfg.seq_len,
                                         cfg.eval_stride, self.progress, self.ledger.set_aside,
                                         cfg.eval_tokens)
