@@ -287,6 +287,15 @@ class Kernels(Protocol):
         into `out`'s three views when given (e.g. those of one (B, T, 3E) gradient)."""
         ...
 
+    def decode_attention(self, qkv: Any, keys: Any, values: Any, pos: Any, scale: float,
+                         n: int) -> Any:
+        """Generation's attention for one new position per sequence: write the key and value
+        of qkv (B, 3E) at `pos` ((1,) int64 on the device) into one layer's cache keys/values
+        (B, H, S, D) in place, then attend the query over cache positions 0..pos; y (B, E).
+        `n` (pos + 1 eagerly, S in a captured graph) is the window a backend that cannot read
+        pos on the device masks within."""
+        ...
+
     # ---- randomness ------------------------------------------------------------------------------
     def dropout_mask(self, shape: tuple[int, ...], dtype: Any, p: float, seed: int, site: int,
                      step: Any) -> Any:
