@@ -85,7 +85,12 @@ def cpu_record(**changes: object) -> dict:
 
 def gpu_record(**changes: object) -> dict:
     """A completed GPU run (CUDA graphs) whose per-op times come from a 20-step window."""
-    record = cpu_record(
+    return cpu_record(**{**_gpu_fields(), **changes})
+
+
+def _gpu_fields() -> dict:
+    """What gpu_record changes in cpu_record's (a fresh copy each call: tests mutate it)."""
+    return dict(
         timestamp="2026-11-22T08:00:00Z",
         device="gpu",
         device_requested="auto",
@@ -146,30 +151,19 @@ def gpu_record(**changes: object) -> dict:
             "matmul_floor": None,
         },
     )
-    record.update(changes)
-    return record
 
 
 def interrupted_record(**changes: object) -> dict:
     """A GPU request that fell back to the CPU and was interrupted before an epoch ended."""
-    record = cpu_record(
-        timestamp="2026-11-22T09:00:00Z",
-        status="interrupted",
-        device_requested="gpu",
-        fallback_reason="no CUDA driver",
-        epochs=0,
-        steps=40,
-        steps_per_epoch=150,
-        train_time_s=2.0,
-        avg_epoch_time_s=None,
-        val_ppl=None,
-        test_ppl=None,
-        checkpoint=None,
-        message="KeyboardInterrupt at step 40",
-        profile=None,
-    )
-    record.update(changes)
-    return record
+    return cpu_record(**{**_interrupted_fields(), **changes})
+
+
+def _interrupted_fields() -> dict:
+    """What interrupted_record changes in cpu_record's."""
+    return dict(timestamp="2026-11-22T09:00:00Z", status="interrupted", device_requested="gpu",
+                fallback_reason="no CUDA driver", epochs=0, steps=40, steps_per_epoch=150,
+                train_time_s=2.0, avg_epoch_time_s=None, val_ppl=None, test_ppl=None,
+                checkpoint=None, message="KeyboardInterrupt at step 40", profile=None)
 
 
 def parallel(world: int, **changes: object) -> dict:
