@@ -27,9 +27,9 @@ def finish(run: Any, status: str, message: str | None,
            train_time: float) -> tuple[RunRecord | None, Outcome]:
     """Checkpoint (not after a divergence), record, console summary, log block (rank 0;
     the others only take part in gathering a sharded optimizer's state) of `run`, a
-    loop.Trainer whose loop has ended with `status`. Returns the record
-    (None on the other processes) and the run's outcome, which a lost checkpoint or log block
-    turns into a failure."""
+    loop.Trainer whose loop has ended with `status`. Returns the record (None on the other
+    processes) and the run's final status and message: a lost write makes it a failure, a stop
+    signal during the writes an interruption (guard.final_status)."""
     ckpt = None
     if status == "interrupted" and run.in_step:
         message = (f"{message} (inside a step: the checkpoint was not written, the last "
