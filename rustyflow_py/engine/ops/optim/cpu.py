@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from ..cpu_pool import BLOCK, Blocks, CpuPool
+from ..cpu_pool import BLOCK, Blocks
 from .reference import OptimizerReference, bias_correction
 
 
-class CpuOptimizer(CpuPool):
+class CpuOptimizer(OptimizerReference):
     def l2_norm(self, g: Any) -> Any:
         """BLAS dots per cache block, summed in float64: as fast as one dot over the whole
         buffer, whose float32 accumulator drifts ~1e-5 over millions of squares."""

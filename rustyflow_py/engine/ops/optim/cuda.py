@@ -18,7 +18,7 @@ import numpy as np
 
 from ...precision import accumulate_dtype
 from .. import cuda_build
-from .reference import NS_COEFFICIENTS, log_beta
+from .reference import NS_COEFFICIENTS, OptimizerReference, log_beta
 
 _SRC = {name: cuda_build.source(__file__, f"{name}.cu")
         for name in ("adamw", "adam", "sgd", "rmsprop", "adagrad", "adadelta", "muon")}
@@ -98,12 +98,8 @@ class _Segments:
 _CHUNK = 8192
 
 
-class CudaOptimizer:
+class CudaOptimizer(OptimizerReference):
     """The optimizer half of the CUDA kernel set."""
-
-    xp: Any
-    backend: Any
-    _one: Any  # a device 1.0: the clip factor when there is no clipping
 
     def l2_norm(self, g: Any) -> Any:
         return _optimizer_kernels()["sumsq"](g)

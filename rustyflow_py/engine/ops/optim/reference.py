@@ -8,6 +8,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from ..table import Family
+
 # The quintic Newton-Schulz iteration's coefficients (Muon: Jordan et al. 2024)
 NS_COEFFICIENTS = (3.4445, -4.7750, 2.0315)
 
@@ -24,10 +26,9 @@ def bias_correction(xp: Any, t: Any, beta: float) -> Any:
     return -xp.expm1(t * log_beta(beta))
 
 
-class OptimizerReference:
+class OptimizerReference(Family):
     """The optimizer kernels written once against `self.xp` (NumPy or CuPy)."""
 
-    xp: Any
 
     # ---- optimizer kernels over the flat parameter buffer ------------------------------------
     def l2_norm(self, g: Any) -> Any:
