@@ -12,13 +12,16 @@ zero_grad are each one pass over memory.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from typing import Any, Protocol
 
 import numpy as np
 
 from ..engine import ops
+from ..engine.regularize import locked_dropout, smoothed
 from ..engine.tensor import Tensor
+from .init import Init
 from .params import ParameterBuffer
 
 LN_EPS = 1e-5  # GPT-2's LayerNorm epsilon
@@ -38,6 +41,8 @@ class GPTConfig:
     attn_dropout: float = -1.0  # the attention probabilities
     resid_dropout: float = -1.0  # each block's two branches, before the residual add
     word_dropout: float = 0.0  # whole vocabulary rows of the input embedding
+    locked_dropout: bool = False  # embedding and residual sites: one mask per sequence
+    label_smoothing: float = 0.0  # of the training loss only (engine/regularize.py)
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head:
@@ -64,34 +69,43 @@ def block_sites(layer: int) -> tuple[int, int, int]:
     return 2 + 3 * layer, 3 + 3 * layer, 4 + 3 * layer
 
 
-def init_weights(cfg: GPTConfig, seed: int) -> dict[str, np.ndarray]:
-    """GPT-2's initialisation (N(0, 0.02); residual projections scaled by 1/sqrt(2L)), on the
-    host in float32, so every device starts identically."""
-    rng = np.random.default_rng(seed)
+def weight_inits(cfg: GPTConfig, seed: int) -> dict[str, Init]:
+    """GPT-2's initialisation (N(0, 0.02); residual projections scaled by 1/sqrt(2L)) as
+    descriptions the parameter buffer realises on its own device (model/init.py): every
+    device starts a seed from the same weights, and none is built on the host first."""
     e, std = cfg.n_embd, 0.02
     proj_std = std / math.sqrt(2 * cfg.n_layer)
+    streams = itertools.count()
 
-    def normal(shape: tuple[int, ...], s: float = std) -> np.ndarray:
-        return (rng.standard_normal(shape, dtype=np.float32) * s).astype(np.float32)
+    def normal(shape: tuple[int, ...], s: float = std) -> Init:
+        return Init(shape, std=s, seed=seed, stream=next(streams))
 
-    w: dict[str, np.ndarray] = {"wte": normal((cfg.vocab_size, e)), "wpe": normal((cfg.seq_len, e))}
+    def const(size: int, value: float) -> Init:
+        return Init((size,), fill=value)
+
+    w: dict[str, Init] = {"wte": normal((cfg.vocab_size, e)), "wpe": normal((cfg.seq_len, e))}
     for i in range(cfg.n_layer):
         p = f"h.{i}."
-        w[p + "ln_1.weight"] = np.ones(e, np.float32)
-        w[p + "ln_1.bias"] = np.zeros(e, np.float32)
+        w[p + "ln_1.weight"] = const(e, 1.0)
+        w[p + "ln_1.bias"] = const(e, 0.0)
         w[p + "attn.c_attn.weight"] = normal((e, 3 * e))  # stored (in, out): y = x @ W
-        w[p + "attn.c_attn.bias"] = np.zeros(3 * e, np.float32)
+        w[p + "attn.c_attn.bias"] = const(3 * e, 0.0)
         w[p + "attn.c_proj.weight"] = normal((e, e), proj_std)
-        w[p + "attn.c_proj.bias"] = np.zeros(e, np.float32)
-        w[p + "ln_2.weight"] = np.ones(e, np.float32)
-        w[p + "ln_2.bias"] = np.zeros(e, np.float32)
+        w[p + "attn.c_proj.bias"] = const(e, 0.0)
+        w[p + "ln_2.weight"] = const(e, 1.0)
+        w[p + "ln_2.bias"] = const(e, 0.0)
         w[p + "mlp.c_fc.weight"] = normal((e, 4 * e))
-        w[p + "mlp.c_fc.bias"] = np.zeros(4 * e, np.float32)
+        w[p + "mlp.c_fc.bias"] = const(4 * e, 0.0)
         w[p + "mlp.c_proj.weight"] = normal((4 * e, e), proj_std)
-        w[p + "mlp.c_proj.bias"] = np.zeros(e, np.float32)
-    w["ln_f.weight"] = np.ones(e, np.float32)
-    w["ln_f.bias"] = np.zeros(e, np.float32)
+        w[p + "mlp.c_proj.bias"] = const(e, 0.0)
+    w["ln_f.weight"] = const(e, 1.0)
+    w["ln_f.bias"] = const(e, 0.0)
     return w
+
+
+def init_weights(cfg: GPTConfig, seed: int) -> dict[str, np.ndarray]:
+    """The initial weights as host float32 arrays (for tests and the PyTorch peers)."""
+    return {n: init.on_host() for n, init in weight_inits(cfg, seed).items()}
 
 
 def hidden_matrices(buffer: ParameterBuffer) -> tuple[str, ...]:
@@ -113,6 +127,8 @@ class ModelShape(Protocol):
     attn_dropout: float
     resid_dropout: float
     word_dropout: float
+    locked_dropout: bool
+    label_smoothing: float
     seed: int
 
 
@@ -138,7 +154,7 @@ class GPT:
         pad_to: int = 1, compute: Any = None,
     ) -> None:
         self.cfg = cfg
-        self.buffer = ParameterBuffer(init_weights(cfg, seed), device, dtype, pad_to, compute)
+        self.buffer = ParameterBuffer(weight_inits(cfg, seed), device, dtype, pad_to, compute)
         self.p = self.buffer.params
         # each block's parameters by their name inside it, looked up once, not every step
         self.layers = [{n[len(f"h.{i}."):]: t for n, t in self.p.items()
@@ -192,7 +208,7 @@ class GPT:
                                    WORD_SITE)
         x = tok + ops.index(p["wpe"], slice(start, start + t))  # (B, T, E)
         if train:
-            x = ops.dropout(x, cfg.rate(cfg.embd_dropout), self.rng, EMBD_SITE)
+            x = self._dropout(x, cfg.rate(cfg.embd_dropout), EMBD_SITE)
         for i in range(cfg.n_layer):
             x = self._block(x, i, train, cache)
         if cache is not None:
@@ -206,7 +222,15 @@ class GPT:
         if targets is None:
             logits = ops.matmul(h, p["wte"], transpose_b=True)  # (B*T, V)
             return ops.reshape(logits, (b, t, cfg.vocab_size))
-        return ops.lm_head_cross_entropy(h, p["wte"], targets)  # logits never returned
+        loss = ops.lm_head_cross_entropy(h, p["wte"], targets)  # logits never returned
+        return smoothed(loss, h, p["wte"], targets, cfg.label_smoothing) if train else loss
+
+    def _dropout(self, x: Tensor, p: float, site: int) -> Tensor:
+        """Dropout of an embedding or residual site: element-wise, or with LOCKED_DROPOUT one
+        (B, 1, E) mask per sequence, shared by its positions."""
+        if self.cfg.locked_dropout:
+            return locked_dropout(x, p, self.rng, site)
+        return ops.dropout(x, p, self.rng, site)
 
     def _block(self, x: Tensor, i: int, train: bool, cache: KVCache | None) -> Tensor:
         p, cfg, rng = self.layers[i], self.cfg, self.rng
@@ -221,11 +245,11 @@ class GPT:
             a = ops.cached_attention(qkv, cache.keys[i], cache.values[i], cache.length,
                                      cfg.n_head)  # (B, T, E)
         a = ops.linear(a, p["attn.c_proj.weight"], p["attn.c_proj.bias"])  # (B, T, E)
-        x = x + ops.dropout(a, resid_p, rng, attn_out_site)
+        x = x + self._dropout(a, resid_p, attn_out_site)
         h = ops.layer_norm(x, p["ln_2.weight"], p["ln_2.bias"], LN_EPS)
         f = ops.mlp(h, p["mlp.c_fc.weight"], p["mlp.c_fc.bias"], p["mlp.c_proj.weight"],
                     p["mlp.c_proj.bias"])  # (B, T, E), through (B, T, 4E)
-        return x + ops.dropout(f, resid_p, rng, mlp_out_site)
+        return x + self._dropout(f, resid_p, mlp_out_site)
 
     def matmul_flops_per_step(self, batch: int, seq_len: int) -> float:
         """FLOPs of the step's matmuls (forward + backward = 3x forward)."""
@@ -244,5 +268,6 @@ def build_model(shape: ModelShape, vocab_size: int, device: str = "cpu",
     and `compute`: see ParameterBuffer."""
     cfg = GPTConfig(vocab_size, shape.seq_len, shape.num_layers, shape.num_heads,
                     shape.embed_dim, shape.dropout, shape.embd_dropout, shape.attn_dropout,
-                    shape.resid_dropout, shape.word_dropout)
+                    shape.resid_dropout, shape.word_dropout, shape.locked_dropout,
+                    shape.label_smoothing)
     return GPT(cfg, device, shape.seed, dtype, pad_to, compute)

@@ -1,5 +1,12 @@
 """Attention on the GPU: the materialised path's fused causal softmax (softmax.cu, one warp
-per row), and the flash-style fused attention (flash.py) where it applies."""
+per row), the flash-style fused attention (flash.py) where it applies, and generation's
+one-position attention over the KV cache in one kernel (decode_attention.cu).
+
+Why a kernel of its own for decoding: the reference formulation is about fourteen launches
+per layer (two cache writes, two batched GEMMs, the masked softmax's elementwise passes),
+each over all SEQ_LEN cached positions when the step is a captured graph; at batch 1 those
+launches, not arithmetic, are the time of a token. The kernel is one launch per layer that
+reads the position from device memory and touches only the positions filled so far."""
 
 from __future__ import annotations
 
@@ -14,6 +21,10 @@ from . import flash
 from .reference import AttentionReference
 
 _SOFTMAX = cuda_build.source(__file__, "softmax.cu", cuda_build.dtype_defines(np.float32))
+_DECODE = cuda_build.source(__file__, "decode_attention.cu",
+                            cuda_build.dtype_defines(np.float32))
+DECODE_THREADS = 256  # a block per (sequence, head); head_dim <= this
+DECODE_SHARED_LIMIT = 48 * 1024  # the default dynamic shared memory of a block
 
 
 def _drop(dropout: tuple[float, int, int, Any] | None) -> flash.Dropout | None:
@@ -73,3 +84,22 @@ class CudaAttention(AttentionReference):
                            out: tuple[Any, Any, Any] | None = None) -> tuple[Any, Any, Any]:
         return flash.flash_attention_backward(q, k, v, o, do, lse, scale,
                                                        _drop(dropout), out)
+
+    def decode_attention(self, qkv: Any, keys: Any, values: Any, pos: Any, scale: float,
+                         n: int) -> Any:
+        """decode_attention.cu: one block per (sequence, head) attends over positions
+        0..pos (read on the device; `n` is the reference's window and is not needed).
+        Falls back to the reference where the kernel does not apply."""
+        b, heads, s_len, d = keys.shape
+        acc = accumulate_dtype(qkv.dtype)
+        slices = DECODE_THREADS // d if d else 0
+        shared = (d + s_len + slices * d) * acc.itemsize
+        if (not slices or shared > DECODE_SHARED_LIMIT or not qkv.flags.c_contiguous
+                or not keys.flags.c_contiguous or not values.flags.c_contiguous):
+            return super().decode_attention(qkv, keys, values, pos, scale, n)
+        y = self.xp.empty((b, heads * d), dtype=qkv.dtype)  # (B, E)
+        _DECODE.typed("decode_attention", qkv.dtype, keys, values)(
+            (b * heads,), (DECODE_THREADS,),
+            (qkv, keys, values, y, pos, np.int32(heads), np.int32(s_len), np.int32(d),
+             acc.type(scale)), shared_mem=shared)
+        return y

@@ -35,6 +35,13 @@ table has no attention_forward/backward for the CPU.
         = None) -> tuple[Any, Any, Any]
         (dq, dk, dv) of attention_forward for upstream do, from its o and lse; written into
         `out`'s three views when given (e.g. those of one (B, T, 3E) gradient).
+
+    decode_attention(qkv, keys, values, pos, scale, n) -> Any
+        Generation's attention for one new position per sequence: write the key and value
+        of qkv (B, 3E) at `pos` ((1,) int64 on the device) into one layer's cache keys/values
+        (B, H, S, D) in place, then attend the query over cache positions 0..pos; y (B, E).
+        `n` (pos + 1 eagerly, S in a captured graph) is the window a device that cannot read
+        pos on the device masks within.
 """
 
 from __future__ import annotations
@@ -51,3 +58,5 @@ declare(("causal_softmax_forward", "causal_softmax_recompute", "causal_softmax_b
 declare("fused_attention", reference={ANY: AttentionReference}, cpu={ANY: AttentionReference},
         gpu={ANY: CudaAttention})
 declare(("attention_forward", "attention_backward"), gpu={FLOATS: CudaAttention})
+declare("decode_attention", reference={ANY: AttentionReference},
+        cpu={FLOATS: AttentionReference}, gpu={FLOATS: CudaAttention})

@@ -1,9 +1,12 @@
 """The attention family's reference kernels: the causal scale + mask + softmax over the
-last axis of (B, H, T, T) scores, and no fused attention (a GPU kernel fuses it)."""
+last axis of (B, H, T, T) scores, generation's one-position attention over the KV cache, and
+no fused attention (a GPU kernel fuses it)."""
 
 from __future__ import annotations
 
 from typing import Any
+
+import numpy as np
 
 from ...precision import is_16bit
 from ..table import Family
@@ -65,3 +68,22 @@ class AttentionReference(Family):
 
     def fused_attention(self, dtype: Any, head_dim: int, seq_len: int) -> bool:
         return False  # attention is materialised here (a GPU kernel fuses it)
+
+    def decode_attention(self, qkv: Any, keys: Any, values: Any, pos: Any, scale: float,
+                         n: int) -> Any:
+        """Generation's attention for one new position per sequence: the key and value in
+        qkv (B, 3E) are written at `pos` ((1,) int64, on the device) into one layer's cache
+        keys/values (B, H, S, D), then the query attends over cache positions 0..n-1, those
+        after pos masked; returns y (B, E). n = pos + 1 reads only the filled positions,
+        n = S keeps every shape fixed (a captured graph serves every position)."""
+        xp = self.xp
+        b, heads, s_len, d = keys.shape
+        q, key, value = qkv.reshape(b, 3, heads, 1, d).transpose(1, 0, 2, 3, 4)
+        keys[:, :, pos] = key  # (B, H, 1, D) written at pos: in place
+        values[:, :, pos] = value
+        att = self.matmul(q, keys[:, :, :n], transpose_b=True)  # (B, H, 1, n)
+        att = att.astype(np.promote_types(att.dtype, np.float32)) * scale  # 16-bit: f32
+        att = xp.where(xp.arange(n) > pos, -xp.inf, att)  # no keys after pos
+        att = xp.exp(att - att.max(axis=-1, keepdims=True))
+        probs = (att / att.sum(axis=-1, keepdims=True)).astype(qkv.dtype)
+        return self.matmul(probs, values[:, :, :n]).reshape(b, heads * d)  # (B, E)

@@ -6,7 +6,7 @@ table.py's common ones); tests/test_kernel_contract.py holds each to the referen
     dropout_mask(shape, dtype, p, seed, site, step) -> Any
         Inverted dropout's multiplier, a fresh array of `shape` and float `dtype`: 1/(1-p)
         where element i is kept, else 0, kept when Philox4x32-10's draw for (seed, site,
-        step, i) is at least p (kernels/philox.py). `step` is a 0-d int32 device counter.
+        step, i) is at least p (dropout/philox.py). `step` is a 0-d int32 device counter.
         Every backend returns the same bits for the same arguments.
 
     dropout_apply(x, p, seed, site, step) -> Any

@@ -21,7 +21,7 @@ from .. import cuda_build
 from .reference import NS_COEFFICIENTS, OptimizerReference, log_beta
 
 _SRC = {name: cuda_build.source(__file__, f"{name}.cu")
-        for name in ("adamw", "adam", "sgd", "rmsprop", "adagrad", "adadelta", "muon")}
+        for name in ("adamw", "adam", "sgd", "rmsprop", "adagrad", "adadelta", "muon", "ema")}
 _LAMB = cuda_build.source(__file__, "lamb.cu", cuda_build.dtype_defines(np.float32))
 _ADAM_PARAMS = ("T g, float32 lr, int32 step, float32 scale, float32 c1, float32 c2, "
                 "float32 lb1, float32 lb2, float32 eps, float32 wd, int64 decay")
@@ -61,6 +61,8 @@ def _optimizer_kernels() -> dict[str, Any]:
                        "rf_ns_axpby_update(x, a, b, y)", "rf_ns_axpby"),
         "div_eps": ew(_SRC["muon"], "T x, T n, float32 eps", "T y",
                       "y = rf_div_eps_value(x, n, eps)", "rf_div_eps"),
+        "ema_update": ew(_SRC["ema"], "T p, T c, int32 step, int64 start", "T ema",
+                         "rf_ema_update(p, c, step, start, ema)", "rf_ema"),
         # sqrt(sum(x * x)): the global grad norm, and the Frobenius norms in Newton-Schulz
         "sumsq": cupy.ReductionKernel("T x", "T y", "x * x", "a + b", "y = sqrt(a)", "0",
                                       "rf_l2norm"),
@@ -233,3 +235,7 @@ class CudaOptimizer(OptimizerReference):
                    factor: float) -> None:
         _optimizer_kernels()["muon_apply"](update, lr, np.float32(weight_decay), np.float32(factor),
                                      p)
+
+    def ema_update(self, ema: Any, p: Any, decay: float, step: Any, start: int) -> None:
+        _optimizer_kernels()["ema_update"](p, ema.dtype.type(1.0 - decay), step,
+                                           np.int64(start), ema)

@@ -67,6 +67,11 @@ device arrays, so nothing waits for the host; weight decay applies to p[:decay_s
     muon_apply(p, update, lr, weight_decay, factor) -> None
         p <- p * (1 - lr * weight_decay) - lr * factor * update in place, for one matrix p
         and its orthogonalised update of the same shape (possibly a strided view).
+
+    ema_update(ema, p, decay, step, start) -> None
+        The weights' exponential moving average, in place over the flat (P,) buffers: ema <-
+        ema + (1 - decay) * (p - ema) once the 0-d int32 device counter `step` (steps done)
+        exceeds `start`, else ema <- p exactly (the average starts at step `start`).
 """
 
 from __future__ import annotations
@@ -77,7 +82,7 @@ from .cuda import CudaOptimizer
 from .reference import OptimizerReference
 
 declare(("l2_norm", "adamw", "adam", "sgd", "rmsprop", "adagrad", "adadelta", "lamb",
-         "muon_momentum", "newton_schulz", "muon_apply"),
+         "muon_momentum", "newton_schulz", "muon_apply", "ema_update"),
         reference={ANY: OptimizerReference}, cpu={FLOATS: CpuOptimizer},
         gpu={FLOATS: CudaOptimizer})
 declare("segments", reference={ANY: OptimizerReference}, cpu={ANY: CpuOptimizer},

@@ -199,3 +199,10 @@ class OptimizerReference(Family):
         if weight_decay:
             p *= 1.0 - lr * weight_decay
         p -= (lr * factor).astype(p.dtype) * update
+
+    def ema_update(self, ema: Any, p: Any, decay: float, step: Any, start: int) -> None:
+        """(1 - decay) is rounded once, from double precision, to the buffers' dtype."""
+        moved = p - ema
+        moved *= ema.dtype.type(1.0 - decay)
+        moved += ema
+        self.xp.copyto(ema, self.xp.where(step > start, moved, p))
