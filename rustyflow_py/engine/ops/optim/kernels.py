@@ -1,4 +1,6 @@
-"""The optimizer kernels: their contract, and their entries in the kernel table.
+"""The optimizer kernels: their contract, and their entries in the kernel table. Each
+optimizer is a file of this folder (its reference, CPU and CUDA classes; its CUDA C in the
+.cu file of its name), and common.py holds what they share.
 
 Every device's kernel for an op takes exactly these arguments and keeps these rules (and
 table.py's common ones); tests/test_kernel_contract.py holds each to the reference.
@@ -77,13 +79,31 @@ device arrays, so nothing waits for the host; weight decay applies to p[:decay_s
 from __future__ import annotations
 
 from ..table import ANY, FLOATS, declare
-from .cpu import CpuOptimizer
-from .cuda import CudaOptimizer
-from .reference import OptimizerReference
+from .adadelta import AdadeltaReference, CpuAdadelta, CudaAdadelta
+from .adagrad import AdagradReference, CpuAdagrad, CudaAdagrad
+from .adam import AdamReference, CpuAdam, CudaAdam
+from .ema import CudaEma, EmaReference
+from .lamb import CpuLamb, CudaLamb, LambReference
+from .muon import CudaMuon, MuonReference
+from .norm import CpuNorm, CudaNorm, NormReference
+from .rmsprop import CpuRmsprop, CudaRmsprop, RmspropReference
+from .sgd import CpuSgd, CudaSgd, SgdReference
 
-declare(("l2_norm", "adamw", "adam", "sgd", "rmsprop", "adagrad", "adadelta", "lamb",
-         "muon_momentum", "newton_schulz", "muon_apply", "ema_update"),
-        reference={ANY: OptimizerReference}, cpu={FLOATS: CpuOptimizer},
-        gpu={FLOATS: CudaOptimizer})
-declare("segments", reference={ANY: OptimizerReference}, cpu={ANY: CpuOptimizer},
-        gpu={ANY: CudaOptimizer})
+declare("l2_norm", reference={ANY: NormReference}, cpu={FLOATS: CpuNorm}, gpu={FLOATS: CudaNorm})
+declare(("adamw", "adam"), reference={ANY: AdamReference}, cpu={FLOATS: CpuAdam},
+        gpu={FLOATS: CudaAdam})
+declare("sgd", reference={ANY: SgdReference}, cpu={FLOATS: CpuSgd}, gpu={FLOATS: CudaSgd})
+declare("rmsprop", reference={ANY: RmspropReference}, cpu={FLOATS: CpuRmsprop},
+        gpu={FLOATS: CudaRmsprop})
+declare("adagrad", reference={ANY: AdagradReference}, cpu={FLOATS: CpuAdagrad},
+        gpu={FLOATS: CudaAdagrad})
+declare("adadelta", reference={ANY: AdadeltaReference}, cpu={FLOATS: CpuAdadelta},
+        gpu={FLOATS: CudaAdadelta})
+# segments has no array argument: one entry per device for any dtype
+declare("segments", reference={ANY: LambReference}, cpu={ANY: LambReference},
+        gpu={ANY: CudaLamb})
+declare("lamb", reference={ANY: LambReference}, cpu={FLOATS: CpuLamb}, gpu={FLOATS: CudaLamb})
+declare(("muon_momentum", "newton_schulz", "muon_apply"), reference={ANY: MuonReference},
+        cpu={FLOATS: MuonReference}, gpu={FLOATS: CudaMuon})
+declare("ema_update", reference={ANY: EmaReference}, cpu={FLOATS: EmaReference},
+        gpu={FLOATS: CudaEma})
