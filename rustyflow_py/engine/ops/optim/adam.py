@@ -129,16 +129,19 @@ class CudaAdam(AdamReference, CudaOptimizerFamily):
         self, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any, scale: Any,
         betas: tuple[float, float], eps: float, weight_decay: float, decay_size: int,
     ) -> None:
-        f32 = np.float32
-        _kernels()["adamw"](
-            g, lr, step, self._scale(scale), *self._betas(betas), f32(eps), f32(weight_decay),
-            np.int64(decay_size), p, m, v)
+        self._update("adamw", p, g, m, v, lr, step, scale, betas, eps, weight_decay, decay_size)
 
     def adam(
         self, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any, scale: Any,
         betas: tuple[float, float], eps: float, weight_decay: float, decay_size: int,
     ) -> None:
+        self._update("adam", p, g, m, v, lr, step, scale, betas, eps, weight_decay, decay_size)
+
+    def _update(self, name: str, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any,
+                scale: Any, betas: tuple[float, float], eps: float, weight_decay: float,
+                decay_size: int) -> None:
+        """One launch of adamw.cu's or adam.cu's kernel (they take the same arguments)."""
         f32 = np.float32
-        _kernels()["adam"](
+        _kernels()[name](
             g, lr, step, self._scale(scale), *self._betas(betas), f32(eps), f32(weight_decay),
             np.int64(decay_size), p, m, v)
