@@ -121,13 +121,22 @@ class _Dispatch:
         self._cache: dict[Any, Callable[..., Any]] = {}
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        dtype = _dtype_of(args)
-        fn = self._cache.get(dtype)
-        if fn is None:
-            name = ANY if dtype is None else str(getattr(dtype, "name", dtype))
-            fn = getattr(self._set.family(lookup(self._op, self._set.kind, name)), self._op)
-            self._cache[dtype] = fn
+        try:  # the usual call: an array first, its dtype seen before
+            fn = self._cache[args[0].dtype]
+        except (IndexError, AttributeError, KeyError, TypeError):
+            fn = self._resolve(args)
         return fn(*args, **kwargs)
+
+    def _resolve(self, args: tuple[Any, ...]) -> Callable[..., Any]:
+        """The kernel for these arguments from the table, cached by the first argument's
+        dtype when it has one (then it is the first array's)."""
+        dtype = _dtype_of(args)
+        name = ANY if dtype is None else str(getattr(dtype, "name", dtype))
+        fn = getattr(self._set.family(lookup(self._op, self._set.kind, name)), self._op)
+        first = getattr(args[0], "dtype", None) if args else None
+        if first is not None and first is dtype:
+            self._cache[first] = fn
+        return fn
 
 
 class KernelSet:
