@@ -1,6 +1,6 @@
 """The CUDA kernel set: each op family's CuPy kernels (their CUDA C in .cu files beside the
 launchers, compiled by cuda_build.py), cuBLAS for the GEMMs and cuBLASLt for the Linear
-layers' fused epilogues; anything no family overrides runs the shared formulation.
+layers' fused epilogues; what a family's class does not override runs its reference.
 
 Kernels are compiled per storage dtype on first use: `real`, the type of the arrays they load
 and store (float, double or __half), and `acc`, the type they compute and reduce in (float,
@@ -18,27 +18,33 @@ from typing import Any
 
 import numpy as np
 
-from .attention.cuda import CudaAttention
-from .batch.cuda import CudaBatch
-from .dropout.cuda import CudaDropout
-from .gelu.cuda import CudaGelu
 from .gemm.cublas import Cublas
-from .gemm.cublaslt import CublasLt
-from .gemm.cuda import CudaGemm
-from .layernorm.cuda import CudaLayerNorm
-from .optim.cuda import CudaOptimizer
-from .reference_set import XpKernels
-from .softmax_xent.cuda import CudaCrossEntropy
+from .gemm.cublaslt import CublasLt, CublasLtUnsupported
+from .kernel_table import FAMILIES
+from .table import KernelSet
 
 
-class CudaKernels(CudaGemm, CudaLayerNorm, CudaGelu, CudaAttention, CudaCrossEntropy,
-                  CudaBatch, CudaDropout, CudaOptimizer, XpKernels):
-    """Fused CuPy kernels; anything not overridden uses the shared formulation."""
+class CudaKernels(KernelSet):
+    """The GPU backend's kernel set: the table's "gpu" entries, and the state they share (the
+    cuBLAS and cuBLASLt handles, cached ones vectors, a device 1.0)."""
+
+    kind = "gpu"
+    families = FAMILIES
 
     def __init__(self, backend: Any) -> None:
         super().__init__(backend)
-        self._one = backend.xp.ones((), dtype=np.float32)
+        self._one = backend.xp.ones((), dtype=np.float32)  # the clip factor without clipping
         self.cublas = Cublas(backend.xp, backend.stream)
         self._cublaslt: CublasLt | None = None
         self.epilogues = True  # Linear layers through cuBLASLt's epilogues where it can
-        self._ones: dict[tuple[int, Any], Any] = {}
+        self._ones: dict[tuple[int, Any], Any] = {}  # sum_rows' ones vectors
+
+    def _lt(self) -> CublasLt:
+        """The cuBLASLt handle, made on first use, in the cuBLAS handle's compute mode."""
+        if self._cublaslt is None:
+            if self.backend.stream.is_capturing():  # its workspace would be the graph's
+                raise CublasLtUnsupported("cuBLASLt's handle is made by an eager call, not "
+                                          "during graph capture")
+            self._cublaslt = CublasLt(self.xp, self.backend.stream)
+        self._cublaslt.matmul_compute = self.cublas.matmul_compute
+        return self._cublaslt

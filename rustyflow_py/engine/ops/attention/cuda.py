@@ -18,6 +18,7 @@ from ...precision import accumulate_dtype
 from .. import cuda_build
 from ..cuda_build import acc_scalar, warp_grid
 from . import flash
+from .reference import AttentionReference
 
 _SOFTMAX = cuda_build.source(__file__, "softmax.cu", cuda_build.dtype_defines(np.float32))
 _DECODE = cuda_build.source(__file__, "decode_attention.cu",
@@ -31,11 +32,7 @@ def _drop(dropout: tuple[float, int, int, Any] | None) -> flash.Dropout | None:
 
 
 
-class CudaAttention:
-    xp: Any
-    attention: str
-    cublas: Any
-
+class CudaAttention(AttentionReference):
     def causal_softmax_forward(
         self, scores: Any, scale: float, with_lse: bool = False
     ) -> Any:

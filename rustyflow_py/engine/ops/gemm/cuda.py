@@ -10,19 +10,12 @@ from typing import Any
 import numpy as np
 
 from ...precision import accumulate_dtype
-from .cublas import Cublas
-from .cublaslt import CublasLt, CublasLtUnsupported
+from .cublaslt import CublasLtUnsupported
+from .reference import GemmReference
 
 
-class CudaGemm:
-    """The GEMM half of the CUDA kernel set (its handles are made in CudaKernels.__init__)."""
-
-    xp: Any
-    backend: Any
-    cublas: Cublas
-    _cublaslt: CublasLt | None
-    epilogues: bool
-    _ones: dict[tuple[int, Any], Any]
+class CudaGemm(GemmReference):
+    """The GEMM family on the GPU (the handles are the kernel set's: cuda_set.py)."""
 
     def matmul(self, a: Any, b: Any, *, transpose_b: bool = False, out: Any = None) -> Any:
         """cuBLAS takes the swapped view as op=T: no copy."""
@@ -45,16 +38,6 @@ class CudaGemm:
     # cuBLASLt refuses (CublasLtUnsupported) float64, the odd layout, and a problem first seen
     # during graph capture (its plan must come from an eager call, which the trainer's warm-up
     # steps make); each refusal takes the shared formulation: GEMM, then a kernel.
-    def _lt(self) -> CublasLt:
-        """The cuBLASLt handle, made on first use, in the cuBLAS handle's compute mode."""
-        if self._cublaslt is None:
-            if self.backend.stream.is_capturing():  # its workspace would be the graph's
-                raise CublasLtUnsupported("cuBLASLt's handle is made by an eager call, not "
-                                          "during graph capture")
-            self._cublaslt = CublasLt(self.xp, self.backend.stream)
-        self._cublaslt.matmul_compute = self.cublas.matmul_compute
-        return self._cublaslt
-
     def linear(self, x: Any, w: Any, b: Any, gelu: bool,
                gemm: Callable[..., Any]) -> tuple[Any, Any]:
         """Epilogue BIAS, or GELU_AUX_BIAS writing the pre-activation x @ w + b (the state,
