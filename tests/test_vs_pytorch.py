@@ -45,7 +45,7 @@ kernel_list = _load("kernel_list")
 GPT2 = GPTConfig(50304, 1024, 12, 12, 768)
 
 
-# ---- MFU ------------------------------------------------------------------------------------ ---
+# ---- MFU -----------------------------------------------------------------------------------------
 def test_gpt2_parameter_count_is_nanogpts() -> None:
     """nanoGPT prints 123.69M for GPT-2 124M at vocabulary 50,304 with biases: all parameters
     (wte counted once, it is tied) less the 1024 x 768 position table. By hand: wte 50304*768,
