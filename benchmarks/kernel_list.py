@@ -48,6 +48,16 @@ class KernelLister:
             return None
         return GraphSampler(Profiler(backend), self._tracer, self.samples, budget=None)
 
+    def capture(self, sampler: GraphSampler, captured: Any) -> None:
+        """Capture `captured` with its nodes tagged by their ops; when CUPTI refuses now
+        (another tool took it), capture it untagged and say why there is no list, as a
+        training run does."""
+        try:
+            sampler.capture(captured)
+        except CuptiUnavailable as exc:
+            self.unavailable = str(exc)
+            captured.capture()
+
     def sample(self, sampler: GraphSampler, replay: Callable[[], None],
                synchronize: Callable[[], None]) -> KernelAttribution:
         """`samples` recorded replays, each queued behind AHEAD ordinary ones (as training's

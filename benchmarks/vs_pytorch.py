@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import gc
 import json
 import math
@@ -154,7 +155,7 @@ def synthetic_batch(cfg: GPTConfig, batch: int) -> tuple[np.ndarray, np.ndarray]
 
 # ---- HOOK: the RustyFlow training step that is timed ---------------------------------------------
 def rustyflow_step_fn(model: GPT, optimizer: AdamW, mode: str, scaler: Any = None,
-                      sampler: Any = None) -> StepFn:
+                      capture: Callable[[CapturedStep], None] | None = None) -> StepFn:
     """RustyFlow's training step from its public API, as Trainer.step runs it.
 
     "eager" runs zero_grad -> forward -> backward -> optimizer.step (clip + AdamW) each call;
@@ -162,8 +163,8 @@ def rustyflow_step_fn(model: GPT, optimizer: AdamW, mode: str, scaler: Any = Non
     overflow) backward is seeded with the scale, a device array, so the step stays
     capturable. "graph" captures that same step once as a CUDA graph
     (rustyflow_py.engine.graph.CapturedStep) and replays it; NotAvailable when the capture
-    fails. A `sampler` (training.graph_profile.GraphSampler) captures it with every node
-    tagged by its op, for a kernel list.
+    fails. `capture` replaces CapturedStep.capture (a kernel list's, which tags every
+    node with its op).
     """
 
     def eager(x: Any, y: Any) -> Any:
@@ -179,7 +180,7 @@ def rustyflow_step_fn(model: GPT, optimizer: AdamW, mode: str, scaler: Any = Non
         raise ValueError(f"unknown RustyFlow mode {mode!r}")
     if model.device != "gpu":
         raise NotAvailable("CUDA graphs need the GPU")
-    return GraphStep(eager, model.buffer.backend, sampler)
+    return GraphStep(eager, model.buffer.backend, capture)
 
 
 def rustyflow_training(
@@ -213,8 +214,10 @@ def host_float(backend: Any, array: Any) -> float:
 class GraphStep:
     """The eager step recorded once as a CUDA graph on static batch buffers, then replayed."""
 
-    def __init__(self, eager: StepFn, backend: Any, sampler: Any = None) -> None:
-        self.eager, self.backend, self.sampler = eager, backend, sampler
+    def __init__(self, eager: StepFn, backend: Any,
+                 capture: Callable[[CapturedStep], None] | None = None) -> None:
+        self.eager, self.backend = eager, backend
+        self.capture = capture or CapturedStep.capture
         self.make, self.error = CapturedStep, GraphCaptureError
         self.captured: Any = None
         self.x = self.y = self.loss = None
@@ -229,10 +232,7 @@ class GraphStep:
             self.captured = self.make(self.backend, self._body)
             try:
                 with self.peak.tracking():
-                    if self.sampler is None:
-                        self.captured.capture()
-                    else:  # the same capture, its nodes tagged with their ops
-                        self.sampler.capture(self.captured)
+                    self.capture(self.captured)
             except self.error as exc:
                 raise NotAvailable(f"capture failed: {exc}") from None
         else:
@@ -376,7 +376,8 @@ def measure_rustyflow(job: Job, lister: KernelLister | None = None) -> dict[str,
     x, y = (backend.from_host(a) for a in synthetic_batch(cfg, batch))
     model, opt, scaler = rustyflow_training(cfg, job.device, job.precision, 10**6)
     sampler = lister.sampler(backend) if lister is not None and job.mode == "graph" else None
-    step = rustyflow_step_fn(model, opt, job.mode, scaler, sampler)
+    capture = functools.partial(lister.capture, sampler) if sampler is not None else None
+    step = rustyflow_step_fn(model, opt, job.mode, scaler, capture)
     times, loss = time_steps(step, x, y, job, backend.synchronize)
     out: dict[str, Any] = {"times": times, "loss": host_float(backend, loss)}
     if scaler is not None:
@@ -395,7 +396,7 @@ def measure_rustyflow(job: Job, lister: KernelLister | None = None) -> dict[str,
         out["memory"] = (f"{peak.peak / GiB:.2f} GiB in use, {(pool + graph) / GiB:.2f} "
                          "reserved")
         out["peak_bytes"] = peak.peak
-    if sampler is not None and isinstance(step, GraphStep):
+    if sampler is not None and sampler.profiler.graph is not None:  # tagged at capture
         kernels = lister.sample(sampler, step.captured.replay, backend.synchronize)
         out["kernels"] = render_kernels(
             f"{describe_shape(job.shape)}, {job.precision}, {job.label()}", kernels)

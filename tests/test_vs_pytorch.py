@@ -6,8 +6,10 @@ and a tiny shape run end to end (the CPU rows here; the graph row and its kernel
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -16,6 +18,8 @@ import numpy as np
 import pytest
 from conftest import DEVICES
 
+from rustyflow_py.engine.backend import get_backend
+from rustyflow_py.engine.cupti_trace import CuptiUnavailable
 from rustyflow_py.engine.kernel_records import KernelAttribution, KernelRecord
 from rustyflow_py.model.gpt import GPTConfig, init_weights
 
@@ -219,6 +223,78 @@ def test_kernel_list_sums_each_kernel_over_its_ops() -> None:
 def test_kernel_lister_needs_a_sample() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         kernel_list.KernelLister(0)
+
+
+class FakeTracer:
+    """CuptiTracer's interface without CUDA: tags two nodes at capture, and each recorded
+    run yields one replay's records of them (`refuse`: CUPTI taken by another tool)."""
+
+    refuse = False
+    read_s = 0.0
+
+    def __init__(self) -> None:
+        self.node_ops: dict[int, Any] = {}
+        self.recorded = 0
+
+    @contextlib.contextmanager
+    def tag_nodes(self, current: Any) -> Iterator[None]:
+        if self.refuse:
+            raise CuptiUnavailable("CUPTI is in use by another tool")
+        yield
+        self.node_ops = {1: ("mlp.matmul", "forward", "matmul"), 2: ("add", "forward", "other")}
+
+    def records(self, run: Any, synchronize: Any) -> list[KernelRecord]:
+        run()
+        synchronize()
+        self.recorded += 1
+        return [KernelRecord("gemm", 0, 300, 1), KernelRecord("add", 300, 400, 2)]
+
+
+class FakeCaptured:
+    def __init__(self) -> None:
+        self.backend = get_backend("cpu")
+        self.captures = self.replays = 0
+
+    def capture(self) -> None:
+        self.captures += 1
+
+    def replay(self) -> None:
+        self.replays += 1
+
+
+def test_kernel_lister_tags_at_capture_then_samples_behind_ordinary_replays(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(kernel_list, "CuptiTracer", FakeTracer)
+    lister = kernel_list.KernelLister(3)
+    sampler = lister.sampler(get_backend("cpu"))
+    assert sampler is not None and lister.sampler(get_backend("cpu")).tracer is sampler.tracer
+    captured = FakeCaptured()
+    lister.capture(sampler, captured)
+    assert captured.captures == 1 and sampler.profiler.graph is not None
+    graph = lister.sample(sampler, captured.replay, lambda: None)
+    assert graph.replays == 3 and captured.replays == 3 * (kernel_list.AHEAD + 1)
+    assert [(k["name"], k["calls"]) for k in kernel_list.by_kernel(graph)] == [
+        ("gemm", 1.0), ("add", 1.0)]
+
+
+def test_kernel_lister_without_cupti_captures_untagged_and_says_why(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(FakeTracer, "refuse", True)
+    monkeypatch.setattr(kernel_list, "CuptiTracer", FakeTracer)
+    lister = kernel_list.KernelLister(2)
+    sampler = kernel_list.GraphSampler(kernel_list.Profiler(get_backend("cpu")), FakeTracer(),
+                                       2, budget=None)
+    captured = FakeCaptured()
+    lister.capture(sampler, captured)  # CUPTI refused at capture: captured all the same
+    assert captured.captures == 1 and sampler.profiler.graph is None
+    assert "in use by another tool" in (lister.unavailable or "")
+
+    def gone() -> None:
+        raise CuptiUnavailable("cupti-python is not usable (ImportError: no cupti)")
+
+    monkeypatch.setattr(kernel_list, "CuptiTracer", gone)
+    none = kernel_list.KernelLister(2)
+    assert none.sampler(get_backend("cpu")) is None and "cupti-python" in none.unavailable
 
 
 # ---- a tiny shape end to end --------------------------------------------------------------------
