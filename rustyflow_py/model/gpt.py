@@ -12,6 +12,7 @@ zero_grad are each one pass over memory.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from typing import Any, Protocol
 
@@ -19,6 +20,7 @@ import numpy as np
 
 from ..engine import ops
 from ..engine.tensor import Tensor
+from .init import Init
 from .params import ParameterBuffer
 
 LN_EPS = 1e-5  # GPT-2's LayerNorm epsilon
@@ -64,34 +66,43 @@ def block_sites(layer: int) -> tuple[int, int, int]:
     return 2 + 3 * layer, 3 + 3 * layer, 4 + 3 * layer
 
 
-def init_weights(cfg: GPTConfig, seed: int) -> dict[str, np.ndarray]:
-    """GPT-2's initialisation (N(0, 0.02); residual projections scaled by 1/sqrt(2L)), on the
-    host in float32, so every device starts identically."""
-    rng = np.random.default_rng(seed)
+def weight_inits(cfg: GPTConfig, seed: int) -> dict[str, Init]:
+    """GPT-2's initialisation (N(0, 0.02); residual projections scaled by 1/sqrt(2L)) as
+    descriptions the parameter buffer realises on its own device (model/init.py): every
+    device starts a seed from the same weights, and none is built on the host first."""
     e, std = cfg.n_embd, 0.02
     proj_std = std / math.sqrt(2 * cfg.n_layer)
+    streams = itertools.count()
 
-    def normal(shape: tuple[int, ...], s: float = std) -> np.ndarray:
-        return (rng.standard_normal(shape, dtype=np.float32) * s).astype(np.float32)
+    def normal(shape: tuple[int, ...], s: float = std) -> Init:
+        return Init(shape, std=s, seed=seed, stream=next(streams))
 
-    w: dict[str, np.ndarray] = {"wte": normal((cfg.vocab_size, e)), "wpe": normal((cfg.seq_len, e))}
+    def const(size: int, value: float) -> Init:
+        return Init((size,), fill=value)
+
+    w: dict[str, Init] = {"wte": normal((cfg.vocab_size, e)), "wpe": normal((cfg.seq_len, e))}
     for i in range(cfg.n_layer):
         p = f"h.{i}."
-        w[p + "ln_1.weight"] = np.ones(e, np.float32)
-        w[p + "ln_1.bias"] = np.zeros(e, np.float32)
+        w[p + "ln_1.weight"] = const(e, 1.0)
+        w[p + "ln_1.bias"] = const(e, 0.0)
         w[p + "attn.c_attn.weight"] = normal((e, 3 * e))  # stored (in, out): y = x @ W
-        w[p + "attn.c_attn.bias"] = np.zeros(3 * e, np.float32)
+        w[p + "attn.c_attn.bias"] = const(3 * e, 0.0)
         w[p + "attn.c_proj.weight"] = normal((e, e), proj_std)
-        w[p + "attn.c_proj.bias"] = np.zeros(e, np.float32)
-        w[p + "ln_2.weight"] = np.ones(e, np.float32)
-        w[p + "ln_2.bias"] = np.zeros(e, np.float32)
+        w[p + "attn.c_proj.bias"] = const(e, 0.0)
+        w[p + "ln_2.weight"] = const(e, 1.0)
+        w[p + "ln_2.bias"] = const(e, 0.0)
         w[p + "mlp.c_fc.weight"] = normal((e, 4 * e))
-        w[p + "mlp.c_fc.bias"] = np.zeros(4 * e, np.float32)
+        w[p + "mlp.c_fc.bias"] = const(4 * e, 0.0)
         w[p + "mlp.c_proj.weight"] = normal((4 * e, e), proj_std)
-        w[p + "mlp.c_proj.bias"] = np.zeros(e, np.float32)
-    w["ln_f.weight"] = np.ones(e, np.float32)
-    w["ln_f.bias"] = np.zeros(e, np.float32)
+        w[p + "mlp.c_proj.bias"] = const(e, 0.0)
+    w["ln_f.weight"] = const(e, 1.0)
+    w["ln_f.bias"] = const(e, 0.0)
     return w
+
+
+def init_weights(cfg: GPTConfig, seed: int) -> dict[str, np.ndarray]:
+    """The initial weights as host float32 arrays (for tests and the PyTorch peers)."""
+    return {n: init.on_host() for n, init in weight_inits(cfg, seed).items()}
 
 
 def hidden_matrices(buffer: ParameterBuffer) -> tuple[str, ...]:
@@ -138,7 +149,7 @@ class GPT:
         pad_to: int = 1, compute: Any = None,
     ) -> None:
         self.cfg = cfg
-        self.buffer = ParameterBuffer(init_weights(cfg, seed), device, dtype, pad_to, compute)
+        self.buffer = ParameterBuffer(weight_inits(cfg, seed), device, dtype, pad_to, compute)
         self.p = self.buffer.params
         # each block's parameters by their name inside it, looked up once, not every step
         self.layers = [{n[len(f"h.{i}."):]: t for n, t in self.p.items()

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from ..engine.backend import get_backend
 from ..engine.tensor import Tensor
+from .init import Init
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,7 +52,7 @@ class ParameterBuffer:
     (`sync_compute` refreshes it).
     """
 
-    def __init__(self, weights: dict[str, np.ndarray], device: str, dtype: Any,
+    def __init__(self, weights: Mapping[str, np.ndarray | Init], device: str, dtype: Any,
                  pad_to: int = 1, compute: Any = None) -> None:
         backend = get_backend(device)
         names = sorted(weights, key=lambda n: weights[n].ndim < 2)  # stable: decayed first
@@ -60,12 +62,15 @@ class ParameterBuffer:
             offset += weights[n].size
         self.spans: tuple[Span, ...] = tuple(spans)
         self.decay_size = sum(s.size for s in self.spans if s.decayed)
-        # Allocated on the device and filled one tensor at a time: the host never holds a
-        # second, flat copy of the whole model next to `weights`.
+        # Allocated on the device and filled one tensor at a time: an `Init` is made there
+        # (model/init.py), a host array is copied over; the host never holds a flat copy.
         self.storage = backend.xp.zeros(-(-offset // pad_to) * pad_to, dtype=dtype)
         for s in self.spans:
-            self.storage[s.offset : s.offset + s.size] = backend.from_host(
-                np.ascontiguousarray(weights[s.name].ravel(), dtype=dtype))
+            w, view = weights[s.name], self.storage[s.offset : s.offset + s.size]
+            if isinstance(w, Init):
+                w.fill_into(backend.xp, view)
+            else:
+                view[...] = backend.from_host(np.ascontiguousarray(w.ravel(), dtype=dtype))
         self.grad_storage = backend.xp.zeros_like(self.storage)
         self.flat, self.grad = self.storage[:offset], self.grad_storage[:offset]
         compute = np.dtype(dtype if compute is None else compute)
