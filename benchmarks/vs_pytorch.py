@@ -307,9 +307,17 @@ def torch_model(cfg: GPTConfig, device: str) -> tuple[Any, Any]:
     from torch_gpt import TorchGPT, make_adamw
 
     model = TorchGPT(cfg.vocab_size, cfg.seq_len, cfg.n_layer, cfg.n_head, cfg.n_embd)
-    model.load_from_rustyflow(init_weights(cfg, SEED))
+    model.load_from_rustyflow(host_init_weights(cfg))
     model.to(torch.device("cuda" if device == "gpu" else "cpu"))
     return model, make_adamw(model, LR, fused=True)
+
+
+@functools.lru_cache(maxsize=1)
+def host_init_weights(cfg: GPTConfig) -> dict[str, np.ndarray]:
+    """`init_weights(cfg, SEED)`, made once per model: GPT-2's 124M host weights take seconds,
+    and every PyTorch row of a shape (eager, each compile mode, both batch sizes) starts
+    from them. Read-only: load_from_rustyflow copies them."""
+    return init_weights(cfg, SEED)
 
 
 def torch_training(cfg: GPTConfig, device: str, precision: str) -> tuple[Any, Any, Any]:
