@@ -17,7 +17,7 @@ pytest.importorskip("safetensors", reason="the hf extra: pip install 'rustyflow-
 from test_tokenizers import TEXT, gpt2_folder, here, run  # noqa: E402, F401 (here: a fixture)
 
 from rustyflow_py import data  # noqa: E402
-from rustyflow_py.errors import InteropError  # noqa: E402
+from rustyflow_py.errors import CheckpointError, InteropError  # noqa: E402
 from rustyflow_py.interop.hf_export import export_hf  # noqa: E402
 from rustyflow_py.interop.hf_import import import_hf  # noqa: E402
 from rustyflow_py.training.checkpoint import Checkpoint  # noqa: E402
@@ -128,3 +128,11 @@ def test_import_without_a_tokenizer_exports_none(tmp_path: Path) -> None:
     assert not (tmp_path / "hf" / "tokenizer.json").exists()
     loaded = transformers.GPT2LMHeadModel.from_pretrained(tmp_path / "hf")
     assert np.isfinite(loaded.transformer.wte.weight.detach().numpy()).all()
+
+
+def test_a_subword_checkpoint_without_its_tokenizer_is_a_clear_error(tmp_path: Path) -> None:
+    ckpt = _trained("bpe", tmp_path)
+    (tmp_path / "models" / Checkpoint(ckpt).meta["tokenizer"]["file"]).unlink()
+    with pytest.raises(CheckpointError, match="not beside it: copy that file"):
+        _export(ckpt)
+    assert not (tmp_path / "hf").exists()  # nothing was written
