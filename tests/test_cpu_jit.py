@@ -1,4 +1,4 @@
-"""The optional numba CPU kernels (kernels/jit.py) against the NumPy formulation they replace.
+"""The optional numba CPU kernels (ops/cpu_jit.py) against the NumPy formulation they replace.
 
 Every test that needs numba skips without it; the NumPy side is the reference (its own
 correctness is covered by the gradient checks and the PyTorch parity tests)."""
@@ -14,8 +14,8 @@ import numpy as np
 import pytest
 
 from rustyflow_py.engine.backend import get_backend
-from rustyflow_py.engine.kernels.cpu import CpuKernels
-from rustyflow_py.engine.kernels.cpu_pool import load_jit
+from rustyflow_py.engine.ops.cpu_pool import load_jit
+from rustyflow_py.engine.ops.cpu_set import CpuKernels
 from rustyflow_py.engine.tensor import Tensor
 from rustyflow_py.model.gpt import GPT, GPTConfig
 from rustyflow_py.model.optim import AdamW, Schedule
@@ -46,7 +46,7 @@ def both(k: CpuKernels, fn: Callable[[], T]) -> tuple[T, T]:
 
 def exp_via_kernel(x: np.ndarray) -> np.ndarray:
     """The JIT exp over x (one row of an unshifted softmax)."""
-    from rustyflow_py.engine.kernels import jit
+    from rustyflow_py.engine.ops import cpu_jit as jit
 
     row = x.reshape(1, -1).astype(np.float32)
     out = np.empty_like(row)
@@ -238,7 +238,7 @@ def test_warm_up_compiles_everything_a_training_step_needs(
     in a step or in the profile: a step afterwards must not compile anything new."""
     import numba
 
-    from rustyflow_py.engine.kernels import jit
+    from rustyflow_py.engine.ops import cpu_jit as jit
 
     kernels.set_jit("on")
     jit.warm_up()
@@ -255,8 +255,8 @@ def test_warm_up_compiles_everything_a_training_step_needs(
 
 def test_cpu_jit_on_without_numba_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "numba", None)  # import numba -> ImportError
-    monkeypatch.delitem(sys.modules, "rustyflow_py.engine.kernels.jit", raising=False)
-    monkeypatch.delattr("rustyflow_py.engine.kernels.jit", raising=False)
+    monkeypatch.delitem(sys.modules, "rustyflow_py.engine.ops.cpu_jit", raising=False)
+    monkeypatch.delattr("rustyflow_py.engine.ops.cpu_jit", raising=False)
     assert load_jit("auto") is None
     assert load_jit("off") is None
     with pytest.raises(RuntimeError, match=r"CPU_JIT=on.*pip install 'rustyflow-py\[jit\]'"):

@@ -1,4 +1,4 @@
-"""cuBLASLt epilogue GEMMs (kernels/cublaslt.py): bias, bias + GELU (with the pre-activation),
+"""cuBLASLt epilogue GEMMs (ops/gemm/cublaslt.py): bias, bias + GELU (with the pre-activation),
 dGELU (with its bias gradient) and the weight gradient with the bias gradient (BGRADA).
 
 GPU checks compare against float64 references computed on the host from the same (16-bit
@@ -24,9 +24,9 @@ import numpy as np
 import pytest
 
 from rustyflow_py.engine.backend import get_backend, gpu_unavailable_reason
-from rustyflow_py.engine.kernels import cublaslt as lt_mod
-from rustyflow_py.engine.kernels.cublaslt import CublasLt, CublasLtUnsupported
-from rustyflow_py.engine.kernels.reference import GELU_C, GELU_K
+from rustyflow_py.engine.ops.gelu.reference import GELU_C, GELU_K
+from rustyflow_py.engine.ops.gemm import cublaslt as lt_mod
+from rustyflow_py.engine.ops.gemm.cublaslt import CublasLt, CublasLtUnsupported
 
 _GPU_REASON = gpu_unavailable_reason()
 SHAPES = [(64, 96, 160), (1000, 384, 1536), (517, 768, 2304)]  # (M, K, N)
@@ -83,7 +83,7 @@ def f64(a: np.ndarray) -> np.ndarray:
 # ==== CPU: import, tables, layouts ===========================================================
 def test_imports_without_cupy() -> None:
     code = ("import sys; sys.modules['cupy'] = None; sys.modules['ml_dtypes'] = None\n"
-            "import rustyflow_py.engine.kernels.cublaslt as m\n"
+            "import rustyflow_py.engine.ops.gemm.cublaslt as m\n"
             "assert m.CUDA_TYPES['bfloat16'] == 14\n"
             "assert 'cupy' not in [k for k, v in sys.modules.items() if v is not None]\n")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from rustyflow_py.data import EOS, UNK, Vocab
+from rustyflow_py.engine.backend import gpu_unavailable_reason
 from rustyflow_py.engine.graph import GraphCaptureError
 from rustyflow_py.engine.tensor import Tensor, no_grad
 from rustyflow_py.model import graph_decode
@@ -142,3 +143,35 @@ def test_graph_decode_replay_and_fallback_on_the_cpu(monkeypatch: pytest.MonkeyP
     assert (session.decoder.run_step.graph is None) == (graph is FailingCapture)
     assert len(warnings) == (graph is FailingCapture)
     assert all("decoding eagerly" in w for w in warnings)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(gpu_unavailable_reason() is not None, reason=str(gpu_unavailable_reason()))
+@pytest.mark.parametrize(("dtype_name", "heads", "s_len", "d"),
+                         [("float32", 4, 64, 8), ("bfloat16", 12, 1024, 64),
+                          ("float16", 2, 300, 128), ("float64", 3, 40, 16)])
+def test_the_decode_attention_kernel_equals_the_reference(dtype_name: str, heads: int,
+                                                         s_len: int, d: int) -> None:
+    """decode_attention.cu against the reference formulation on the same GPU, at the first,
+    a middle and the last position: the outputs, and the caches the two wrote."""
+    from rustyflow_py.engine.backend import get_backend
+    from rustyflow_py.engine.ops.attention.reference import AttentionReference
+    from rustyflow_py.engine.precision import bfloat16
+
+    kernels, xp = get_backend("gpu").kernels, get_backend("gpu").xp
+    dtype = bfloat16() if dtype_name == "bfloat16" else np.dtype(dtype_name)
+    rng = np.random.default_rng(3)
+    b, e = 2, heads * d
+    cache = rng.standard_normal((2, b, heads, s_len, d)).astype(np.float32)
+    for pos in (0, s_len // 2, s_len - 1):
+        qkv = xp.asarray(rng.standard_normal((b, 3 * e)).astype(np.float32)).astype(dtype)
+        keys, values = (xp.asarray(c).astype(dtype) for c in cache)
+        ref_keys, ref_values = keys.copy(), values.copy()
+        at = xp.asarray([pos], dtype=np.int64)
+        ours = kernels.decode_attention(qkv, keys, values, at, 0.125, s_len)
+        ref = AttentionReference.decode_attention(kernels, qkv, ref_keys, ref_values, at,
+                                                  0.125, pos + 1)
+        assert xp.array_equal(keys, ref_keys) and xp.array_equal(values, ref_values)
+        tol = {"float64": 1e-12, "float32": 1e-5}.get(dtype_name, 2e-2)
+        np.testing.assert_allclose(xp.asnumpy(ours.astype(np.float32)),
+                                   xp.asnumpy(ref.astype(np.float32)), rtol=tol, atol=tol)

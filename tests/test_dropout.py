@@ -11,7 +11,7 @@ import pytest
 
 from rustyflow_py.engine import ops
 from rustyflow_py.engine.backend import get_backend
-from rustyflow_py.engine.kernels import philox
+from rustyflow_py.engine.ops.dropout import philox
 from rustyflow_py.engine.tensor import Tensor
 from rustyflow_py.model.gpt import GPT, GPTConfig
 

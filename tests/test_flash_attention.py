@@ -1,6 +1,6 @@
-"""Fused flash attention (kernels/cuda_attention.py) against materialised attention in float64:
+"""Fused flash attention (ops/attention/flash.py) against materialised attention in float64:
 forward o and lse, backward dq, dk, dv, with and without dropout, the dropout bits against
-kernels/philox.py's mask, strided (B, H, T, D) views read and written in place (and the
+ops/dropout/philox.py's mask, strided (B, H, T, D) views read and written in place (and the
 fallback to copies where a group's layouts disagree), and that no T x T buffer is allocated.
 The GPU tests skip cleanly without CUDA; the register-layout check and the source/limit
 checks run on the CPU."""
@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from rustyflow_py.engine.backend import gpu_unavailable_reason
-from rustyflow_py.engine.kernels import cuda_attention as fa
-from rustyflow_py.engine.kernels import philox
+from rustyflow_py.engine.ops.attention import flash as fa
+from rustyflow_py.engine.ops.dropout import philox
 
 _GPU_REASON = gpu_unavailable_reason()
 needs_gpu = pytest.mark.skipif(_GPU_REASON is not None, reason=str(_GPU_REASON))
@@ -275,7 +275,7 @@ def test_mixed_layouts_fall_back_to_copies(cp: Any) -> None:
         np.testing.assert_array_equal(_host64(g), _host64(w), err_msg=name)
 
 
-# ---- CPU: the register layouts of cuda_attention.py against the PTX ISA tables -------------
+# ---- CPU: the register layouts of flash_attention.cu against the PTX ISA tables -------------
 # _ptx_* transcribe the PTX ISA's "Matrix Fragments for mma.m16n8k16 with floating point
 # type" and "... mma.m16n8k8" (.tf32): lane l, g = l >> 2, t = l % 4; _ldmatrix_x4 its
 # "ldmatrix" (16-bit types load their fragments with it). _load_a, _load_b2, _load_bt2 and
@@ -456,10 +456,10 @@ def test_tile_layouts_are_bank_conflict_free(itemsize: int) -> None:
 def test_sources_and_shared_memory_fit(dtype: str) -> None:
     for d in fa.HEAD_DIMS:
         for dropout in (False, True):
-            code = fa.source(dtype, d, dropout)
+            code = fa.source()
             for name in fa._KERNELS:
                 assert re.search(rf"void __launch_bounds__\(NTHREADS(, \w+)?\)\n{name}\(", code)
-            assert f"#define FA_DROPOUT {int(dropout)}" in code
+            assert f"-DFA_DROPOUT={int(dropout)}" in fa.options(dtype, d, dropout)
         itemsize = 4 if dtype == "float32" else 2
         for kernel in ("fa_fwd", "fa_bwd_dq", "fa_bwd_dkdv"):
             assert fa._shared_bytes(kernel, itemsize, d) <= SM90_SHARED_BYTES

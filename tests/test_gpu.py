@@ -4,6 +4,7 @@ CUDA-graph replay against eager, and CPU/GPU agreement. Skipped cleanly without 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -14,7 +15,7 @@ from rustyflow_py.engine.backend import (
     gpu_unavailable_reason,
     strict_transfers,
 )
-from rustyflow_py.engine.kernels.reference import XpKernels
+from rustyflow_py.engine.ops.reference_set import XpKernels
 from rustyflow_py.engine.tensor import Tensor
 from rustyflow_py.model.gpt import GPT, GPTConfig
 from rustyflow_py.model.optim import AdamW, Schedule
@@ -121,11 +122,16 @@ def test_gather_batch_matches_slicing(gpu: tuple[object, object]) -> None:
 
 @pytest.mark.parametrize("dropout", [{}, {"dropout": 0.2, "word_dropout": 0.1}])
 def test_training_step_makes_no_transfers(dropout: dict[str, float]) -> None:
-    import cupyx
-
     cfg = GPTConfig(vocab_size=101, seq_len=16, n_layer=2, n_head=2, n_embd=32, **dropout)
     model = GPT(cfg, "gpu", seed=0)
-    opt = AdamW(model.buffer, Schedule(1e-3, 2, 10, 0.1))
+    steps_transfer_nothing(model, AdamW(model.buffer, Schedule(1e-3, 2, 10, 0.1)))
+
+
+def steps_transfer_nothing(model: GPT, opt: Any, after: Any = None) -> None:
+    """Two training steps of `model` (then `after(step counter)`, when given) copy nothing
+    between host and device, synchronise nothing, and end with a finite loss."""
+    import cupyx
+
     xp = model.buffer.backend.xp
     x = xp.asarray(RNG.integers(0, 101, (4, 16)), dtype=np.int32)
     y = xp.asarray(RNG.integers(0, 101, (4, 16)), dtype=np.int32)
@@ -136,6 +142,8 @@ def test_training_step_makes_no_transfers(dropout: dict[str, float]) -> None:
             loss = model(Tensor(x), Tensor(y))
             loss.backward()
             opt.step()
+            if after is not None:
+                after(opt.step_count)
     assert TRANSFERS.snapshot() == {"h2d_count": 0, "h2d_bytes": 0, "d2h_count": 0,
                                     "d2h_bytes": 0}
     assert np.isfinite(float(loss.data.get()))
@@ -198,7 +206,7 @@ DROPOUTS = dict(dropout=0.2, embd_dropout=0.1, word_dropout=0.1)
 @pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
 def test_dropout_mask_kernel_equals_numpys_philox(gpu: tuple[object, object], dtype: type) -> None:
     """The fused CUDA Philox and the shared array code draw identical bits."""
-    from rustyflow_py.engine.kernels import philox
+    from rustyflow_py.engine.ops.dropout import philox
 
     backend, ref = gpu
     shape = (3, 4, 37, 37)

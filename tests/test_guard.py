@@ -31,7 +31,8 @@ def test_the_estimate_counts_the_parameters_a_model_has(shape: dict[str, int]) -
 
 def test_the_estimate_grows_with_each_knob_it_names() -> None:
     base = sizing.estimate(make_cfg(), 50, gpu=False)
-    for knob in ({"BATCH_SIZE": 8}, {"SEQ_LEN": 32}, {"EMBED_DIM": 64}, {"NUM_LAYERS": 2}):
+    for knob in ({"BATCH_SIZE": 8}, {"SEQ_LEN": 32}, {"EMBED_DIM": 64}, {"NUM_LAYERS": 2},
+                 {"EMA_DECAY": 0.99}):
         assert sizing.estimate(make_cfg(**knob), 50, gpu=False).total > base.total, knob
     sgd = sizing.estimate(make_cfg(OPTIMIZER="sgd", MOMENTUM=0.0), 50, gpu=False)
     assert sgd.parts["optimizer state"] == 0 < base.parts["optimizer state"]

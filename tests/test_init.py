@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from rustyflow_py.engine.backend import get_backend, gpu_unavailable_reason
-from rustyflow_py.engine.kernels.philox import philox4x32
+from rustyflow_py.engine.ops.dropout.philox import philox4x32
 from rustyflow_py.model import init as init_mod
 from rustyflow_py.model.gpt import GPT, GPTConfig, init_weights, weight_inits
 from rustyflow_py.model.init import INIT_WORD, Init, standard_normal

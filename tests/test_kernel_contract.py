@@ -1,7 +1,7 @@
-"""The kernel contract (engine/kernels/contract.py): every backend's kernel class has every
+"""The kernel contract (engine/ops/contract.py): every backend's kernel class has every
 kernel with the Protocol's exact signature, and gives the reference formulation's results.
 
-The signature checks run everywhere (kernels/cuda.py imports without CuPy); the behavioural
+The signature checks run everywhere (ops/cuda_set.py imports without CuPy); the behavioural
 checks compare a device's kernels with XpKernels on the same device, float32 and float64, and
 skip cleanly on a machine without a GPU."""
 
@@ -18,15 +18,15 @@ import numpy as np
 import pytest
 
 from rustyflow_py.engine.backend import get_backend
-from rustyflow_py.engine.kernels.contract import Kernels
-from rustyflow_py.engine.kernels.cpu import CpuKernels
-from rustyflow_py.engine.kernels.cuda import CudaKernels
-from rustyflow_py.engine.kernels.reference import XpKernels
+from rustyflow_py.engine.ops.contract import Kernels
+from rustyflow_py.engine.ops.cpu_set import CpuKernels
+from rustyflow_py.engine.ops.cuda_set import CudaKernels
+from rustyflow_py.engine.ops.reference_set import XpKernels
 
 BACKENDS = [XpKernels, CpuKernels, CudaKernels]
 DTYPES = [np.float32, np.float64]
 PACKAGE = Path(__file__).resolve().parents[1] / "rustyflow_py"
-# `kernels.<name>` uses outside engine/kernels/ that are backend settings or modules, not kernels
+# `kernels.<name>` uses outside the kernel sets that are backend settings or modules, not kernels
 NOT_KERNELS = {"xp", "jit", "set_jit", "threads", "set_threads", "cublas", "cpu", "cuda"}
 
 
@@ -83,7 +83,7 @@ def test_the_contract_names_every_kernel_the_engine_calls() -> None:
 def test_cuda_kernels_import_without_cupy() -> None:
     """CuPy is imported lazily, on first use, so the contract can be checked anywhere."""
     code = ("import sys; sys.modules['cupy'] = None; "  # any `import cupy` now fails
-            "import rustyflow_py.engine.kernels.cuda")
+            "import rustyflow_py.engine.ops.cuda_set")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=PACKAGE.parent)
 
 

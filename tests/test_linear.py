@@ -18,7 +18,7 @@ import pytest
 
 from rustyflow_py.engine import ops
 from rustyflow_py.engine.backend import get_backend, gpu_unavailable_reason
-from rustyflow_py.engine.kernels import cublaslt
+from rustyflow_py.engine.ops.gemm import cublaslt
 from rustyflow_py.engine.precision import Precision
 from rustyflow_py.engine.tensor import Tensor
 

@@ -26,8 +26,8 @@ import pytest
 from helpers import STEPS_PER_EPOCH, make_cfg, quiet, run_interrupted
 
 from rustyflow_py.engine.backend import get_backend, gpu_unavailable_reason
-from rustyflow_py.engine.kernels.reference import XpKernels
-from rustyflow_py.engine.kernels.reference_step import NS_COEFFICIENTS
+from rustyflow_py.engine.ops.optim.reference import NS_COEFFICIENTS
+from rustyflow_py.engine.ops.reference_set import XpKernels
 from rustyflow_py.engine.precision import Precision
 from rustyflow_py.model.gpt import hidden_matrices
 from rustyflow_py.model.optim import (

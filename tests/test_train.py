@@ -290,7 +290,7 @@ def test_report_reads_what_train_wrote() -> None:
 def test_cpu_kernels_that_fail_to_compile_fall_back_to_numpy(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    from rustyflow_py.engine.kernels import jit
+    from rustyflow_py.engine.ops import cpu_jit as jit
 
     kernels = get_backend("cpu").kernels
     monkeypatch.setattr(kernels, "jit", kernels.jit)  # restored afterwards

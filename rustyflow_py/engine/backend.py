@@ -106,7 +106,7 @@ class Backend:
         self.name, self.index = "cpu", 0
         self.transfers = TransferStats()
         self.xp: ModuleType = np
-        from .kernels.cpu import CpuKernels
+        from .ops.cpu_set import CpuKernels
 
         self.kernels = CpuKernels(self)
 
@@ -198,7 +198,7 @@ class CupyBackend(Backend):
         self.xp = cupy
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.stream.use()
-        from .kernels.cuda import CudaKernels
+        from .ops.cuda_set import CudaKernels
 
         self.kernels = CudaKernels(self)
         self.reset_memory_stats()

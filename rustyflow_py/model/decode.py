@@ -6,12 +6,13 @@ bookkeeping, not arithmetic, is the cost of a token. This step reads the same we
 and calls the same kernels (LayerNorm, the fused linear layers, GEMMs), without autograd.
 
 Its inputs and output are fixed buffers: `tokens` (B,) and `pos` (1,), both on the device,
-and `logits` (B, V). The new keys and values are written in place at `pos` into the KV cache
-the model allocated for the whole window (L, B, H, SEQ_LEN, D), and attention reads the
-first `n` cached positions with the keys after `pos` masked. With `n` = SEQ_LEN the step's
-shapes never change and nothing in it depends on a host value, so it can be captured once as
-a CUDA graph and replayed per token (graph_decode.py); eagerly, `n` = pos + 1 reads only the
-filled positions.
+and `logits` (B, V). Each layer's attention is one kernel call (`decode_attention`): it writes
+the new key and value in place at `pos` into the KV cache the model allocated for the whole
+window (L, B, H, SEQ_LEN, D) and attends over the cached positions up to `pos`. The GPU
+kernel reads `pos` on the device, so nothing in the step depends on a host value and it is
+captured once as a CUDA graph and replayed per token (graph_decode.py); the reference
+formulation attends over the first `n` positions with those after `pos` masked (`n` =
+SEQ_LEN in a graph, pos + 1 eagerly).
 """
 
 from __future__ import annotations
@@ -41,7 +42,6 @@ class DecodeStep:
         self.layers = [{name: t.data for name, t in layer.items()} for layer in model.layers]
         batch, xp = cache.keys.shape[1], self.xp
         self.scale = 1.0 / math.sqrt(cfg.n_embd // cfg.n_head)
-        self.columns = xp.arange(cfg.seq_len)  # (SEQ_LEN,) cache positions, for the mask
         self.tokens = xp.zeros(batch, dtype=np.int64)  # (B,) input
         self.pos = xp.zeros(1, dtype=np.int64)  # (1,) input: the position being written
         self.logits = xp.zeros((batch, cfg.vocab_size), dtype=self.w["wte"].dtype)  # output
@@ -54,7 +54,8 @@ class DecodeStep:
             h = k.layernorm_forward(x, p["ln_1.weight"], p["ln_1.bias"], LN_EPS)[0]
             qkv = k.linear(h, p["attn.c_attn.weight"], p["attn.c_attn.bias"], False,
                            _direct)[0]  # (B, 3E)
-            a = self._attend(qkv, i, n)  # (B, E)
+            a = k.decode_attention(qkv, self.cache.keys[i], self.cache.values[i], self.pos,
+                                   self.scale, n)  # (B, E)
             x = x + k.linear(a, p["attn.c_proj.weight"], p["attn.c_proj.bias"], False,
                              _direct)[0]
             h = k.layernorm_forward(x, p["ln_2.weight"], p["ln_2.bias"], LN_EPS)[0]
@@ -63,19 +64,3 @@ class DecodeStep:
                              _direct)[0]  # (B, E)
         h = k.layernorm_forward(x, w["ln_f.weight"], w["ln_f.bias"], LN_EPS)[0]
         k.matmul(h, w["wte"], transpose_b=True, out=self.logits)  # (B, V)
-
-    def _attend(self, qkv: Any, layer: int, n: int) -> Any:
-        """Write this position's key and value into the cache; attend over n positions."""
-        xp, cfg = self.xp, self.cfg
-        b, heads = qkv.shape[0], cfg.n_head
-        q, key, value = qkv.reshape(b, 3, heads, 1, cfg.n_embd // heads).transpose(1, 0, 2, 3, 4)
-        keys, values = self.cache.keys[layer], self.cache.values[layer]  # (B, H, SEQ_LEN, D)
-        keys[:, :, self.pos] = key  # (B, H, 1, D) written at pos: in place
-        values[:, :, self.pos] = value
-        att = self.kernels.matmul(q, keys[:, :, :n], transpose_b=True)  # (B, H, 1, n)
-        att = att.astype(np.promote_types(att.dtype, np.float32)) * self.scale  # 16-bit: f32
-        att = xp.where(self.columns[:n] > self.pos, -xp.inf, att)  # no keys after pos
-        att = xp.exp(att - att.max(axis=-1, keepdims=True))
-        probs = (att / att.sum(axis=-1, keepdims=True)).astype(qkv.dtype)
-        y = self.kernels.matmul(probs, values[:, :, :n])  # (B, H, 1, D)
-        return y.reshape(b, cfg.n_embd)

@@ -19,6 +19,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..engine import ops
+from ..engine.regularize import locked_dropout, smoothed
 from ..engine.tensor import Tensor
 from .init import Init
 from .params import ParameterBuffer
@@ -40,6 +41,8 @@ class GPTConfig:
     attn_dropout: float = -1.0  # the attention probabilities
     resid_dropout: float = -1.0  # each block's two branches, before the residual add
     word_dropout: float = 0.0  # whole vocabulary rows of the input embedding
+    locked_dropout: bool = False  # embedding and residual sites: one mask per sequence
+    label_smoothing: float = 0.0  # of the training loss only (engine/regularize.py)
 
     def __post_init__(self) -> None:
         if self.n_embd % self.n_head:
@@ -124,6 +127,8 @@ class ModelShape(Protocol):
     attn_dropout: float
     resid_dropout: float
     word_dropout: float
+    locked_dropout: bool
+    label_smoothing: float
     seed: int
 
 
@@ -203,7 +208,7 @@ class GPT:
                                    WORD_SITE)
         x = tok + ops.index(p["wpe"], slice(start, start + t))  # (B, T, E)
         if train:
-            x = ops.dropout(x, cfg.rate(cfg.embd_dropout), self.rng, EMBD_SITE)
+            x = self._dropout(x, cfg.rate(cfg.embd_dropout), EMBD_SITE)
         for i in range(cfg.n_layer):
             x = self._block(x, i, train, cache)
         if cache is not None:
@@ -217,7 +222,15 @@ class GPT:
         if targets is None:
             logits = ops.matmul(h, p["wte"], transpose_b=True)  # (B*T, V)
             return ops.reshape(logits, (b, t, cfg.vocab_size))
-        return ops.lm_head_cross_entropy(h, p["wte"], targets)  # logits never returned
+        loss = ops.lm_head_cross_entropy(h, p["wte"], targets)  # logits never returned
+        return smoothed(loss, h, p["wte"], targets, cfg.label_smoothing) if train else loss
+
+    def _dropout(self, x: Tensor, p: float, site: int) -> Tensor:
+        """Dropout of an embedding or residual site: element-wise, or with LOCKED_DROPOUT one
+        (B, 1, E) mask per sequence, shared by its positions."""
+        if self.cfg.locked_dropout:
+            return locked_dropout(x, p, self.rng, site)
+        return ops.dropout(x, p, self.rng, site)
 
     def _block(self, x: Tensor, i: int, train: bool, cache: KVCache | None) -> Tensor:
         p, cfg, rng = self.layers[i], self.cfg, self.rng
@@ -232,11 +245,11 @@ class GPT:
             a = ops.cached_attention(qkv, cache.keys[i], cache.values[i], cache.length,
                                      cfg.n_head)  # (B, T, E)
         a = ops.linear(a, p["attn.c_proj.weight"], p["attn.c_proj.bias"])  # (B, T, E)
-        x = x + ops.dropout(a, resid_p, rng, attn_out_site)
+        x = x + self._dropout(a, resid_p, attn_out_site)
         h = ops.layer_norm(x, p["ln_2.weight"], p["ln_2.bias"], LN_EPS)
         f = ops.mlp(h, p["mlp.c_fc.weight"], p["mlp.c_fc.bias"], p["mlp.c_proj.weight"],
                     p["mlp.c_proj.bias"])  # (B, T, E), through (B, T, 4E)
-        return x + ops.dropout(f, resid_p, rng, mlp_out_site)
+        return x + self._dropout(f, resid_p, mlp_out_site)
 
     def matmul_flops_per_step(self, batch: int, seq_len: int) -> float:
         """FLOPs of the step's matmuls (forward + backward = 3x forward)."""
@@ -255,5 +268,6 @@ def build_model(shape: ModelShape, vocab_size: int, device: str = "cpu",
     and `compute`: see ParameterBuffer."""
     cfg = GPTConfig(vocab_size, shape.seq_len, shape.num_layers, shape.num_heads,
                     shape.embed_dim, shape.dropout, shape.embd_dropout, shape.attn_dropout,
-                    shape.resid_dropout, shape.word_dropout)
+                    shape.resid_dropout, shape.word_dropout, shape.locked_dropout,
+                    shape.label_smoothing)
     return GPT(cfg, device, shape.seed, dtype, pad_to, compute)

@@ -5,7 +5,7 @@ Why not draw on the host and upload: a model is then built twice, once in host m
 a GPU run of a large model spends its first minute (or its host RAM) on NumPy before the
 device sees a byte. Why not the device's own generator (cuRAND, NumPy's PCG64): the CPU and
 the GPU would start the same seed from different weights. So the normal draws come from the
-counter-based Philox4x32-10 that dropout already uses (engine/kernels/philox.py), whose
+counter-based Philox4x32-10 that dropout already uses (engine/ops/dropout/philox.py), whose
 integer words are the same on every device, turned into N(0, 1) by the Box-Muller transform
 in float64:
 
@@ -28,7 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.kernels import philox
+from ..engine.ops.dropout import philox
 
 INIT_WORD = 1  # counter word 3: dropout masks draw with 0, initial weights with 1
 CHUNK = 1 << 22  # elements made at once: bounds the float64 temporaries (a multiple of 4)

@@ -19,6 +19,7 @@ import numpy as np
 from ..engine.tensor import count_gemm, run_op
 from .loss_scale import LossScaler
 from .params import ParameterBuffer
+from .wd_schedule import DecaySchedule
 
 
 class Schedule:
@@ -55,6 +56,8 @@ class Optimizer:
         # array over the shards in place, so the norm (and its clip) stays global.
         self.sum_over_shards: Any = None
         self.loss_scaler: LossScaler | None = None  # float16 runs (see loss_scale.py)
+        # WD_SCHEDULE (wd_schedule.py): decoupled decay applied apart, the kernels' set to 0
+        self.decay_schedule: DecaySchedule | None = None
 
     def clip_scale(self) -> Any:
         """Global grad-norm (kept for logging) and the factor the update multiplies gradients
@@ -76,7 +79,10 @@ class Optimizer:
         """One update. Each part runs as an op of its own (the kernel-level profile of a
         replayed step attributes every kernel to the op that launched it)."""
         run_op("lr_schedule", "other", "optimizer", self._advance)
-        self._update(run_op("grad_clip", "other", "optimizer", self.clip_scale))
+        scale = run_op("grad_clip", "other", "optimizer", self.clip_scale)
+        if self.decay_schedule is not None:
+            run_op("weight_decay", "other", "optimizer", self.decay_schedule.apply, self, scale)
+        self._update(scale)
         if self.loss_scaler is not None:
             run_op("loss_scale", "other", "optimizer", self.loss_scaler.update, self.grad_norm)
         run_op("compute_copy", "other", "optimizer", self.buffer.sync_compute)
@@ -91,6 +97,11 @@ class Optimizer:
 
     def _update(self, scale: Any) -> None:
         raise NotImplementedError
+
+    def decay_regions(self) -> list[tuple[int, int, Any]]:
+        """(start, stop, lr): the decayed element ranges and the learning rate that scales
+        their decoupled decay (a 0-d device array)."""
+        return [(0, self.buffer.decay_size, self.lr)]
 
     def state_dict(self) -> dict[str, np.ndarray]:
         to_host = self.buffer.backend.to_host
@@ -364,6 +375,20 @@ class Muon(Optimizer):
             for i, (p, decay) in enumerate(zip(group.params, group.decays, strict=True)):
                 run_op("muon_apply", "other", "optimizer", k.muon_apply, p, group.slot(x, i),
                        lr, decay, group.factor)
+
+    def decay_regions(self) -> list[tuple[int, int, Any]]:
+        """The decayed spans, each with MUON_LR's rate (hidden matrices) or the main one,
+        merged where consecutive spans share it."""
+        out: list[tuple[int, int, Any]] = []
+        for s in self.buffer.spans:
+            if not s.decayed:
+                continue
+            lr = self.muon_lr if s.name in self.muon_names else self.lr
+            if out and out[-1][1] == s.offset and out[-1][2] is lr:
+                out[-1] = (out[-1][0], s.offset + s.size, lr)
+            else:
+                out.append((s.offset, s.offset + s.size, lr))
+        return out
 
     def _matmul(self, a: Any, b: Any, *, transpose_b: bool = False, out: Any = None) -> Any:
         """Newton-Schulz's GEMMs, timed as matmuls of the optimizer phase."""

@@ -1,6 +1,7 @@
 """Checkpoints: one .npz (no pickle) with weights, config, vocabulary and training state.
 
-Keys: `param/<name>` weights; `opt/<name>` optimizer state; `meta` a JSON string (config,
+Keys: `param/<name>` weights; `opt/<name>` optimizer state; `avg/<name>` the weight
+average's state (EMA_DECAY, AVERAGE_LAST_K); `meta` a JSON string (config,
 step, epoch, data position, RNG state, format version); `vocab` the vocabulary as strings.
 Written to a temp file in the same directory and renamed over the target, so a crash never
 leaves a half-written checkpoint where a good one was.
@@ -31,11 +32,13 @@ def save(
     meta: dict[str, Any],
     vocab: np.ndarray,
     optimizer: dict[str, np.ndarray] | None = None,
+    averages: dict[str, np.ndarray] | None = None,
 ) -> Path:
     target = Path(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     arrays = {f"param/{k}": v for k, v in weights.items()}
     arrays.update({f"opt/{k}": v for k, v in (optimizer or {}).items()})
+    arrays.update({f"avg/{k}": v for k, v in (averages or {}).items()})
     arrays["meta"] = np.array(json.dumps({**meta, "format_version": FORMAT_VERSION,
                                               "writer": WRITER}))
     arrays["vocab"] = vocab
@@ -144,9 +147,11 @@ class Checkpoint:
         self.vocab: np.ndarray = _parse_vocab(files, self.path, flag)
         self.weights: dict[str, np.ndarray] = _members(files, "param/")
         self.optimizer: dict[str, np.ndarray] = _members(files, "opt/")
+        self.averages: dict[str, np.ndarray] = _members(files, "avg/")
         if not self.weights:
             raise _not_ours(self.path, "it holds no weights (no param/ arrays)", flag)
-        odd = next((k for k, v in {**self.weights, **self.optimizer}.items()
+        odd = next((k for k, v in {**self.weights, **self.optimizer,
+                                   **self.averages}.items()
                     if not isinstance(v, np.ndarray) or v.dtype.kind not in "fiu"), None)
         if odd is not None:
             raise _not_ours(self.path, f"its array {odd!r} is not numeric", flag)

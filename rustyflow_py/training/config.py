@@ -167,6 +167,17 @@ KEYS: dict[str, Key] = dict([
     _k("WORD_DROPOUT", "float", 0.0, "whole-word dropout: drop entire vocabulary rows of the "
        "input embedding for a step, survivors scaled by 1/(1-p) (0 = off)", lo=0, hi=1,
        hi_open=True),
+    _k("LOCKED_DROPOUT", "bool", False, "variational dropout: the embedding and residual "
+       "dropout sites draw one mask per sequence, shared by all its positions"),
+    _k("LABEL_SMOOTHING", "float", 0.0, "label smoothing of the training loss (0 = off); "
+       "validation and test perplexity never include it", lo=0, hi=1, hi_open=True),
+    _k("EMA_DECAY", "float", 0.0, "evaluate (and keep as the best checkpoint) an "
+       "exponential moving average of the weights with this decay (0 = off)", lo=0, hi=1,
+       hi_open=True),
+    _k("EMA_START", "int", 0, "EMA_DECAY: the step the average starts at (the weights "
+       "themselves until then)", lo=0),
+    _k("AVERAGE_LAST_K", "int", 0, "evaluate (and keep as the best checkpoint) the mean of "
+       "the weights at the last K validations (0 or 1 = off)", lo=0),
     _k("MODEL_PATH", "str", MODEL_PATH_TEMPLATE, "checkpoint path (.npz); -cpu/-gpu is inserted "
        "before .npz for the device used; empty = the default", allow_empty=True),
     _k("TEMPERATURE", "float", 0.8, "sampling temperature for generate/chat (0 = greedy)", lo=0),
@@ -178,6 +189,11 @@ KEYS: dict[str, Key] = dict([
     _k("WEIGHT_DECAY", "float", 0.1, "weight decay on tensors with >= 2 dimensions (biases and "
        "LayerNorm exempt): decoupled for adamw, lamb and muon; an L2 term of the gradient for "
        "adam, sgd, rmsprop, adagrad and adadelta, as in torch.optim", lo=0),
+    _k("WD_SCHEDULE", "choice", "constant", "weight decay over the run (adamw and muon): "
+       "constant WEIGHT_DECAY, or linear / cosine from WEIGHT_DECAY at the start to WD_FINAL "
+       "at the last step", choices=("constant", "linear", "cosine")),
+    _k("WD_FINAL", "float", 0.0, "WD_SCHEDULE=linear|cosine: the weight decay at the last step",
+       lo=0),
     _k("BETA1", "float", 0.9, "adamw, adam, lamb (and muon's adamw part): first-moment decay",
        lo=0, hi=1, hi_open=True),
     _k("BETA2", "float", 0.95, "adamw, adam, lamb (and muon's adamw part): second-moment decay",
@@ -313,12 +329,19 @@ class Config:
     attn_dropout: float = _D["ATTN_DROPOUT"]
     resid_dropout: float = _D["RESID_DROPOUT"]
     word_dropout: float = _D["WORD_DROPOUT"]
+    locked_dropout: bool = _D["LOCKED_DROPOUT"]
+    label_smoothing: float = _D["LABEL_SMOOTHING"]
+    ema_decay: float = _D["EMA_DECAY"]
+    ema_start: int = _D["EMA_START"]
+    average_last_k: int = _D["AVERAGE_LAST_K"]
     model_path: str = _D["MODEL_PATH"]
     temperature: float = _D["TEMPERATURE"]
     top_p: float = _D["TOP_P"]
     top_k: int = _D["TOP_K"]
     optimizer: str = _D["OPTIMIZER"]
     weight_decay: float = _D["WEIGHT_DECAY"]
+    wd_schedule: str = _D["WD_SCHEDULE"]
+    wd_final: float = _D["WD_FINAL"]
     beta1: float = _D["BETA1"]
     beta2: float = _D["BETA2"]
     adam_eps: float = _D["ADAM_EPS"]
@@ -418,6 +441,7 @@ class Config:
                 "(LAMB's trust ratio, Muon's orthogonalisation) that a shard splits: set "
                 "SHARD_OPTIMIZER=false, or OPTIMIZER=adamw (or adam, sgd, rmsprop, adagrad, "
                 "adadelta)")
+        self._check_quality_keys(where)
         if self.num_gpus > 1 and self.device == "cpu":
             raise ConfigError(
                 f"NUM_GPUS={self.num_gpus} ({where['NUM_GPUS']}) starts one process per GPU, "
@@ -441,6 +465,20 @@ class Config:
                     f"{flag}=true ({where[flag]}) needs {momentum} > 0, but {momentum}="
                     f"{value:g} ({where[momentum]}): set {momentum} (e.g. "
                     f"{_D[momentum] if _D[momentum] else 0.9}) or {flag}=false")
+
+    def _check_quality_keys(self, where: dict[str, str]) -> None:
+        """Weight averaging is one kind at a time; a decay schedule needs decoupled decay."""
+        if self.ema_decay > 0 and self.average_last_k > 1:
+            raise ConfigError(
+                f"EMA_DECAY={self.ema_decay:g} ({where['EMA_DECAY']}) and AVERAGE_LAST_K="
+                f"{self.average_last_k} ({where['AVERAGE_LAST_K']}) both average the weights "
+                "for evaluation: choose one (set the other to 0)")
+        if self.wd_schedule != "constant" and self.optimizer not in ("adamw", "muon"):
+            raise ConfigError(
+                f"WD_SCHEDULE={self.wd_schedule} ({where['WD_SCHEDULE']}) schedules decoupled "
+                f"weight decay, which OPTIMIZER={self.optimizer} ({where['OPTIMIZER']}) does not "
+                "have (its decay is an L2 term, or inside LAMB's trust ratio): use "
+                "OPTIMIZER=adamw or muon, or WD_SCHEDULE=constant")
 
     def _expand_model_path(self, path: str) -> str:
         """Fill ${KEY} placeholders from the final values, so flags change the default path."""

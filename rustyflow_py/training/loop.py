@@ -33,6 +33,7 @@ from ..reporting import logfile, report
 from ..reporting.trace import MAX_STEPS as TRACE_STEPS
 from ..reporting.trace import chrome_trace, graph_trace
 from . import guard, hooks, outputs, sizing
+from .averaging import averager_for
 from .clock import RunClock
 from .config import Config
 from .evaluate import SplitEvaluator, upload_split
@@ -123,8 +124,10 @@ class Trainer:
         if self.precision.loss_scaling:
             self.optimizer.loss_scaler = LossScaler(self.backend.xp)
         self.shards = Shards(world.rank, world.size, cfg.grad_accum_steps, self.comm, sync)
+        self.averager = averager_for(cfg, buffer)  # EMA_DECAY / AVERAGE_LAST_K, or None
         self.history = (restore(resume, cfg, self.corpus.vocab.itos, buffer, self.optimizer,
-                                self.warn, world.size) if resume else History())
+                                self.warn, world.size, self.averager)
+                        if resume else History())
         if resume:
             self.say(f"Resumed from {resume} at step {self.pos.step} (epoch "
                      f"{self.pos.epoch + 1}, batch {self.pos.batch})")
@@ -147,13 +150,13 @@ class Trainer:
             log_interval=min(cfg.log_interval, self.limit),  # a ring no longer than the run
             profiler=self.profiler,
             profile_steps=cfg.profile_steps, graph=graph, warn=self.warn,
-            shards=self.shards, sampler=sampler)
+            shards=self.shards, sampler=sampler, averager=self.averager)
         self.ledger = TransferLedger(self.backend)
         self.checkpoints = RunCheckpoints(
             cfg.model_path_for(self.device), cfg, self.device, self.model, self.optimizer,
             self.corpus.vocab.to_array(), self.history, self.ledger.set_aside, self.warn,
             world.size, writes=main, barrier=self.comm.barrier if self.comm else None,
-            tokenizer=self.corpus.tokenizer)
+            tokenizer=self.corpus.tokenizer, averager=self.averager)
         self.evaluator = SplitEvaluator(self.model, self.corpus, cfg.batch_size, cfg.seq_len,
                                         cfg.eval_stride, self.progress, self.ledger.set_aside,
                                         cfg.eval_tokens)
@@ -339,15 +342,20 @@ class Trainer:
 
     def _validate(self) -> None:
         """Validation perplexity, into the curve; a new best writes the best checkpoint, and
-        PATIENCE validations in a row without one stop the run."""
-        best, stop = self.history.validated(self.evaluate("valid"), self.cfg.patience)
-        self._val_step = self.pos.step
-        self.say(f"step {self.pos.step}: validation perplexity {self.val_ppl:.2f}"
-                 f"{self.evaluator.on('valid')}")
-        if best:
-            # deferred: a best file and the history that names it agree
-            with self.signals.deferring(), self.clock.timed("checkpoint"):
-                self.checkpoints.save_best()
+        PATIENCE validations in a row without one stop the run. With weight averaging
+        (EMA_DECAY, AVERAGE_LAST_K) the averaged weights are measured and saved."""
+        if self.averager is not None:
+            with self.ledger.set_aside():
+                self.averager.at_validation()
+        with self.checkpoints.averaged():
+            best, stop = self.history.validated(self.evaluate("valid"), self.cfg.patience)
+            self._val_step = self.pos.step
+            self.say(f"step {self.pos.step}: validation perplexity {self.val_ppl:.2f}"
+                     f"{self.evaluator.on('valid')}")
+            if best:
+                # deferred: a best file and the history that names it agree
+                with self.signals.deferring(), self.clock.timed("checkpoint"):
+                    self.checkpoints.save_best()
         if stop:
             self.early_stopped = stop
             self.say(stop)

@@ -19,6 +19,7 @@ from ..model.optim import (
     Schedule,
 )
 from ..model.params import ParameterBuffer
+from ..model.wd_schedule import DecaySchedule
 from .config import Config
 
 # Every optimizer reads the schedule and the clip (LEARNING_RATE, WARMUP_STEPS, MIN_LR_RATIO,
@@ -44,16 +45,22 @@ def relevant_keys(optimizer: str) -> tuple[str, ...]:
     return (*SCHEDULE_KEYS, *OPTIMIZER_KEYS[optimizer])
 
 
+def _read_keys(cfg: Config) -> tuple[str, ...]:
+    """The keys the optimizer reads, with the weight-decay schedule's when it is on."""
+    scheduled = ("WD_SCHEDULE", "WD_FINAL") if cfg.wd_schedule != "constant" else ()
+    return (*OPTIMIZER_KEYS[cfg.optimizer], *scheduled)
+
+
 def settings(cfg: Config) -> dict[str, Any]:
     """The optimizer's settings by lower-case key name (the run record's optimizer_settings)."""
-    return {k.lower(): getattr(cfg, k.lower()) for k in relevant_keys(cfg.optimizer)}
+    return {k.lower(): getattr(cfg, k.lower()) for k in (*SCHEDULE_KEYS, *_read_keys(cfg))}
 
 
 def describe(cfg: Config) -> str:
     """What OPTIMIZER runs and the keys it reads, as the banner shows it (with Muon's split
     of the parameters): 'adamw (BETA1=0.9, BETA2=0.95, ADAM_EPS=1e-08, WEIGHT_DECAY=0.1)'."""
     name = MUON_SPLIT if cfg.optimizer == "muon" else cfg.optimizer
-    values = [f"{k}={_value(getattr(cfg, k.lower()))}" for k in OPTIMIZER_KEYS[cfg.optimizer]]
+    values = [f"{k}={_value(getattr(cfg, k.lower()))}" for k in _read_keys(cfg)]
     return f"{name} ({', '.join(values)})"
 
 
@@ -64,12 +71,22 @@ def _value(v: object) -> str:
 
 
 def make_optimizer(cfg: Config, buffer: ParameterBuffer, total_steps: int) -> Optimizer:
-    """The optimizer and learning-rate schedule `cfg` asks for."""
+    """The optimizer and learning-rate schedule `cfg` asks for, with its weight-decay
+    schedule when WD_SCHEDULE is not constant (the config allows it for adamw and muon)."""
+    optimizer = _optimizer(cfg, buffer, total_steps)
+    if cfg.wd_schedule != "constant":
+        optimizer.decay_schedule = DecaySchedule(cfg.wd_schedule, cfg.weight_decay,
+                                                 cfg.wd_final, total_steps)
+    return optimizer
+
+
+def _optimizer(cfg: Config, buffer: ParameterBuffer, total_steps: int) -> Optimizer:
+    """The optimizer itself (decay 0 in its kernels when a schedule applies it apart)."""
     def schedule(lr: float) -> Schedule:
         return Schedule(lr, cfg.warmup_steps, total_steps, cfg.min_lr_ratio)
 
-    main, betas, wd, clip = schedule(cfg.learning_rate), (cfg.beta1, cfg.beta2), \
-        cfg.weight_decay, cfg.grad_clip
+    main, betas, clip = schedule(cfg.learning_rate), (cfg.beta1, cfg.beta2), cfg.grad_clip
+    wd = cfg.weight_decay if cfg.wd_schedule == "constant" else 0.0
     opt = cfg.optimizer
     if opt == "sgd":
         return SGD(buffer, main, cfg.momentum, cfg.nesterov, wd, clip)

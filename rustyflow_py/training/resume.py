@@ -25,7 +25,8 @@ MATH_KEYS = ("NUM_EPOCHS", "LEARNING_RATE", "DROPOUT", "EMBD_DROPOUT", "ATTN_DRO
              "RESID_DROPOUT", "WORD_DROPOUT", "WEIGHT_DECAY", "BETA1", "BETA2",
              "ADAM_EPS", "MOMENTUM", "NESTEROV", "GRAD_CLIP", "WARMUP_STEPS", "MIN_LR_RATIO",
              "SEED", "RMSPROP_ALPHA", "ADAGRAD_EPS", "RHO", "ADADELTA_EPS", "MUON_LR",
-             "MUON_MOMENTUM", "MUON_NESTEROV", "NS_STEPS")
+             "MUON_MOMENTUM", "MUON_NESTEROV", "NS_STEPS", "EMA_DECAY", "EMA_START",
+             "AVERAGE_LAST_K", "WD_SCHEDULE", "WD_FINAL", "LOCKED_DROPOUT", "LABEL_SMOOTHING")
 # Only sets the state a run starts from: on a resume the saved state wins, so no warning.
 START_KEYS = ("INITIAL_ACCUMULATOR",)
 
@@ -112,7 +113,8 @@ def global_batch(config: dict[str, Any], world_size: int) -> tuple[int, str]:
 
 
 def restore(path: str, cfg: Config, vocab: list[str], buffer: Any, optimizer: Any,
-            warn: Callable[[str], None], world_size: int = 1) -> History:
+            warn: Callable[[str], None], world_size: int = 1,
+            averager: Any = None) -> History:
     """Load `path` into `buffer` and `optimizer` after checking it fits; its history.
 
     The number of processes may change on a resume, as long as a step's global batch (its
@@ -150,6 +152,9 @@ def restore(path: str, cfg: Config, vocab: list[str], buffer: Any, optimizer: An
                                 flag="--resume")
     buffer.load_state_dict(ckpt.weights)
     optimizer.load_state_dict(ckpt.optimizer)
+    if averager is not None and not averager.load_state_dict(ckpt.averages):
+        warn(f"WARN: --resume {path}: the checkpoint holds no weight average (EMA_DECAY and "
+             f"AVERAGE_LAST_K were off): the {averager.describe()} starts here")
     t = ckpt.meta.get("train")
     if not isinstance(t, dict) or not {"step", "epoch", "batch"} <= t.keys():
         raise CheckpointError(f"--resume {path}: the checkpoint holds no training position "

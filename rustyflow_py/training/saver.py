@@ -24,14 +24,17 @@ class RunCheckpoints:
     """The checkpoints of one run. `set_aside` wraps their host copies so they do not count as
     the training step's traffic. In a data-parallel run every process calls `save` (a sharded
     optimizer gathers its state from all of them) and only the one that `writes` writes,
-    after `barrier` (every process at the same step: the file is one consistent state)."""
+    after `barrier` (every process at the same step: the file is one consistent state).
+    With an `averager` (model/ema.py: EMA_DECAY, AVERAGE_LAST_K) the resumable checkpoint
+    also holds its state, and the best checkpoint holds the averaged weights and says so."""
 
     def __init__(self, path: str, cfg: Config, device: str, model: Any, optimizer: Any,
                  vocab: Any, history: History, set_aside: Callable[[], Any],
                  warn: Callable[[str], None], world_size: int = 1,
                  writes: bool = True, barrier: Callable[[], None] | None = None,
-                 tokenizer: Any = None) -> None:
+                 tokenizer: Any = None, averager: Any = None) -> None:
         self.path, self.best = path, best_path(path)
+        self.averager = averager
         self.tokenizer = tokenizer  # a subword run's: written beside every checkpoint
         self.cfg, self.device, self.model, self.optimizer = cfg, device, model, optimizer
         self.vocab, self.history, self.set_aside, self.warn = vocab, history, set_aside, warn
@@ -48,11 +51,12 @@ class RunCheckpoints:
         return meta
 
     def _write(self, path: str, weights: dict[str, Any], meta: dict[str, Any],
-               state: dict[str, Any] | None = None) -> Any:
+               state: dict[str, Any] | None = None,
+               averages: dict[str, Any] | None = None) -> Any:
         """The checkpoint at `path`, after the tokenizer it names (when it has one)."""
         if self.tokenizer is not None:
             self.tokenizer.save_beside(path)
-        return checkpoint.save(path, weights, meta, self.vocab, state)
+        return checkpoint.save(path, weights, meta, self.vocab, state, averages)
 
     def save(self) -> str | None:
         """Weights, optimizer state, history, config and vocabulary: everything `--resume`
@@ -65,8 +69,9 @@ class RunCheckpoints:
             if not self.writes:
                 return None
             weights = self.model.buffer.state_dict()
+            averages = self.averager.state_dict() if self.averager is not None else None
             saved = outputs.write_with_fallback(
-                self.path, lambda p: self._write(p, weights, meta, state),
+                self.path, lambda p: self._write(p, weights, meta, state, averages),
                 "checkpoint", self.warn)
         if saved is not None:
             self.path = saved
@@ -76,10 +81,13 @@ class RunCheckpoints:
 
     def save_best(self) -> None:
         """The best weights so far (no optimizer state: this file is for evaluation and
-        generation; --resume takes the regular checkpoint)."""
+        generation; --resume takes the regular checkpoint). With an averager the caller has
+        the averaged weights swapped in (Trainer._validate), and the meta says so."""
         if not self.writes:
             return
         meta = self._meta()
+        if self.averager is not None:
+            meta["averaged"] = self.averager.describe()
         with self.set_aside():
             weights = self.model.buffer.state_dict()
             saved = outputs.write_with_fallback(
@@ -101,20 +109,29 @@ class RunCheckpoints:
     def best_weights(self, now: int) -> Iterator[str]:
         """Inside, the model holds the best validated weights (unless the last ones are the
         best, or none were saved); yields which weights those are. The last weights are put
-        back afterwards, so the final checkpoint stays resumable."""
+        back afterwards, so the final checkpoint stays resumable. With an averager, the
+        weights are the averaged ones (the best file holds those)."""
         h = self.history
+        of = f", {self.averager.describe()}" if self.averager is not None else ""
         if h.best_step == now or self.best_file is None:
-            yield f"final (step {now})"
+            with self.averaged():
+                yield f"final (step {now}){of}"
             return
         buffer = self.model.buffer
         with self.set_aside():
             last = buffer.state_dict()
             buffer.load_state_dict(checkpoint.Checkpoint(self.best).weights)
         try:
-            yield f"best (step {h.best_step})"
+            yield f"best (step {h.best_step}){of}"
         finally:
             with self.set_aside():
                 buffer.load_state_dict(last)
+
+    def averaged(self) -> contextlib.AbstractContextManager[None]:
+        """Inside, the model holds the averaged weights (the raw ones without an averager)."""
+        if self.averager is None:
+            return contextlib.nullcontext()
+        return self.averager.swapped_in()
 
 
 def _best_on_disk(path: str, history: History) -> int | None:

@@ -84,6 +84,8 @@ def estimate(cfg: Config, vocab: int, gpu: bool, training: bool = True,
     if training:
         parts["gradients"] = p * store
         parts["optimizer state"] = -(-_state_copies(cfg) * p * 4 // world_size)
+        if cfg.ema_decay > 0:  # model/ema.py: the average, in the storage dtype
+            parts["weight average"] = p * store
         parts["activations"] = activations
         if gpu and cfg.graph != "off":
             parts["CUDA graph pool"] = activations // _GRAPH_SHARE

@@ -64,8 +64,10 @@ class StepRunner:
     def __init__(self, model: GPT, optimizer: Optimizer, stream: Any, seq_len: int, *,
                  log_interval: int, profiler: Profiler | None, profile_steps: int,
                  graph: bool, warn: Callable[[str], None],
-                 shards: Shards | None = None, sampler: GraphSampler | None = None) -> None:
+                 shards: Shards | None = None, sampler: GraphSampler | None = None,
+                 averager: Any = None) -> None:
         self.model, self.optimizer, self.stream, self.seq_len = model, optimizer, stream, seq_len
+        self.averager = averager  # folds each step's weights in (model/ema.py), or None
         self.shards = shards or Shards()
         self.backend = model.buffer.backend
         self.profiler, self.profile_steps, self.graph = profiler, profile_steps, graph
@@ -147,6 +149,8 @@ class StepRunner:
             self.loss_sum *= 1.0 / sh.count
             value = self.loss_sum
         opt.step()
+        if self.averager is not None:
+            self.averager.after_step(opt.step_count)
         run_op("store_loss", "other", "optimizer", kernels.store_at_step, self.ring,
                opt.step_count, value)
         if self.skips is not None:

@@ -1,0 +1,108 @@
+"""Attention on the GPU: the materialised path's fused causal softmax (softmax.cu, one warp
+per row), the flash-style fused attention (flash.py) where it applies, and generation's
+one-position attention over the KV cache in one kernel (decode_attention.cu).
+
+Why a kernel of its own for decoding: the reference formulation is about fourteen launches
+per layer (two cache writes, two batched GEMMs, the masked softmax's elementwise passes),
+each over all SEQ_LEN cached positions when the step is a captured graph; at batch 1 those
+launches, not arithmetic, are the time of a token. The kernel is one launch per layer that
+reads the position from device memory and touches only the positions filled so far."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ...precision import accumulate_dtype
+from .. import cuda_build
+from ..cuda_build import acc_scalar, warp_grid
+from . import flash
+
+_SOFTMAX = cuda_build.source(__file__, "softmax.cu", cuda_build.dtype_defines(np.float32))
+_DECODE = cuda_build.source(__file__, "decode_attention.cu",
+                            cuda_build.dtype_defines(np.float32))
+DECODE_THREADS = 256  # a block per (sequence, head); head_dim <= this
+DECODE_SHARED_LIMIT = 48 * 1024  # the default dynamic shared memory of a block
+
+
+def _drop(dropout: tuple[float, int, int, Any] | None) -> flash.Dropout | None:
+    return None if dropout is None else flash.Dropout(*dropout)
+
+
+
+class CudaAttention:
+    xp: Any
+    attention: str
+    cublas: Any
+
+    def causal_softmax_forward(
+        self, scores: Any, scale: float, with_lse: bool = False
+    ) -> Any:
+        s = self.xp.ascontiguousarray(scores)
+        t = s.shape[-1]
+        rows = s.size // t
+        acc = accumulate_dtype(s.dtype)
+        lse = self.xp.empty(s.shape[:-1] + (1,), dtype=acc) if with_lse else None
+        _SOFTMAX.typed("softmax_fwd", s.dtype)(*warp_grid(rows), (s, lse if with_lse else 0,
+                                                       np.int32(rows), np.int32(t),
+                                                       acc.type(scale)))
+        return (s, lse) if with_lse else s
+
+    def causal_softmax_recompute(self, scores: Any, lse: Any, scale: float) -> Any:
+        s = self.xp.ascontiguousarray(scores)
+        t = s.shape[-1]
+        rows = s.size // t
+        _SOFTMAX.typed("softmax_recompute", s.dtype)(*warp_grid(rows), (s, lse, np.int32(rows),
+                                                             np.int32(t),
+                                                             acc_scalar(scale, s.dtype)))
+        return s
+
+    def causal_softmax_backward(self, g: Any, probs: Any, scale: float) -> Any:
+        g = self.xp.ascontiguousarray(g)
+        t = probs.shape[-1]
+        rows = probs.size // t
+        ds = self.xp.empty_like(probs)
+        _SOFTMAX.typed("softmax_bwd", g.dtype, probs)(
+            *warp_grid(rows), (g, probs, ds, np.int32(rows), np.int32(t),
+                               acc_scalar(scale, g.dtype)))
+        return ds
+
+    def fused_attention(self, dtype: Any, head_dim: int, seq_len: int) -> bool:
+        """Its float32 products run on tf32 tensor cores, so an fp32 run keeps the
+        materialised path; ATTENTION=materialized turns it off (set_attention)."""
+        if self.attention == "materialized":
+            return False
+        if np.dtype(dtype) == np.float32 and self.cublas.matmul_compute != "tf32":
+            return False
+        return flash.supports(dtype, head_dim, seq_len)
+
+    def attention_forward(self, q: Any, k: Any, v: Any, scale: float,
+                          dropout: tuple[float, int, int, Any] | None,
+                          out: Any = None) -> tuple[Any, Any]:
+        return flash.flash_attention_forward(q, k, v, scale, _drop(dropout), out)
+
+    def attention_backward(self, q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any,
+                           scale: float, dropout: tuple[float, int, int, Any] | None,
+                           out: tuple[Any, Any, Any] | None = None) -> tuple[Any, Any, Any]:
+        return flash.flash_attention_backward(q, k, v, o, do, lse, scale,
+                                                       _drop(dropout), out)
+
+    def decode_attention(self, qkv: Any, keys: Any, values: Any, pos: Any, scale: float,
+                         n: int) -> Any:
+        """decode_attention.cu: one block per (sequence, head) attends over positions
+        0..pos (read on the device; `n` is the reference's window and is not needed).
+        Falls back to the reference where the kernel does not apply."""
+        b, heads, s_len, d = keys.shape
+        acc = accumulate_dtype(qkv.dtype)
+        slices = DECODE_THREADS // d if d else 0
+        shared = (d + s_len + slices * d) * acc.itemsize
+        if (not slices or shared > DECODE_SHARED_LIMIT or not qkv.flags.c_contiguous
+                or not keys.flags.c_contiguous or not values.flags.c_contiguous):
+            return super().decode_attention(qkv, keys, values, pos, scale, n)
+        y = self.xp.empty((b, heads * d), dtype=qkv.dtype)  # (B, E)
+        _DECODE.typed("decode_attention", qkv.dtype, keys, values)(
+            (b * heads,), (DECODE_THREADS,),
+            (qkv, keys, values, y, pos, np.int32(heads), np.int32(s_len), np.int32(d),
+             acc.type(scale)), shared_mem=shared)
+        return y

@@ -1,0 +1,146 @@
+"""The ground every CPU kernel stands on: one thread pool fed cache-sized blocks, the
+buffers reused from call to call, and the choice of NumPy or numba for a block.
+
+The elementwise and row-wise passes (softmax cross-entropy over the (B*T, V) logits, GELU,
+attention softmax, LayerNorm, AdamW) release the GIL, so a pool of threads scales them. Work
+is cut into cache-sized blocks that the threads take from one shared queue: a kernel's
+several passes over a block hit the cache rather than memory, and a core slowed down by
+another process simply takes fewer blocks instead of holding the others up.
+
+With numba installed (CPU_JIT=auto|on), a block of float32 work goes to the matching kernel of
+kernels/jit.py instead of the NumPy calls: same blocks, same pool, one compiled loop.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from ..devices import openblas
+from .reference_set import XpKernels
+
+Blocks = Iterator[tuple[int, int]]
+
+# Sizes in elements. Every NumPy call re-takes the GIL, so threads working on small blocks
+# queue for it (small blocks made AdamW slower on 2 threads than on 1); blocks of 128K+
+# elements keep the calls long and still sit in the L2/L3 caches.
+BLOCK = 128 * 1024  # a cache block of the elementwise passes
+MIN_PARALLEL = 256 * 1024  # the least work (elements) worth another thread
+
+_M_TRIM_THRESHOLD, _M_MMAP_MAX = -1, -4  # glibc mallopt parameters
+
+
+def _keep_freed_memory() -> None:
+    """Serve every allocation from the heap and never hand freed memory back (glibc only).
+
+    By default glibc maps each block over 32 MiB freshly and unmaps it on free, so every
+    large activation is page-faulted and zeroed again at every step (at the small shape that
+    was about a quarter of the step). Now freed blocks are reused;
+    the price is that the process keeps its peak heap, which a training run reaches anyway.
+    """
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):  # not glibc: leave the allocator alone
+        return
+    mallopt(_M_MMAP_MAX, 0)
+    mallopt(_M_TRIM_THRESHOLD, -1)
+
+
+def _blas_single_thread() -> bool:
+    """Make OpenBLAS single-threaded; False if this NumPy's BLAS cannot be controlled."""
+    found = openblas()
+    if found is None:
+        return False
+    lib, pattern = found
+    getattr(lib, pattern % "set_num_threads")(1)
+    return True
+
+
+def load_jit(mode: str) -> ModuleType | None:
+    """kernels/jit.py (numba) for CPU_JIT=auto when numba imports, or on; None for off."""
+    if mode == "off":
+        return None
+    try:
+        from . import cpu_jit as jit
+    except ImportError as exc:  # numba missing, or built for another NumPy
+        if mode == "on":
+            raise RuntimeError(f"CPU_JIT=on, but numba does not import ({exc}): pip install "
+                               "'rustyflow-py[jit]', or set CPU_JIT=auto to use NumPy") from exc
+        return None
+    return jit
+
+
+def _blocks(start: int, stop: int, size: int) -> Blocks:
+    for i in range(start, stop, size):
+        yield i, min(i + size, stop)
+
+
+class CpuPool(XpKernels):
+    """The state the CPU kernel families share: threads, pool, JIT module and buffers."""
+
+    def __init__(self, backend: Any) -> None:
+        super().__init__(backend)
+        self._pool: ThreadPoolExecutor | None = None
+        self._spare: dict[tuple[tuple[int, ...], Any], np.ndarray] = {}  # see _workspace
+        self._ones: dict[tuple[int, Any], np.ndarray] = {}
+        self.set_threads(os.cpu_count() or 1)
+        self.set_jit("auto")
+        _keep_freed_memory()
+
+    def set_threads(self, threads: int) -> None:
+        """Use `threads` cores; GEMMs are split by the pool only when BLAS can be pinned to
+        one thread per call (otherwise BLAS threads itself and chunks would oversubscribe)."""
+        self.threads = max(1, threads)
+        self.split_gemms = self.threads > 1 and _blas_single_thread()
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def set_jit(self, mode: str) -> None:
+        """CPU_JIT: auto (numba kernels when numba imports), on (numba required) or off."""
+        self.jit = load_jit(mode)
+
+    def _jit_for(self, *arrays: np.ndarray) -> ModuleType | None:
+        """The numba kernels for float32 work; float64 (gradient checks, PRECISION=fp64)
+        keeps the NumPy formulation, whose exp is exact to float64."""
+        return self.jit if all(a.dtype == np.float32 for a in arrays) else None
+
+    def _parallel(self, worker: Callable[[Blocks], Any], n: int, block: int,
+                  work: float) -> list[Any]:
+        """worker(blocks) on each thread, all drawing (start, stop) blocks of [0, n) from one
+        shared iterator (a list iterator: atomic under the GIL). The caller's thread is one
+        of them; `work` elements below MIN_PARALLEL per thread use fewer threads."""
+        blocks = list(_blocks(0, n, max(1, block)))
+        k = min(self.threads, len(blocks), max(1, int(work // MIN_PARALLEL)))
+        shared = iter(blocks)
+        if k == 1:
+            return [worker(shared)]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="rustyflow")
+        futures = [self._pool.submit(worker, shared) for _ in range(k - 1)]
+        first = worker(shared)
+        return [first, *(f.result() for f in futures)]
+
+    def _workspace(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        """The (N, V) buffer of the LM head, reused from step to step (its pages are faulted
+        in once, whatever the allocator). One is kept per shape given back, so training and
+        evaluation batches each keep theirs instead of fragmenting the heap in turn."""
+        buf = self._spare.pop((shape, np.dtype(dtype)), None)
+        return np.empty(shape, dtype) if buf is None else buf
+
+    def _give_back(self, buf: np.ndarray) -> None:
+        self._spare[(buf.shape, buf.dtype)] = buf
+
+    def _ones_vector(self, n: int, dtype: Any) -> np.ndarray:
+        """ones(n): row and column sums as BLAS GEMVs, which beat NumPy's sum() (a pairwise
+        reduction that does not use BLAS)."""
+        key = (n, np.dtype(dtype))
+        if key not in self._ones:
+            self._ones[key] = np.ones(n, dtype)
+        return self._ones[key]

@@ -1,0 +1,1 @@
+"""Dropout: Philox4x32-10 masks drawn from (seed, call site, device step), and the op."""

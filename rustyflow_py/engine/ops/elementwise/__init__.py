@@ -1,0 +1,1 @@
+"""Elementwise arithmetic with broadcasting, and unbroadcast for its gradients."""

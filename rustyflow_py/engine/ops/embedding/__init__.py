@@ -1,0 +1,1 @@
+"""The embedding lookup and its row-sparse gradient's scatter-add."""

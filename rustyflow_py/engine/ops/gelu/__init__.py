@@ -1,0 +1,1 @@
+"""GELU (tanh approximation) with the preceding bias add fused in."""

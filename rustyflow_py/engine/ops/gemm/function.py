@@ -1,0 +1,98 @@
+"""Matrix products as ops: matmul, and the Linear and MLP layers whole, so that a backend
+fuses their bias, GELU and bias gradients into the GEMMs."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Sequence
+from typing import Any
+
+from ...autograd import Function, Tensor
+from ..elementwise.function import unbroadcast
+
+
+class MatMul(Function):
+    """a @ b for (M,K)@(K,N), batched (...,M,K)@(...,K,N) and (B,T,K)@(K,N).
+
+    transpose_b=True computes a @ b.T without copying b (the tied LM head).
+    """
+
+    name = "matmul"
+    category = "matmul"
+    transpose_b: bool = False
+
+    def forward(self, a: Any, b: Any) -> Any:
+        self.a, self.b = a, b
+        return self.matmul(a, b, "forward", transpose_b=self.transpose_b)
+
+    def backward(self, grad: Any) -> Sequence[Any]:
+        a, b, xp = self.a, self.b, self.xp
+        mm = functools.partial(self.matmul, phase="backward")
+        bt = xp.swapaxes(b, -1, -2) if self.transpose_b else b  # the (K, N) operand multiplied
+        da = db = None
+        if self.needs_input_grad[0]:
+            da = unbroadcast(mm(grad, bt, transpose_b=True), a.shape)
+        if self.needs_input_grad[1]:
+            if bt.ndim == 2 and a.ndim > 2:  # fold the batch into the rows: one GEMM
+                a2 = a.reshape(-1, a.shape[-1])
+                g2 = grad.reshape(-1, grad.shape[-1])
+                db = mm(g2.T, a2) if self.transpose_b else mm(a2.T, g2)
+            else:
+                dbt = unbroadcast(mm(xp.swapaxes(a, -1, -2), grad), bt.shape)
+                db = xp.swapaxes(dbt, -1, -2) if self.transpose_b else dbt
+        return da, db
+
+
+# ---- Linear layers ---------------------------------------------------------------------------
+class Linear(Function):
+    """y = x @ W + b, (..., K) x (K, N) + (N,), as one op: the backend adds the bias inside
+    the GEMM (cuBLASLt's epilogue on the GPU) and gets the bias gradient from the weight
+    gradient's GEMM, so neither is a pass of its own over an activation-sized array."""
+
+    name = "linear"
+
+    def forward(self, x: Any, w: Any, b: Any) -> Any:
+        self.x, self.w = x, w
+        return self.kernels.linear(x, w, b, False, self.gemm("forward"))[0]
+
+    def backward(self, grad: Any) -> Sequence[Any]:
+        dx = self.matmul(grad, self.w, "backward", transpose_b=True)
+        dw, db = self.kernels.linear_grads(self.x, grad, self.gemm("backward"))
+        return dx, dw, db
+
+
+class MLP(Function):
+    """The transformer MLP, gelu(x @ W1 + b1) @ W2 + b2, as one op, so the GELU fuses into
+    the GEMMs on both sides: forward writes the activation and its input from W1's GEMM, and
+    backward gets d(pre-activation) and b1's gradient from the epilogue of the GEMM that
+    multiplies by W2.T (cuBLASLt's GELU_AUX_BIAS and DGELU_BGRAD on the GPU)."""
+
+    name = "mlp"
+
+    def forward(self, x: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> Any:
+        gemm = self.gemm("forward")
+        f, self.state = self.kernels.linear(x, w1, b1, True, gemm)  # (..., 4E)
+        self.x, self.f, self.w1, self.w2 = x, f, w1, w2
+        return self.kernels.linear(f, w2, b2, False, gemm)[0]  # (..., E)
+
+    def backward(self, grad: Any) -> Sequence[Any]:
+        gemm = self.gemm("backward")
+        dw2, db2 = self.kernels.linear_grads(self.f, grad, gemm)
+        dpre, db1 = self.kernels.linear_dgelu(grad, self.w2, self.state, gemm)  # (..., 4E)
+        x2 = self.x.reshape(-1, self.x.shape[-1])
+        dw1 = self.matmul(x2.T, dpre.reshape(-1, dpre.shape[-1]), "backward")
+        dx = self.matmul(dpre, self.w1, "backward", transpose_b=True)
+        return dx, dw1, db1, dw2, db2
+
+
+def matmul(a: Tensor, b: Tensor, transpose_b: bool = False) -> Tensor:
+    return MatMul.apply(a, b, transpose_b=transpose_b)
+
+
+def linear(x: Tensor, w: Tensor, b: Tensor) -> Tensor:
+    return Linear.apply(x, w, b)
+
+
+def mlp(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
+    return MLP.apply(x, w1, b1, w2, b2)
+

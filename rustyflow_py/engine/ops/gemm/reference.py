@@ -1,0 +1,42 @@
+"""The GEMM family's reference kernels: matmul, the bias gradients' column sums and the
+Linear layers (the GEMM, then the bias, with GELU, as kernels of their own)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ...precision import accumulate_dtype, is_16bit
+
+
+class GemmReference:
+    """matmul, sum_rows, linear, linear_grads, linear_dgelu against `self.xp`."""
+
+    xp: Any
+
+    def matmul(self, a: Any, b: Any, *, transpose_b: bool = False, out: Any = None) -> Any:
+        return self.xp.matmul(a, self.xp.swapaxes(b, -1, -2) if transpose_b else b, out=out)
+
+    def sum_rows(self, x: Any) -> Any:
+        if is_16bit(x.dtype):
+            return x.sum(axis=0, dtype=accumulate_dtype(x.dtype)).astype(x.dtype)
+        return x.sum(axis=0)
+
+    # ---- Linear layers: here the GEMM, then the bias (with GELU) as a kernel of its own ------
+    def linear(self, x: Any, w: Any, b: Any, gelu: bool,
+               gemm: Callable[..., Any]) -> tuple[Any, Any]:
+        z = gemm(self.matmul, x, w)  # (..., N)
+        if gelu:  # the state: the GELU's input, less the bias the GELU kernels add themselves
+            return self.gelu_forward(z, b), (z, b)
+        z += b
+        return z, None
+
+    def linear_grads(self, x: Any, g: Any, gemm: Callable[..., Any]) -> tuple[Any, Any]:
+        g2 = g.reshape(-1, g.shape[-1])  # (rows, N)
+        return gemm(self.matmul, x.reshape(-1, x.shape[-1]).T, g2), self.sum_rows(g2)
+
+    def linear_dgelu(self, g: Any, w: Any, state: Any,
+                     gemm: Callable[..., Any]) -> tuple[Any, Any]:
+        pre, bias = state  # bias None: pre already has it (a fused backend's state)
+        dpre = self.gelu_backward(gemm(self.matmul, g, w, transpose_b=True), pre, bias)
+        return dpre, self.sum_rows(dpre.reshape(-1, dpre.shape[-1]))

@@ -1,0 +1,59 @@
+// LayerNorm over the last axis for rows of any width: one warp per row, the row read from
+// memory again for each pass (layernorm_rows.cu holds rows of up to 32 * MAX_CPL columns in
+// registers instead).
+#include "types.cuh"
+#include "warp_reduce.cuh"
+
+// LayerNorm forward, one warp per row of C features.
+extern "C" __global__ void ln_fwd(const real* x, const real* w, const real* b, real* y,
+                                  acc* mean, acc* rstd, int n, int c, acc eps) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= n) return;
+    const real* xr = x + (long long)row * c;
+    acc s = 0;
+    for (int i = lane; i < c; i += 32) s += (acc)xr[i];
+    acc m = warp_sum(s) / c, v = 0;
+    for (int i = lane; i < c; i += 32) { acc d = (acc)xr[i] - m; v += d * d; }
+    acc r = rsqrt(warp_sum(v) / c + eps);
+    real* yr = y + (long long)row * c;
+    for (int i = lane; i < c; i += 32)
+        yr[i] = (real)(((acc)xr[i] - m) * r * (acc)w[i] + (acc)b[i]);
+    if (lane == 0) { mean[row] = m; rstd[row] = r; }
+}
+
+// LayerNorm backward for dx, one warp per row.
+extern "C" __global__ void ln_bwd_dx(const real* g, const real* x, const real* w,
+                                     const acc* mean, const acc* rstd, real* dx, int n, int c) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= n) return;
+    long long off = (long long)row * c;
+    acc m = mean[row], r = rstd[row], s1 = 0, s2 = 0;
+    for (int i = lane; i < c; i += 32) {
+        acc gw = (acc)g[off + i] * (acc)w[i];
+        s1 += gw;
+        s2 += gw * ((acc)x[off + i] - m) * r;
+    }
+    s1 = warp_sum(s1) / c;
+    s2 = warp_sum(s2) / c;
+    for (int i = lane; i < c; i += 32) {
+        acc xhat = ((acc)x[off + i] - m) * r;
+        dx[off + i] = (real)(r * ((acc)g[off + i] * (acc)w[i] - s1 - xhat * s2));
+    }
+}
+
+// LayerNorm backward for dw, db: per-chunk column partial sums in acc (summed afterwards).
+extern "C" __global__ void ln_bwd_dwdb(const real* g, const real* x, const acc* mean,
+                                       const acc* rstd, acc* pdw, acc* pdb, int n, int c,
+                                       int rows_per_chunk) {
+    int col = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
+    if (col >= c) return;
+    int start = chunk * rows_per_chunk, stop = min(n, start + rows_per_chunk);
+    acc dw = 0, db = 0;
+    for (int row = start; row < stop; ++row) {
+        long long off = (long long)row * c + col;
+        dw += (acc)g[off] * ((acc)x[off] - mean[row]) * rstd[row];
+        db += (acc)g[off];
+    }
+    pdw[(long long)chunk * c + col] = dw;
+    pdb[(long long)chunk * c + col] = db;
+}

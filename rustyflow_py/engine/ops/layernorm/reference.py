@@ -1,0 +1,42 @@
+"""LayerNorm's reference kernels over the last axis."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ...precision import is_16bit
+from ..widen import wide
+
+
+class LayerNormReference:
+    xp: Any
+
+    def layernorm_forward(self, x: Any, w: Any, b: Any, eps: float) -> tuple[Any, Any, Any]:
+        if is_16bit(x.dtype):
+            y, mean, rstd = LayerNormReference.layernorm_forward(self, *wide(x, w, b), eps)
+            return y.astype(x.dtype), mean, rstd
+        xp = self.xp
+        mean = x.mean(axis=-1, keepdims=True)  # (..., 1)
+        xc = x - mean
+        var = (xc * xc).mean(axis=-1, keepdims=True)
+        rstd = 1.0 / xp.sqrt(var + eps)  # (..., 1)
+        xc *= rstd  # x-hat
+        y = xc * w
+        y += b
+        return y, mean, rstd
+
+    def layernorm_backward(
+        self, g: Any, x: Any, w: Any, mean: Any, rstd: Any
+    ) -> tuple[Any, Any, Any]:
+        if is_16bit(x.dtype):
+            dx, dw, db = LayerNormReference.layernorm_backward(self, *wide(g, x, w), mean, rstd)
+            return dx.astype(x.dtype), dw.astype(w.dtype), db.astype(w.dtype)
+        lead = tuple(range(x.ndim - 1))
+        xhat = (x - mean) * rstd
+        db = g.sum(axis=lead)
+        dw = (g * xhat).sum(axis=lead)
+        gw = g * w
+        dx = gw - gw.mean(axis=-1, keepdims=True)
+        dx -= xhat * (gw * xhat).mean(axis=-1, keepdims=True)
+        dx *= rstd
+        return dx, dw, db

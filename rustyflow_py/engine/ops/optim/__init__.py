@@ -1,0 +1,1 @@
+"""The optimizers' update kernels over the flat parameter buffer (one .cu file per optimizer)."""

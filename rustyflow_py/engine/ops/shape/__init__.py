@@ -1,0 +1,1 @@
+"""Reshape, transpose, basic indexing and sums over axes: data movement without kernels."""

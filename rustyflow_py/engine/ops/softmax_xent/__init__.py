@@ -1,0 +1,1 @@
+"""Softmax cross-entropy, alone and fused with the tied LM head's GEMMs."""

@@ -1,0 +1,83 @@
+"""Softmax cross-entropy on the GPU (xent.cu: one block per row, an online log-sum-exp), and
+the tied LM head with its logits' rows padded for the tensor cores."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ...precision import accumulate_dtype
+from .. import cuda_build
+
+_XENT = cuda_build.source(__file__, "xent.cu", cuda_build.dtype_defines(np.float32))
+VOCAB_PAD = 64  # the LM head's logits rows are padded to a multiple of this many columns
+
+
+def _row_stride(x: Any) -> int:
+    """Elements from one row of a 2-D array to the next (its rows may be padded)."""
+    return x.strides[0] // x.itemsize
+
+
+
+class CudaCrossEntropy:
+    xp: Any
+
+    def cross_entropy(
+        self, logits: Any, targets: Any, need_grad: bool, inplace: bool
+    ) -> tuple[Any, Any]:
+        """Forward reads the logits once (online log-sum-exp); backward writes d(logits)
+        over them in one more pass, folding in the upstream gradient. Rows may be padded
+        (a (N, V) view of wider rows, as lm_head_xent makes): the pad is never read."""
+        xp = self.xp
+        if logits.strides[1] != logits.itemsize:
+            logits = xp.ascontiguousarray(logits)
+        targets = xp.ascontiguousarray(targets, dtype=np.int32)
+        n, v = logits.shape
+        lse = xp.empty(n, dtype=accumulate_dtype(logits.dtype))  # and the loss, in acc
+        nll = xp.empty_like(lse)
+        _XENT.typed("xent_fwd", logits.dtype)((n,), (512,), (logits, targets, lse, nll, np.int32(v),
+                                                         np.int32(_row_stride(logits))))
+        state = (logits, targets, lse, inplace) if need_grad else None
+        return nll.mean(), state
+
+    def cross_entropy_backward(self, state: Any, g: Any) -> Any:
+        logits, targets, lse, inplace = state
+        n, v = logits.shape
+        # the kernel reads and writes at one row stride
+        out = logits if inplace else self.xp.empty((n, _row_stride(logits)), logits.dtype)[:, :v]
+        g = self.xp.ascontiguousarray(g, dtype=lse.dtype)
+        _XENT.typed("xent_bwd", logits.dtype)((n,), (512,), (logits, targets, lse, g, out,
+                                                         np.int32(n), np.int32(v),
+                                                         np.int32(_row_stride(logits))))
+        return out
+
+    def lm_head_xent(
+        self, h: Any, w: Any, targets: Any, need_grad: bool, mm: Callable[..., Any]
+    ) -> tuple[Any, Any]:
+        """The logits' rows are padded to a multiple of 64 columns. A vocabulary such as
+        WikiText-2's 33,278 leaves every row of an unpadded (N, V) misaligned for the tensor
+        cores, and cuBLAS runs the LM head's GEMMs markedly slower. Unless V is a multiple
+        already, the weight is copied once per step into a (Vp, E) buffer whose pad rows are
+        zero, so the pad logits are exactly 0: the softmax never reads them, and they add
+        nothing to either gradient."""
+        v, e = w.shape
+        vp = -(-v // VOCAB_PAD) * VOCAB_PAD
+        wp = w
+        if vp != v:
+            wp = self.xp.empty((vp, e), dtype=w.dtype)  # (Vp, E)
+            wp[:v] = w
+            wp[v:] = 0
+        padded = mm(h, wp, transpose_b=True)  # (N, Vp)
+        loss, xent = self.cross_entropy(padded[:, :v], targets, need_grad, True)
+        return loss, ((xent, h, wp, padded, v) if need_grad else None)
+
+    def lm_head_xent_backward(
+        self, state: Any, g: Any, need_h: bool, need_w: bool, mm: Callable[..., Any]
+    ) -> tuple[Any, Any]:
+        xent, h, wp, padded, v = state
+        self.cross_entropy_backward(xent, g)  # d(logits) over the logits; the pad stays 0
+        dh = mm(padded, wp) if need_h else None  # (N, E)
+        dw = mm(padded.T, h)[:v] if need_w else None  # (V, E)
+        return dh, dw
