@@ -10,7 +10,8 @@ What a checkpoint's tokens are decides what is written:
 - a word-level checkpoint (TOKENIZER=word): its words as a WordLevel `tokenizer.json` that
   tokenizes text as rustyflow does (each newline becomes `<eos>`, whitespace splits words, an
   unknown word becomes `<unk>`); decoding joins words with spaces, `<eos>` left as the word;
-- an imported checkpoint whose folder had no tokenizer: nothing, since there is none to write.
+- an imported checkpoint whose folder lacked vocab.json or merges.txt: nothing, since it has
+  no tokenizer to write.
 """
 
 from __future__ import annotations
@@ -38,8 +39,8 @@ def tokenizer_files(ckpt: Checkpoint, seq_len: int) -> tuple[dict[str, bytes], s
         return subword_files(sub, seq_len), (f"tokenizer: {sub.describe()} as tokenizer.json, "
                                              "vocab.json and merges.txt")
     if isinstance(ckpt.meta.get("imported"), dict):
-        return {}, ("tokenizer: none written (the checkpoint was imported without GPT-2's "
-                    "vocab.json and merges.txt, so it has no tokenizer)")
+        return {}, ("tokenizer: none written (the checkpoint was imported from a folder "
+                    "without GPT-2's vocab.json and merges.txt, so it has no tokenizer)")
     vocab = [str(t) for t in ckpt.vocab]
     if len(set(vocab)) != len(vocab):
         raise CheckpointError(f"{ckpt.path}: its vocabulary holds a word twice: the "
