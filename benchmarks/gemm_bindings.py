@@ -9,7 +9,8 @@ time) and called eagerly (host time per call, which an eager step pays once per 
 
 The problems are GPT-2 124M's (B*T = 16384 rows, E = 768) in bf16, plus a small problem
 where the host's time per call is all there is. Both bindings are given the same operands;
-each answer is checked against the other. Needs CuPy and nvmath-python (the `nvmath` extra).
+each answer is checked against the other. Needs CuPy and nvmath-python (`pip install
+nvmath-python`; the package itself does not use it, see engine/ops/gemm/cublaslt.py).
 """
 
 from __future__ import annotations

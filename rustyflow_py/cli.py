@@ -12,8 +12,9 @@ from . import __version__
 from .errors import RustyFlowError
 from .training.config import KEYS, ConfigError, load_config
 
-_TRAIN_KEYS = [k for k in KEYS.values() if k.name not in ("DEVICE", "PROFILE", "SEED",
-                                                           "MAX_STEPS", "NUM_GPUS")]
+# the run's own keys, listed first in `train --help`; every key is an option of train
+_RUN_KEYS = ("DEVICE", "MAX_STEPS", "PROFILE", "SEED", "NUM_GPUS")
+_TRAIN_KEYS = [KEYS[k] for k in _RUN_KEYS] + [k for k in KEYS.values() if k.name not in _RUN_KEYS]
 
 
 def _hyperparameter_options(fn: Any) -> Any:
@@ -108,16 +109,8 @@ def _train_options(fn: Any) -> Any:
     for option in reversed((
         click.option("--config", "config", type=click.Path(dir_okay=False), default=None,
                      help="config file (default: ./config.env when present)"),
-        click.option("--device", default=None, metavar="DEVICE", help="auto, cpu, gpu or gpu:N"),
         click.option("--resume", type=click.Path(dir_okay=False, exists=True), default=None,
                      help="continue exactly from a checkpoint written by train"),
-        click.option("--max-steps", "max_steps", type=int, default=None,
-                     help="stop after N optimizer steps (the LR schedule is unchanged)"),
-        click.option("--profile/--no-profile", default=None, help="per-op timing report"),
-        click.option("--seed", type=int, default=None),
-        click.option("--gpus", "num_gpus", type=int, default=None, metavar="N",
-                     help="data parallel: start N processes, one per GPU, under mpiexec "
-                          "(NUM_GPUS)"),
         click.option("--trace", "trace", type=click.Path(dir_okay=False), default=None,
                      metavar="FILE.json", help="write the profiled steps as a Chrome/Perfetto "
                      "trace (needs PROFILE)"),
@@ -317,7 +310,8 @@ def data() -> None:
 @click.option("--data-dir", default="data", help="destination folder")
 def data_download(dataset: str, data_dir: str) -> None:
     """Download and verify DATASET (wikitext-2 or tinyshakespeare)."""
-    from .data import DataError, download_dataset
+    from .data import DataError
+    from .data.download import download_dataset
 
     try:
         path = download_dataset(dataset, data_dir)

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -182,7 +184,16 @@ def test_shipped_config_env_is_in_sync_with_keys() -> None:
     assert config == Config()
     text = shipped.read_text()
     undocumented = [k for k in KEYS if not re.search(rf"^(# )?{k}=", text, re.M)]
-    assert undocumented == []
+    assert undocumented == [], "run scripts/sync_config_docs.py to add them"
+
+
+def _sync_script() -> Any:
+    spec = importlib.util.spec_from_file_location("sync_config_docs",
+                                                  REPO / "scripts" / "sync_config_docs.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def test_readme_key_table_is_in_sync_with_keys() -> None:
@@ -191,8 +202,25 @@ def test_readme_key_table_is_in_sync_with_keys() -> None:
     table = markdown_table()
     assert table[0] in lines, "docs/configuration.md lacks the configuration table"
     start = lines.index(table[0])
-    assert lines[start : start + len(table)] == table
-    assert not lines[start + len(table)].startswith("|"), "the key table has extra rows"
+    fix = "run scripts/sync_config_docs.py"
+    assert lines[start : start + len(table)] == table, fix
+    assert not lines[start + len(table)].startswith("|"), f"the key table has extra rows: {fix}"
+
+
+def test_sync_script_restores_a_missing_key_in_docs_and_config_env() -> None:
+    """Adding a key is one declaration: the script writes its table row and config.env entry."""
+    sync = _sync_script()
+    docs = (REPO / "docs" / "configuration.md").read_text()
+    env = (REPO / "config.env").read_text()
+    assert sync.synced_table(docs) == docs and sync.synced_env(env) == env
+    row = next(line for line in docs.splitlines() if line.startswith("| `PATIENCE`"))
+    assert sync.synced_table(docs.replace(row + "\n", "")) == docs
+    without = re.sub(r"^PATIENCE=.*\n", "", env, flags=re.M)
+    added = sync.synced_env(without).splitlines()
+    entry = sync._entry(KEYS["PATIENCE"])  # its help as a comment, then PATIENCE=0
+    assert entry[-1] == "PATIENCE=0" and entry[0].startswith("# Stop after")
+    after = next(i for i, line in enumerate(added) if line.startswith("EVAL_INTERVAL="))
+    assert added[after + 1 : after + 1 + len(entry)] == entry  # after the key declared before
 
 
 def test_to_dict_from_dict_round_trip() -> None:

@@ -41,9 +41,11 @@ def sha(data_: bytes) -> str:
 
 @pytest.fixture(autouse=True)
 def _isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """No real data folder is visible unless a test points at one."""
+    """No real data folder is visible unless a test points at one, and a failing URL is not
+    tried again (pooch waits seconds between tries; test_a_failing_url_is_retried tries)."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("RUSTYFLOW_DATA_DIR", raising=False)
+    monkeypatch.setattr(data.download, "RETRIES", 0)
 
 
 def fixture_source(monkeypatch: pytest.MonkeyPatch, urls: tuple[str, ...] = (),
@@ -242,7 +244,7 @@ def test_mistyped_data_dir_is_reported_and_never_created(
         downloads.append(dest)
         raise DataError("no network in tests")
 
-    monkeypatch.setattr(data, "download_dataset", offline)
+    monkeypatch.setattr(data.download, "download_dataset", offline)
     typo = tmp_path / "sahred"
     monkeypatch.setenv("RUSTYFLOW_DATA_DIR", str(typo))
     with pytest.raises(DataError) as err:
@@ -273,14 +275,15 @@ def test_real_wikitext2_counts() -> None:
 
 @pytest.fixture
 def server() -> Iterator[tuple[str, dict[str, bytes]]]:
-    """A local HTTP server on 127.0.0.1 serving `routes`; '/short/...' lies about its length."""
+    """A local HTTP server on 127.0.0.1 serving `routes`; '/short/...' lies about its length;
+    a route with a 'fail-once:<path>' entry answers 503 the first time."""
     routes: dict[str, bytes] = {}
 
     class Handler(BaseHTTPRequestHandler):
         def do_GET(self) -> None:  # noqa: N802 (http.server's naming)
             body = routes.get(self.path.removeprefix("/short"))
-            if body is None:
-                self.send_error(404)
+            if body is None or routes.pop(f"fail-once:{self.path}", None) is not None:
+                self.send_error(404 if body is None else 503)
                 return
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
@@ -340,6 +343,38 @@ def test_download_failures_leave_nothing(tmp_path: Path, server: tuple[str, dict
     with pytest.raises(DataError, match=error):
         data.download_dataset("wikitext-2", dest, [url], checksums=sums)
     assert list(dest.iterdir()) == []
+
+
+def test_a_failing_url_is_retried(tmp_path: Path, server: tuple[str, dict[str, bytes]]) -> None:
+    """pooch tries a URL again after a failure (here a 503) before the next mirror."""
+    base, routes = server
+    archive = make_zip()
+    routes["/w.zip"] = archive
+    routes["fail-once:/w.zip"] = b""
+    sums = {"archive": sha(archive), "train.txt": sha(TRAIN.encode()),
+            "valid.txt": sha(VALID.encode()), "test.txt": sha(TEST.encode())}
+    with pytest.raises(DataError, match="503"):
+        data.download_dataset("wikitext-2", tmp_path / "once", [f"{base}/w.zip"],
+                              checksums=sums, retries=0)
+    routes["fail-once:/w.zip"] = b""
+    folder = data.download_dataset("wikitext-2", tmp_path / "twice", [f"{base}/w.zip"],
+                                   checksums=sums, retries=1)
+    assert (folder / "train.txt").read_text() == TRAIN and "fail-once:/w.zip" not in routes
+    assert sorted(p.name for p in (tmp_path / "twice").iterdir()) == ["wikitext-2"]
+
+
+def test_progress_bar_follows_poochs_protocol() -> None:
+    """pooch sets `total`, calls update per chunk, then reset, update(total) and close."""
+    bar = data.download._Bar("w.zip")
+    bar.total = 100
+    bar.update(60)
+    task = bar._bar.tasks[0]
+    assert (task.description, task.total, task.completed) == ("w.zip", 100, 60)
+    bar.reset()
+    bar.update(100)
+    assert task.completed == 100
+    bar.close()
+    assert bar._bar is None
 
 
 def test_offline_message_lists_places_and_fixes(tmp_path: Path,

@@ -39,7 +39,7 @@ def cwd(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     def offline(*args: object, **kwargs: object) -> Path:
         raise DataError("no network in tests")
 
-    monkeypatch.setattr(data, "download_dataset", offline)
+    monkeypatch.setattr(data.download, "download_dataset", offline)
     return work
 
 
@@ -120,7 +120,7 @@ def test_a_missing_data_dir_is_an_error_not_a_fallback(cwd: Path, command: list[
                                      ["train", "--dataset", "wikitext2"]])
 def test_an_unknown_name_gets_a_did_you_mean_and_no_download(
         cwd: Path, command: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(data, "download_dataset", DOWNLOAD)
+    monkeypatch.setattr(data.download, "download_dataset", DOWNLOAD)
     result = CliRunner().invoke(main, command)
     assert result.exit_code != 0 and "Traceback" not in result.output
     assert "did you mean wikitext-2?" in result.stderr

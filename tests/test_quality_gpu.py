@@ -51,7 +51,11 @@ def test_cpu_and_gpu_agree_with_the_quality_keys(tmp_path: Path) -> None:
     gpu, on_gpu = _losses(_config(tmp_path, "gpu", **QUALITY))
     rel = np.abs(np.array(gpu) - np.array(cpu)) / np.abs(np.array(cpu))
     assert rel.max() < 1e-3, rel
-    np.testing.assert_allclose(_ema(on_gpu), ema_cpu, rtol=1e-3, atol=1e-5)
+    # The devices' float32 sums differ in order, so their weights drift apart by ulps a step;
+    # the average agrees to the losses' bound, relative to the weights' own scale (an element
+    # near zero cannot be held to a relative bound).
+    scale = np.abs(ema_cpu).max()
+    np.testing.assert_allclose(_ema(on_gpu), ema_cpu, rtol=0, atol=1e-3 * scale)
 
 
 def test_a_quality_step_makes_no_transfers() -> None:

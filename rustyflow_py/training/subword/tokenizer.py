@@ -24,7 +24,7 @@ from ...errors import DataError
 from ..outputs import write_atomically
 
 EXTRA = "hf"
-KINDS = ("gpt2", "bpe")  # the subword kinds; TOKENIZER=word is data.py's
+KINDS = ("gpt2", "bpe")  # the subword kinds; TOKENIZER=word is data/vocab.py's
 END_OF_TEXT = "<|endoftext|>"  # GPT-2's one special token; a trained BPE has it too
 GPT2_FILES = ("vocab.json", "merges.txt")
 

@@ -7,6 +7,10 @@ cublasGemmStridedBatchedEx for every matmul. Row-major arrays are handled by com
 C^T = B^T A^T in cuBLAS's column-major convention; transposed views are passed as op=T, so
 `h @ W.T` (the tied LM head) needs no copy. A, B and C share one type, float32, float64,
 float16 or bfloat16; 16-bit products accumulate in fp32.
+
+Why not nvmath-python's Matmul for these plain products: on the H100 it chose a slower
+algorithm for the tied LM head's GEMM in a replayed graph, and its eager calls cost the host
+more than this binding's (benchmarks/results/gemm-bindings-h100.md; cublaslt.py says more).
 """
 
 from __future__ import annotations

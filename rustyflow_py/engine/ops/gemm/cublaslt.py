@@ -17,6 +17,14 @@ so, like cublas.py, RustyFlow binds the library itself: the libcublasLt that CuP
 already loaded (found in /proc/self/maps), a fixed workspace handed to every call, every call on
 the backend's stream, no host synchronisation and no allocation outside CuPy's `xp.empty`.
 
+Why not NVIDIA's nvmath-python (`nvmath.linalg.advanced.Matmul`), the maintained binding:
+it was measured against this one on an H100 (benchmarks/gemm_bindings.py, results in
+benchmarks/results/gemm-bindings-h100.md). It computes the same epilogue GEMMs to the bit,
+captures into a CUDA graph, and replays them in the same device time, but each eager call
+costs the host well over this binding's time (its per-call operand checks, result and
+auxiliary allocation, even with `reset_operands_unchecked`), and an eager step calls a GEMM
+dozens of times. So this hand-written binding stays until nvmath's per-call cost does not.
+
 Each distinct problem (shapes, strides, dtypes, compute mode, epilogue, pointer alignments) gets
 a plan once: a matmul descriptor, the matrix layouts and the algorithm that
 cublasLtMatmulAlgoGetHeuristic picks. Planning must not happen inside a CUDA graph capture, so

@@ -1,0 +1,65 @@
+"""Reading a config file: python-dotenv's values, with its parse complaints as warnings.
+
+Kept apart from config.py because it knows nothing of the keys: it turns a dotenv file into
+strings and warnings, and names what is wrong with a file that sets nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from dotenv import dotenv_values
+
+from ..errors import ConfigError
+from .config_key import escape_controls
+
+
+def _error(message: str) -> ConfigError:
+    return ConfigError(escape_controls(message))
+
+
+class _Collect(logging.Handler):
+    """Captures python-dotenv's 'could not parse statement' log lines as our warnings."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def read_file(path: Path, label: str) -> tuple[dict[str, str], dict[str, str], list[str]]:
+    """Return (interpolated values, raw values, warnings) of a dotenv file."""
+    collect = _Collect()
+    logger = logging.getLogger("dotenv.main")
+    logger.addHandler(collect)
+    try:
+        values = dotenv_values(path, interpolate=True, encoding="utf-8")
+        raw = dotenv_values(path, interpolate=False, encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise _error(f"{label}: not valid UTF-8 at byte {err.start}: expected a text file "
+                     f"of KEY=VALUE lines") from None
+    finally:
+        logger.removeHandler(collect)
+    warnings = [f"{label}: {m}" for m in dict.fromkeys(collect.messages)]
+    for key, value in values.items():
+        if value is None:
+            warnings.append(f"{label}: '{key}' has no value (expected {key}=VALUE); ignored")
+    return ({k: v for k, v in values.items() if v is not None},
+            {k: v for k, v in raw.items() if v is not None}, warnings)
+
+
+def no_settings(path: Path, label: str) -> ConfigError:
+    """A file that sets nothing: running on the defaults would hide an empty or mangled file."""
+    lines = path.read_text(encoding="utf-8").splitlines()
+    content = [(i, line.strip()) for i, line in enumerate(lines, 1)
+               if line.strip() and not line.lstrip().startswith("#")]
+    if content:
+        what = f"line {content[0][0]} {content[0][1][:60]!r} is not KEY=VALUE"
+    else:
+        what = "it holds only comments" if any(line.strip() for line in lines) else "it is empty"
+    return _error(f"{label}: no KEY=VALUE setting found ({what}): expected lines such as "
+                  f"BATCH_SIZE=16. A config file that sets nothing is an error, not a run on "
+                  f"the built-in defaults; to run on those, use no config file at all")
