@@ -363,7 +363,8 @@ def import_hf(source: str, out: str, overwrite: bool) -> None:
 @main.command("export")
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(["hf"]), required=True,
-              help="hf: config.json + model.safetensors for transformers' GPT2LMHeadModel")
+              help="hf: config.json + model.safetensors for transformers' GPT2LMHeadModel, "
+              "and the tokenizer files for its AutoTokenizer")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="the folder to write (created if missing)")
 def export(model: str, fmt: str, out: str) -> None:
@@ -371,8 +372,10 @@ def export(model: str, fmt: str, out: str) -> None:
     from .interop.hf_export import export_hf
 
     result = export_hf(model, out, click.echo)
+    tokenizer = (f" and transformers.AutoTokenizer.from_pretrained({result['folder']!r})"
+                 if "tokenizer.json" in result["files"] else "")
     click.echo(f"{result['params']:,} parameters; load it with "
-               f"transformers.GPT2LMHeadModel.from_pretrained({result['folder']!r})")
+               f"transformers.GPT2LMHeadModel.from_pretrained({result['folder']!r}){tokenizer}")
 
 
 @main.command()
