@@ -9,15 +9,6 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "rustyflow_py"
 MAX_LINES = 250
 
-# Classes still over the limit, each while its split is under way elsewhere: the op-folder
-# work (issue 28, branch issue-28-ops) replaces the kernel Protocol by a dispatch table and the
-# ctypes cuBLASLt by maintained bindings. Once it is merged these go and the list is empty.
-# Nothing else may be added here.
-ALLOWED = {
-    "engine/ops/contract.py::Kernels",  # the kernel Protocol, one method per kernel
-    "engine/ops/gemm/cublaslt.py::CublasLt",  # hand-written ctypes
-}
-
 
 def class_lengths() -> dict[str, int]:
     """`path::Class` -> lines from its `class` line to its last, for every class (nested
@@ -34,12 +25,5 @@ def class_lengths() -> dict[str, int]:
 def test_no_class_over_250_lines() -> None:
     lengths = class_lengths()
     assert len(lengths) > 50  # the walk saw the package, not an empty folder
-    too_long = {k: n for k, n in lengths.items() if n > MAX_LINES and k not in ALLOWED}
+    too_long = {k: n for k, n in lengths.items() if n > MAX_LINES}
     assert too_long == {}, f"split these by responsibility (lines): {too_long}"
-
-
-def test_the_allow_list_only_shrinks() -> None:
-    """An allowed class that is gone or fits now leaves the list, so it cannot hide a new one."""
-    lengths = class_lengths()
-    stale = sorted(k for k in ALLOWED if lengths.get(k, 0) <= MAX_LINES)
-    assert stale == [], f"remove from ALLOWED in {Path(__file__).name}: {stale}"
