@@ -2,22 +2,19 @@
 # Run the checks: ruff, then the test suite.   ./test.sh [pytest args...]
 #
 # The first run creates .venv with the package and its dev extra (pytest, ruff); later runs
-# reuse it. RUSTYFLOW_WITH_TORCH=1 also installs torch==2.13.0 for the PyTorch parity tests
-# and transformers==5.17.0 for the Hugging Face GPT-2 parity tests (they skip without them). Tests that need the real WikiText-2 read $RUSTYFLOW_DATA_DIR, which
-# defaults to ../shared/data when that folder exists, and skip with a reason otherwise.
+# reuse it. RUSTYFLOW_WITH_TORCH=1 also installs the parity extra (torch for the PyTorch
+# parity tests, transformers for the Hugging Face GPT-2 ones): they skip without them, except
+# that with RUSTYFLOW_WITH_TORCH=1 a missing one fails (tests/test_parity_deps.py), so CI
+# cannot pass with them skipped. Tests that need the real WikiText-2 read $RUSTYFLOW_DATA_DIR,
+# which defaults to ../shared/data when that folder exists, and skip with a reason otherwise.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")"
 
-py="$(scripts/bootstrap.sh --jit dev mpi)"  # numba: its kernels are tested against NumPy's;
-# mpi: the data-parallel tests run real ranks under mpiexec
-if [[ ${RUSTYFLOW_WITH_TORCH:-0} == 1 ]] && ! "$py" -c 'import torch' 2>/dev/null; then
-    echo "test.sh: installing torch==2.13.0 for the parity tests (first run only)" >&2
-    "$py" -m pip install --quiet --disable-pip-version-check torch==2.13.0 >&2
-fi
-if [[ ${RUSTYFLOW_WITH_TORCH:-0} == 1 ]] && ! "$py" -c 'import transformers' 2>/dev/null; then
-    echo "test.sh: installing transformers==5.17.0 for the GPT-2 parity tests (first run only)" >&2
-    "$py" -m pip install --quiet --disable-pip-version-check transformers==5.17.0 >&2
-fi
+# numba: its kernels are tested against NumPy's; mpi: the data-parallel tests run real ranks
+# under mpiexec
+extras=(dev mpi)
+if [[ ${RUSTYFLOW_WITH_TORCH:-0} == 1 ]]; then extras+=(parity); fi
+py="$(scripts/bootstrap.sh --jit "${extras[@]}")"
 
 if [[ -z ${RUSTYFLOW_DATA_DIR:-} && -d ../shared/data ]]; then
     RUSTYFLOW_DATA_DIR=../shared/data

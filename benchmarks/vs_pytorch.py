@@ -17,6 +17,12 @@ dynamic loss scaling. PyTorch keeps its fp32 model and runs forward + loss under
 torch.autocast at the same 16-bit dtype, backward outside it, fp16 with a GradScaler: the
 usual way to train in 16 bits in each framework, compared at the same precision.
 
+GPT-2 124M (`--shapes gpt2-b16,gpt2-b32`: L12 H12 E768, T 1024, vocabulary padded to 50,304,
+GPU-only) is compared with a nanoGPT-style PyTorch step: torch.compile in its default mode,
+fused AdamW, scaled_dot_product_attention(is_causal=True), bf16 autocast; with MFU counted as
+nanoGPT does (mfu.py) and, with --kernel-list, every kernel of rustyflow's replayed step
+(kernel_list.py).
+
     python benchmarks/vs_pytorch.py --device cpu --out benchmarks/results/cpu-<machine>.md
     python benchmarks/vs_pytorch.py --device gpu --out benchmarks/results/<gpu>.md
 """
@@ -26,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import functools
 import gc
 import json
 import math
@@ -61,17 +68,28 @@ from rustyflow_py.model.gpt import GPT, GPTConfig, init_weights  # noqa: E402
 from rustyflow_py.model.loss_scale import INIT_SCALE, LossScaler  # noqa: E402
 from rustyflow_py.model.optim import AdamW, Schedule  # noqa: E402
 
+sys.path.insert(0, str(ROOT / "benchmarks"))  # its sibling modules, when loaded by path
+import mfu  # noqa: E402
+from kernel_list import KernelLister  # noqa: E402
+from kernel_list import render as render_kernels  # noqa: E402
+
 SHAPES = {  # the benchmark shapes: layers, heads, embed, seq_len, batch
     "seed": (2, 4, 128, 64, 16),
     "small": (6, 6, 384, 256, 32),
     "medium": (12, 12, 768, 512, 16),
+    "gpt2-b16": (12, 12, 768, 1024, 16),  # GPT-2 124M at its context, as nanoGPT trains it
+    "gpt2-b32": (12, 12, 768, 1024, 32),
 }
 VOCAB = 33278  # WikiText-2's
+# GPT-2's 50,257 tokens padded to a multiple of 64, as nanoGPT pads them (its GPTConfig)
+SHAPE_VOCAB = {"gpt2-b16": 50304, "gpt2-b32": 50304}
+GPU_SHAPES = ("gpt2-b16", "gpt2-b32")  # a 2-core CPU would take minutes a step
 SEED = 1337
 LR, WARMUP, MIN_RATIO, CLIP = 1e-3, 100, 0.1, 1.0  # config.env's defaults
 DEFAULT_STEPS = {  # (warm-up, timed) steps per shape: a 2-core CPU takes ~10 s a small step
     "cpu": {"seed": (3, 10), "small": (2, 5), "medium": (1, 3)},
-    "gpu": {"seed": (10, 50), "small": (10, 40), "medium": (5, 20)},
+    "gpu": {"seed": (10, 50), "small": (10, 40), "medium": (5, 20), "gpt2-b16": (5, 30),
+            "gpt2-b32": (5, 20)},
 }
 MiB, GiB = 2**20, 2**30
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
@@ -80,6 +98,9 @@ CURVE_BOUNDS = {"fp32": 0.01, "bf16": 0.02, "fp16": 0.02}  # max relative loss d
 # PyTorch's fp32-matmul mode under autocast: TF32 allowed, as in the tf32 rows. Autocast runs
 # every GEMM of this model (Linear, attention, the tied head) in 16 bits, so none is left.
 AUTOCAST_MATMUL = "high"
+# torch.compile modes: reduce-overhead (CUDA graphs) is the reference at the older shapes;
+# GPT-2 gets nanoGPT's plain torch.compile(model), i.e. "default"
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
 StepFn = Callable[[Any, Any], Any]  # step(x, y) -> the loss, left on the device
 
@@ -101,16 +122,25 @@ class Job:
     steps: int
     windows: int
     threads: int
+    compile_mode: str = ""  # torch.compile's mode, for mode "compile"
+
+    def label(self) -> str:
+        """`rustyflow graph`, `pytorch compile (default)`."""
+        mode = f"{self.mode} ({self.compile_mode})" if self.compile_mode else self.mode
+        return f"{self.framework} {mode}"
 
 
-def gpt_config(shape: str, vocab: int = VOCAB) -> tuple[GPTConfig, int]:
+def gpt_config(shape: str, vocab: int | None = None) -> tuple[GPTConfig, int]:
+    """The shape's model (its own vocabulary unless `vocab` is given) and batch size."""
     layers, heads, embed, seq_len, batch = SHAPES[shape]
+    vocab = vocab if vocab is not None else SHAPE_VOCAB.get(shape, VOCAB)
     return GPTConfig(vocab, seq_len, layers, heads, embed), batch
 
 
 def describe_shape(shape: str) -> str:
     layers, heads, embed, seq_len, batch = SHAPES[shape]
-    return f"{shape} (L{layers} H{heads} E{embed} T{seq_len} B{batch})"
+    vocab = f" V{SHAPE_VOCAB[shape]}" if shape in SHAPE_VOCAB else ""
+    return f"{shape} (L{layers} H{heads} E{embed} T{seq_len} B{batch}{vocab})"
 
 
 def synthetic_batch(cfg: GPTConfig, batch: int) -> tuple[np.ndarray, np.ndarray]:
@@ -121,7 +151,8 @@ def synthetic_batch(cfg: GPTConfig, batch: int) -> tuple[np.ndarray, np.ndarray]
 
 
 # ---- HOOK: the RustyFlow training step that is timed ---------------------------------------------
-def rustyflow_step_fn(model: GPT, optimizer: AdamW, mode: str, scaler: Any = None) -> StepFn:
+def rustyflow_step_fn(model: GPT, optimizer: AdamW, mode: str, scaler: Any = None,
+                      capture: Callable[[CapturedStep], None] | None = None) -> StepFn:
     """RustyFlow's training step from its public API, as Trainer.step runs it.
 
     "eager" runs zero_grad -> forward -> backward -> optimizer.step (clip + AdamW) each call;
@@ -129,7 +160,8 @@ def rustyflow_step_fn(model: GPT, optimizer: AdamW, mode: str, scaler: Any = Non
     overflow) backward is seeded with the scale, a device array, so the step stays
     capturable. "graph" captures that same step once as a CUDA graph
     (rustyflow_py.engine.graph.CapturedStep) and replays it; NotAvailable when the capture
-    fails.
+    fails. `capture` replaces CapturedStep.capture (a kernel list's, which tags every
+    node with its op).
     """
 
     backend = model.buffer.backend
@@ -147,7 +179,7 @@ def rustyflow_step_fn(model: GPT, optimizer: AdamW, mode: str, scaler: Any = Non
         raise ValueError(f"unknown RustyFlow mode {mode!r}")
     if model.device != "gpu":
         raise NotAvailable("CUDA graphs need the GPU")
-    return GraphStep(eager, model.buffer.backend)
+    return GraphStep(eager, model.buffer.backend, capture)
 
 
 def rustyflow_training(
@@ -182,8 +214,10 @@ def host_float(backend: Any, array: Any) -> float:
 class GraphStep:
     """The eager step recorded once as a CUDA graph on static batch buffers, then replayed."""
 
-    def __init__(self, eager: StepFn, backend: Any) -> None:
+    def __init__(self, eager: StepFn, backend: Any,
+                 capture: Callable[[CapturedStep], None] | None = None) -> None:
         self.eager, self.backend = eager, backend
+        self.capture = capture or CapturedStep.capture
         self.make, self.error = CapturedStep, GraphCaptureError
         self.captured: Any = None
         self.x = self.y = self.loss = None
@@ -198,7 +232,7 @@ class GraphStep:
             self.captured = self.make(self.backend, self._body)
             try:
                 with self.peak.tracking():
-                    self.captured.capture()
+                    self.capture(self.captured)
             except self.error as exc:
                 raise NotAvailable(f"capture failed: {exc}") from None
         else:
@@ -215,9 +249,11 @@ class GraphStep:
 
 
 def pytorch_step_fn(model: Any, optimizer: Any, mode: str, precision: str = "fp32",
-                    scaler: Any = None) -> StepFn:
-    """The same step in PyTorch; "compile" compiles the model (forward + backward) with
-    mode="reduce-overhead" (CUDA graphs on the GPU), the clip and fused AdamW stay eager.
+                    scaler: Any = None, compile_mode: str = "reduce-overhead") -> StepFn:
+    """The same step in PyTorch; "compile" compiles the model (forward + loss, and so its
+    backward) with torch.compile's `compile_mode` ("reduce-overhead": CUDA graphs on the GPU;
+    "default": nanoGPT's `torch.compile(model)`), the clip and fused AdamW stay eager, as in
+    nanoGPT's train.py.
 
     bf16/fp16 run forward + loss under torch.autocast, backward outside it (autocast's
     recipe); fp16's GradScaler scales the loss, and unscales the gradients before the clip so
@@ -229,13 +265,15 @@ def pytorch_step_fn(model: Any, optimizer: Any, mode: str, precision: str = "fp3
     forward = model
     if mode == "compile":
         torch._dynamo.reset()
-        forward = torch.compile(model, mode="reduce-overhead")
+        if compile_mode not in COMPILE_MODES:
+            raise ValueError(f"unknown torch.compile mode {compile_mode!r}")
+        forward = torch.compile(model, mode=compile_mode)
     elif mode != "eager":
         raise ValueError(f"unknown PyTorch mode {mode!r}")
     amp = autocast_dtype(precision)
 
     def step(x: Any, y: Any) -> Any:
-        if mode == "compile":
+        if mode == "compile":  # CUDA-graph modes: a new step; the others ignore it
             torch.compiler.cudagraph_mark_step_begin()
         optimizer.zero_grad(set_to_none=True)
         with (contextlib.nullcontext() if amp is None
@@ -269,9 +307,17 @@ def torch_model(cfg: GPTConfig, device: str) -> tuple[Any, Any]:
     from torch_gpt import TorchGPT, make_adamw
 
     model = TorchGPT(cfg.vocab_size, cfg.seq_len, cfg.n_layer, cfg.n_head, cfg.n_embd)
-    model.load_from_rustyflow(init_weights(cfg, SEED))
+    model.load_from_rustyflow(host_init_weights(cfg))
     model.to(torch.device("cuda" if device == "gpu" else "cpu"))
     return model, make_adamw(model, LR, fused=True)
+
+
+@functools.lru_cache(maxsize=1)
+def host_init_weights(cfg: GPTConfig) -> dict[str, np.ndarray]:
+    """`init_weights(cfg, SEED)`, made once per model: GPT-2's 124M host weights take seconds,
+    and every PyTorch row of a shape (eager, each compile mode, both batch sizes) starts
+    from them. Read-only: load_from_rustyflow copies them."""
+    return init_weights(cfg, SEED)
 
 
 def torch_training(cfg: GPTConfig, device: str, precision: str) -> tuple[Any, Any, Any]:
@@ -325,7 +371,9 @@ def free_gpu_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def measure_rustyflow(job: Job) -> dict[str, Any]:
+def measure_rustyflow(job: Job, lister: KernelLister | None = None) -> dict[str, Any]:
+    """RustyFlow's row; with a `lister`, a graph row also lists its step's kernels (sampled
+    replays after the timed ones)."""
     backend = get_backend(job.device, RunPolicy(
         Precision.of(job.precision), threads=job.threads,
         cpu_jit="off" if job.mode == "numpy" else "auto"))
@@ -333,7 +381,9 @@ def measure_rustyflow(job: Job) -> dict[str, Any]:
     cfg, batch = gpt_config(job.shape)
     x, y = (backend.from_host(a) for a in synthetic_batch(cfg, batch))
     model, opt, scaler = rustyflow_training(cfg, backend, 10**6)
-    step = rustyflow_step_fn(model, opt, job.mode, scaler)
+    sampler = lister.sampler(backend) if lister is not None and job.mode == "graph" else None
+    capture = functools.partial(lister.capture, sampler) if sampler is not None else None
+    step = rustyflow_step_fn(model, opt, job.mode, scaler, capture)
     times, loss = time_steps(step, x, y, job, backend.synchronize)
     out: dict[str, Any] = {"times": times, "loss": host_float(backend, loss)}
     if scaler is not None:
@@ -352,6 +402,10 @@ def measure_rustyflow(job: Job) -> dict[str, Any]:
         out["memory"] = (f"{peak.peak / GiB:.2f} GiB in use, {(pool + graph) / GiB:.2f} "
                          "reserved")
         out["peak_bytes"] = peak.peak
+    if sampler is not None and sampler.profiler.graph is not None:  # tagged at capture
+        kernels = lister.sample(sampler, step.captured.replay, backend.synchronize)
+        out["kernels"] = render_kernels(
+            f"{describe_shape(job.shape)}, {job.precision}, {job.label()}", kernels)
     else:
         out["memory"], out["peak_bytes"] = rss_text(base), rss_bytes()
     return out
@@ -371,7 +425,8 @@ def measure_pytorch(job: Job) -> dict[str, Any]:
     dev = "cuda" if cuda else "cpu"
     x, y = (torch.from_numpy(a.astype(np.int64)).to(dev) for a in synthetic_batch(cfg, batch))
     model, opt, scaler = torch_training(cfg, job.device, job.precision)
-    step = pytorch_step_fn(model, opt, job.mode, job.precision, scaler)
+    step = pytorch_step_fn(model, opt, job.mode, job.precision, scaler,
+                           job.compile_mode or "reduce-overhead")
     sync = torch.cuda.synchronize if cuda else (lambda: None)
     warm = dataclasses.replace(job, warmup=max(job.warmup, 3)) if job.mode == "compile" else job
     times, loss = time_steps(step, x, y, warm, sync)
@@ -404,13 +459,15 @@ def rss_text(base: int) -> str:
     return f"{rss_bytes() / MiB:.0f} MiB RSS (base {base / MiB:.0f})"
 
 
-def measure(job: Job) -> dict[str, Any]:
+def measure(job: Job, lister: KernelLister | None = None) -> dict[str, Any]:
     """One row: ms/step per window, last loss and peak memory, or why there is none."""
     try:
         if job.device == "gpu":
             free_gpu_memory()
-        run = measure_rustyflow if job.framework == "rustyflow" else measure_pytorch
-        result = run(job)
+        if job.framework == "rustyflow":
+            result = measure_rustyflow(job, lister)
+        else:
+            result = measure_pytorch(job)
         if not math.isfinite(result["loss"]):
             raise FloatingPointError(f"the loss is {result['loss']} after the timed steps")
     except NotAvailable as exc:
@@ -559,9 +616,17 @@ def versions(device: str) -> str:
 
 
 def render(args: argparse.Namespace, rows: list[tuple[Job, dict[str, Any]]],
-           curves: list[dict[str, Any] | str], plot_note: str) -> str:
+           curves: list[dict[str, Any] | str], plot_note: str,
+           gpu_name: str | None = None) -> str:
+    """The markdown report. `gpu_name` (the GPU's name, None on the CPU) selects the peak
+    the MFU column is counted against; no column without one."""
     threads = args.threads or os.cpu_count()
     compiled = any(j.mode == "compile" for j, _ in rows)
+    peaks = ({p: mfu.peak_for(gpu_name, p) for p in dict.fromkeys(j.precision for j, _ in rows)}
+             if gpu_name is not None else {})
+    with_mfu = any(peaks.values())
+    vocabs = ", ".join(f"{s} {gpt_config(s)[0].vocab_size:,}"
+                       for s in dict.fromkeys(j.shape for j, _ in rows))
     lines = [
         f"# RustyFlow vs PyTorch — {args.device.upper()}",
         "",
@@ -571,46 +636,74 @@ def render(args: argparse.Namespace, rows: list[tuple[Job, dict[str, Any]]],
         + (f"; {threads} threads for both frameworks" if args.device == "cpu" else ""),
         f"- Versions: {versions(args.device)}",
         "- Step: zero grad, forward, backward, grad-norm clip 1.0, AdamW (PyTorch: fused); "
-        f"same initial weights (`init_weights(cfg, {SEED})`), random tokens, vocabulary {VOCAB}",
+        f"same initial weights (`init_weights(cfg, {SEED})`), random tokens; vocabulary: "
+        f"{vocabs or VOCAB}",
         *precision_notes(set(args.precisions) | set(args.curve_precisions)),
+        *([compile_note(rows)] if compiled else []),
+        *([mfu.describe(peaks, gpu_name)] if peaks and gpu_name is not None else []),
         "- ms/step: median of the timed windows (min–max in brackets), after warm-up, device "
         "synchronised before each clock read; ratio = ms/step ÷ PyTorch eager's"
-        + (" (or compile's)" if compiled else "") + " at the same shape and precision (lower "
-        "is better for RustyFlow)",
+        + (" (or the fastest compile row's)" if compiled else "") + " at the same shape and "
+        "precision (lower is better for RustyFlow); peak memory: the same ratios",
         "",
-        "| shape | precision | framework/mode | ms/step | tokens/s | ratio vs PyTorch eager "
+        "| shape | precision | framework/mode | ms/step | tokens/s | "
+        + ("MFU | " if with_mfu else "") + "ratio vs PyTorch eager "
         + ("| ratio vs PyTorch compile " if compiled else "") + "| peak mem |",
-        "|---|---|---|---:|---:|---:|" + ("---:|" if compiled else "") + "---|",
+        "|---|---|---|---:|---:|" + ("---:|" if with_mfu else "") + "---:|"
+        + ("---:|" if compiled else "") + "---|",
     ]
-    eager, eager_mem = reference(rows, "eager")
-    comp, _ = reference(rows, "compile")
+    refs = [reference(rows, "eager")] + ([reference(rows, "compile")] if compiled else [])
     for job, res in rows:
-        head = f"| {describe_shape(job.shape)} | {job.precision} | {job.framework} {job.mode} |"
-        if res["status"] != "ok":
-            lines.append(f"{head} — | — | — |{' — |' if compiled else ''} {res['status']} |")
-            continue
-        t = res["times"]
-        ms = statistics.median(t) * 1e3
-        cfg, batch = gpt_config(job.shape)
-        key = (job.shape, job.precision)
-        ratios = [f"{ms / (ref[key] * 1e3):.2f}" if key in ref else "—"
-                  for ref in ([eager, comp] if compiled else [eager])]
-        mem_ref = eager_mem.get(key)
-        mem = res["memory"] + (f" ({res['peak_bytes'] / mem_ref:.2f}x PyTorch eager)"
-                               if mem_ref and res.get("peak_bytes") else "")
-        lines.append(f"{head} {ms:.1f} ({min(t) * 1e3:.1f}–{max(t) * 1e3:.1f}) | "
-                     f"{batch * cfg.seq_len / (ms / 1e3):,.0f} | {' | '.join(ratios)} | {mem} |")
+        lines.append(table_row(job, res, refs, peaks.get(job.precision) if with_mfu else None,
+                               with_mfu))
     if rows:
         counts = dict.fromkeys((j.shape, j.warmup, j.steps, j.windows) for j, _ in rows)
         lines += ["", "Warm-up / timed steps / windows: " + "; ".join(
             f"{s} {w} / {n} / {k}" for s, w, n, k in counts) + "."]
-    scaled = [f"{describe_shape(j.shape)} {j.framework} {j.mode}: {r['scaler']}"
+    scaled = [f"{describe_shape(j.shape)} {j.label()}: {r['scaler']}"
               for j, r in rows if r.get("scaler")]
     if scaled:
         lines += ["", f"fp16 loss scale after the timed steps (initial {INIT_SCALE:g}): "
                   + "; ".join(scaled) + "."]
     return "\n".join(lines + ["", "## Loss-curve agreement", "",
                               *render_curves(curves, plot_note)]) + "\n"
+
+
+Reference = tuple[dict[tuple[str, str], float], dict[tuple[str, str], Any]]
+
+
+def table_row(job: Job, res: dict[str, Any], refs: list[Reference], peak: mfu.Peak | None,
+              with_mfu: bool) -> str:
+    """One row: ms/step, tokens/s, MFU (against `peak`; "—" without one), the ratios against
+    each reference (eager, then compile) and the peak memory against the same references."""
+    head = f"| {describe_shape(job.shape)} | {job.precision} | {job.label()} |"
+    if res["status"] != "ok":
+        blanks = " — |" * (2 + with_mfu + len(refs))
+        return f"{head}{blanks} {res['status']} |"
+    t = res["times"]
+    ms = statistics.median(t) * 1e3
+    cfg, batch = gpt_config(job.shape)
+    key = (job.shape, job.precision)
+    ratios = [f"{ms / (times[key] * 1e3):.2f}" if key in times else "—" for times, _ in refs]
+    names = ("PyTorch eager", "compile")
+    mem_ratios = [f"{res['peak_bytes'] / mem[key]:.2f}x {name}"
+                  for (_, mem), name in zip(refs, names, strict=False)
+                  if mem.get(key) and res.get("peak_bytes")]
+    mem = res["memory"] + (f" ({', '.join(mem_ratios)})" if mem_ratios else "")
+    util = ([f"{mfu.mfu(cfg, batch, ms / 1e3, peak):.1%}" if peak is not None else "—"]
+            if with_mfu else [])
+    return (f"{head} {ms:.1f} ({min(t) * 1e3:.1f}–{max(t) * 1e3:.1f}) | "
+            f"{batch * cfg.seq_len / (ms / 1e3):,.0f} | " + "".join(f"{u} | " for u in util)
+            + f"{' | '.join(ratios)} | {mem} |")
+
+
+def compile_note(rows: list[tuple[Job, dict[str, Any]]]) -> str:
+    """The header line saying what the compile rows compile."""
+    modes = ", ".join(dict.fromkeys(f"`{j.compile_mode}`" for j, _ in rows if j.mode == "compile"))
+    return ("- PyTorch compile: `torch.compile(model, mode=...)` of the model (forward, loss and "
+            f"so its backward; modes {modes}; `default` is nanoGPT's plain "
+            "`torch.compile(model)`), grad clip and fused AdamW eager, as in nanoGPT's train.py; "
+            "at least 3 warm-up steps")
 
 
 def precision_notes(names: set[str]) -> list[str]:
@@ -635,13 +728,18 @@ def precision_notes(names: set[str]) -> list[str]:
     return notes
 
 
-def reference(rows: list[tuple[Job, dict[str, Any]]],
-              mode: str) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], Any]]:
-    """PyTorch `mode`'s median step time and peak bytes per (shape, precision)."""
-    ok = [(j, r) for j, r in rows
-          if j.framework == "pytorch" and j.mode == mode and r["status"] == "ok"]
-    return ({(j.shape, j.precision): statistics.median(r["times"]) for j, r in ok},
-            {(j.shape, j.precision): r.get("peak_bytes") for j, r in ok})
+def reference(rows: list[tuple[Job, dict[str, Any]]], mode: str) -> Reference:
+    """PyTorch `mode`'s median step time and peak bytes per (shape, precision); of several
+    rows (compile modes), the fastest's."""
+    times: dict[tuple[str, str], float] = {}
+    memory: dict[tuple[str, str], Any] = {}
+    for j, r in rows:
+        if j.framework != "pytorch" or j.mode != mode or r["status"] != "ok":
+            continue
+        key, median = (j.shape, j.precision), statistics.median(r["times"])
+        if key not in times or median < times[key]:
+            times[key], memory[key] = median, r.get("peak_bytes")
+    return times, memory
 
 
 def render_curves(curves: list[dict[str, Any] | str], plot_note: str) -> list[str]:
@@ -685,8 +783,9 @@ def write_atomic(path: Path, text: str) -> None:
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--device", choices=("cpu", "gpu"), default="cpu")
-    p.add_argument("--shapes", help="comma-separated: seed,small,medium (cpu default: "
-                   "seed,small; gpu: all three)")
+    p.add_argument("--shapes", help="comma-separated: seed,small,medium,gpt2-b16,gpt2-b32 "
+                   "(the gpt2 shapes are GPU-only; cpu default: seed,small; gpu: seed,small,"
+                   "medium)")
     p.add_argument("--precisions", help="comma-separated: fp32,tf32,bf16,fp16 (tf32, bf16 "
                    "and fp16 are GPU-only; cpu default: fp32; gpu: all four)")
     p.add_argument("--steps", type=int, help="timed steps per run (default per shape)")
@@ -706,6 +805,14 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     compile_flag.add_argument("--compile", dest="compile", action="store_true",
                               help="torch.compile rows (the GPU default)")
     p.set_defaults(compile=None)
+    p.add_argument("--compile-modes", help="comma-separated torch.compile modes for the "
+                   f"compile rows: {', '.join(COMPILE_MODES)} (default: reduce-overhead; "
+                   "default at the gpt2 shapes, as nanoGPT compiles)")
+    p.add_argument("--kernel-list", type=Path, help="GPU: write every kernel of each "
+                   "rustyflow graph row's replayed step here (markdown, CUPTI records of "
+                   "sampled replays after the timed ones)")
+    p.add_argument("--kernel-samples", type=int, default=20,
+                   help="sampled replays per kernel list (default 20)")
     p.add_argument("--out", type=Path, help="also write the markdown here (atomically)")
     p.add_argument("--plot", type=Path, help="loss-curve PNG (default: next to --out)")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -720,6 +827,21 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     for name in args.shapes:
         if name not in SHAPES:
             p.error(f"unknown shape {name!r}: expected {', '.join(SHAPES)}")
+        if name in GPU_SHAPES and not gpu:
+            p.error(f"--shapes: {name} is GPU-only (use --device gpu): a CPU takes minutes a "
+                    "step at GPT-2's size")
+    args.compile_modes = args.compile_modes.split(",") if args.compile_modes else None
+    for name in args.compile_modes or ():
+        if name not in COMPILE_MODES:
+            p.error(f"--compile-modes: unknown mode {name!r}: expected "
+                    f"{', '.join(COMPILE_MODES)}")
+    if args.compile_modes and not args.compile:
+        p.error("--compile-modes needs the compile rows: drop --skip-compile (or add "
+                "--compile on the CPU)")
+    if args.kernel_list is not None and not gpu:
+        p.error("--kernel-list lists the kernels of a replayed CUDA graph: use --device gpu")
+    if args.kernel_samples < 1:
+        p.error(f"--kernel-samples must be at least 1, got {args.kernel_samples}")
     for flag, names, known in (("--precisions", args.precisions, PRECISIONS),
                                ("--curve-precisions", args.curve_precisions, CURVE_BOUNDS)):
         for name in names:
@@ -736,16 +858,26 @@ def plan(args: argparse.Namespace) -> list[Job]:
     modes = [("rustyflow", "eager")] + ([("rustyflow", "graph")] if args.device == "gpu" else [])
     if args.device == "cpu" and get_backend("cpu").kernels.jit is not None:
         modes.append(("rustyflow", "numpy"))  # the pure-NumPy path too, for comparison
-    modes += [("pytorch", "eager")] + ([("pytorch", "compile")] if args.compile else [])
+    modes.append(("pytorch", "eager"))
     jobs = []
     for shape in args.shapes:
         warmup, steps = DEFAULT_STEPS[args.device][shape]
         steps = args.steps if args.steps is not None else steps
         warmup = args.warmup if args.warmup is not None else warmup
+        compiles = [("pytorch", "compile", m) for m in compile_modes(args, shape)]
         for precision in args.precisions:
             jobs += [Job(args.device, shape, precision, fw, mode, warmup, steps,
-                         max(1, min(args.windows, steps)), args.threads) for fw, mode in modes]
+                         max(1, min(args.windows, steps)), args.threads, compile_mode)
+                     for fw, mode, compile_mode in [(*m, "") for m in modes] + compiles]
     return jobs
+
+
+def compile_modes(args: argparse.Namespace, shape: str) -> list[str]:
+    """The torch.compile modes timed at `shape`: --compile-modes, else reduce-overhead (the
+    older shapes' reference) or nanoGPT's default (the GPT-2 shapes); none without compile."""
+    if not args.compile:
+        return []
+    return args.compile_modes or (["default"] if shape in GPU_SHAPES else ["reduce-overhead"])
 
 
 def run_curves(args: argparse.Namespace) -> list[dict[str, Any] | str]:
@@ -784,11 +916,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.device == "gpu" and (reason := gpu_unavailable_reason()):
         print(f"error: --device gpu: {reason}", file=sys.stderr)
         return 2
+    lister = KernelLister(args.kernel_samples) if args.kernel_list is not None else None
     rows = []
     for job in plan(args):
-        print(f"[vs_pytorch] {describe_shape(job.shape)} {job.precision} {job.framework} "
-              f"{job.mode} ...", file=sys.stderr, flush=True)
-        result = measure(job) if args.device == "gpu" else measure_in_worker(job)
+        print(f"[vs_pytorch] {describe_shape(job.shape)} {job.precision} {job.label()} ...",
+              file=sys.stderr, flush=True)
+        result = measure(job, lister) if args.device == "gpu" else measure_in_worker(job)
         print(f"[vs_pytorch]   {result['status']}"
               + (f", {statistics.median(result['times']) * 1e3:.1f} ms/step"
                  if result["status"] == "ok" else ""), file=sys.stderr, flush=True)
@@ -797,11 +930,37 @@ def main(argv: list[str] | None = None) -> int:
     done = [c for c in curves if isinstance(c, dict)]
     plot_note = ("" if not done else plot_curves(done, args.plot) if args.plot
                  else "no plot (no --plot)")
-    text = render(args, rows, curves, plot_note)
+    gpu_name = get_backend("gpu").hardware() if args.device == "gpu" else None
+    text = render(args, rows, curves, plot_note, gpu_name)
     print(text)
     if args.out:
         write_atomic(args.out, text)
+    if lister is not None:
+        write_atomic(args.kernel_list, kernel_report(args, rows, lister))
+        print(f"[vs_pytorch] kernel list: {args.kernel_list}", file=sys.stderr)
     return 0
+
+
+def kernel_report(args: argparse.Namespace, rows: list[tuple[Job, dict[str, Any]]],
+                  lister: KernelLister) -> str:
+    """The --kernel-list file: each graph row's kernels, or why a row has none."""
+    lines = ["# Kernels of rustyflow's replayed training step", "",
+             f"- Command: `python {shlex.join(sys.argv)}`",
+             f"- Date: {datetime.now(timezone.utc):%Y-%m-%d %H:%M UTC}",
+             f"- Machine: {machine(args.device)}", f"- Versions: {versions(args.device)}",
+             "- Times: CUPTI kernel records of sampled replays of the captured step, taken after "
+             "the timed steps (the graph profile of `rustyflow train --profile-mode graph`); "
+             "each kernel attributed to the ops that launched it", ""]
+    for job, res in rows:
+        if job.mode != "graph":
+            continue
+        if res.get("kernels"):
+            lines += res["kernels"]
+        else:
+            why = lister.unavailable or res["status"]
+            lines += [f"## {describe_shape(job.shape)}, {job.precision}, {job.label()}", "",
+                      f"No kernel list: {why}", ""]
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -189,7 +189,7 @@ def warmup(config: str | None, resume: str | None, trace: str | None,
 def eval_(model_path: str, split: str, device: str, data_dir: str | None, budget: int) -> None:
     """Perplexity of a checkpoint on a split (per token, and per word for subwords)."""
     from .reporting.progress import TrainingProgress
-    from .reporting.report import on_tokens
+    from .reporting.text import on_tokens
     from .training.evaluate import evaluate_checkpoint
 
     progress = TrainingProgress(1)
@@ -216,13 +216,13 @@ _LOG_OPTION = click.option(
 def _read_logs(logs: tuple[str, ...]) -> list[Any]:
     """The runs of every --log, in time order (a log's own order for equal times); each
     log's warnings on stderr. A missing log is an error, never silently skipped."""
-    from .reporting import report as rep
+    from .reporting.log_parser import read_log
 
     warnings: list[str] = []
     records = []
     for path in logs or ("training_log.txt",):
         try:
-            records += rep.read_log(path, warnings)
+            records += read_log(path, warnings)
         except FileNotFoundError as exc:
             raise click.ClickException(str(exc)) from None
     for w in warnings:
@@ -237,9 +237,9 @@ def _read_logs(logs: tuple[str, ...]) -> list[Any]:
               default="table")
 def report(logs: tuple[str, ...], last: int | None, fmt: str) -> None:
     """The runs in the log(s), CPU-vs-GPU speed-ups and the latest profiling report."""
-    from .reporting import report as rep
+    from .reporting.report_page import render_report
 
-    click.echo(rep.render_report(_read_logs(logs), fmt, last))
+    click.echo(render_report(_read_logs(logs), fmt, last))
 
 
 @main.command()
@@ -363,7 +363,8 @@ def import_hf(source: str, out: str, overwrite: bool) -> None:
 @main.command("export")
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("--format", "fmt", type=click.Choice(["hf"]), required=True,
-              help="hf: config.json + model.safetensors for transformers' GPT2LMHeadModel")
+              help="hf: config.json + model.safetensors for transformers' GPT2LMHeadModel, "
+              "and the tokenizer files for its AutoTokenizer")
 @click.option("--out", required=True, type=click.Path(file_okay=False),
               help="the folder to write (created if missing)")
 def export(model: str, fmt: str, out: str) -> None:
@@ -371,8 +372,10 @@ def export(model: str, fmt: str, out: str) -> None:
     from .interop.hf_export import export_hf
 
     result = export_hf(model, out, click.echo)
+    tokenizer = (f" and transformers.AutoTokenizer.from_pretrained({result['folder']!r})"
+                 if "tokenizer.json" in result["files"] else "")
     click.echo(f"{result['params']:,} parameters; load it with "
-               f"transformers.GPT2LMHeadModel.from_pretrained({result['folder']!r})")
+               f"transformers.GPT2LMHeadModel.from_pretrained({result['folder']!r}){tokenizer}")
 
 
 @main.command()
@@ -411,7 +414,7 @@ def banner(train_args: tuple[str, ...]) -> None:
     from pathlib import Path
 
     from .data import where_found
-    from .reporting.report import plural
+    from .reporting.text import plural
     from .training.optimizers import describe as describe_optimizer
 
     with train.make_context("rustyflow train", list(train_args)) as ctx:

@@ -70,7 +70,8 @@ def gpu_profile() -> list[str]:
     kernels and the roofline."""
     sys.path.insert(0, str(ROOT))
     from rustyflow_py.reporting import profile_text
-    from rustyflow_py.reporting.report import format_summary, read_log
+    from rustyflow_py.reporting.log_parser import read_log
+    from rustyflow_py.reporting.run_text import format_summary
 
     record = read_log(GPU_LOG)[-1]
     summary = format_summary(record, None).splitlines()

@@ -25,7 +25,7 @@ from click.testing import CliRunner, Result
 
 from rustyflow_py.cli import main
 from rustyflow_py.model.optim import AdamW
-from rustyflow_py.reporting.report import read_log
+from rustyflow_py.reporting.log_parser import read_log
 from rustyflow_py.training.config import KEYS, Config, load_config
 from rustyflow_py.training.loop import Trainer
 

@@ -26,6 +26,7 @@ import pytest
 from rustyflow_py.engine.backend import get_backend, gpu_unavailable_reason
 from rustyflow_py.engine.ops.gelu.reference import GELU_C, GELU_K
 from rustyflow_py.engine.ops.gemm import cublaslt as lt_mod
+from rustyflow_py.engine.ops.gemm.cublas import in_compute
 from rustyflow_py.engine.ops.gemm.cublaslt import CublasLt, CublasLtUnsupported
 
 _GPU_REASON = gpu_unavailable_reason()
@@ -345,7 +346,7 @@ def test_plans_are_cached_and_refusals_remembered(fake: tuple[FakeLt, CublasLt])
     for _ in range(3):
         lt.matmul_bias(x, w, b, out=out)
     assert lib.heuristic_calls == 1
-    lt.with_compute("tf32").matmul_bias(x, w, b, out=out)  # another compute type: a plan
+    in_compute(lt, "tf32").matmul_bias(x, w, b, out=out)  # another compute type: a plan
     assert lt.matmul_compute == "fp32"  # the handle's own mode is untouched
     assert lib.heuristic_calls == 2
     lt.stream.capturing = True  # a new problem during capture: refused before any call
@@ -405,7 +406,7 @@ def down(env: SimpleNamespace, d: Any) -> np.ndarray:
 
 def setup_mode(env: SimpleNamespace, mode: str) -> tuple[np.dtype, float, float]:
     name, compute, tol = MODES[mode]
-    env.lt = env.lt.with_compute(compute)
+    env.lt = in_compute(env.lt, compute)
     act_tol = max(tol, ACT_TOL_FP32) if name == "float32" else tol
     return np_dtype(name), tol, act_tol
 

@@ -41,7 +41,8 @@ from rustyflow_py.engine.backend import get_backend
 from rustyflow_py.engine.tensor import Tensor
 from rustyflow_py.errors import ConfigError
 from rustyflow_py.model.gpt import GPT, GPTConfig
-from rustyflow_py.reporting.report import BLOCK_START, read_log
+from rustyflow_py.reporting.log_parser import read_log
+from rustyflow_py.reporting.record_schema import BLOCK_START
 from rustyflow_py.training.checkpoint import Checkpoint
 from rustyflow_py.training.config import KEYS, load_config
 from rustyflow_py.training.loop import Trainer, check_world

@@ -40,7 +40,8 @@ from helpers import (
 
 from rustyflow_py.engine.backend import gpu_unavailable_reason
 from rustyflow_py.engine.precision import Precision
-from rustyflow_py.training import checkpoint, evaluate, lock, loop, outputs
+from rustyflow_py.reporting import logfile
+from rustyflow_py.training import checkpoint, evaluate, lock, outputs, run_parts
 from rustyflow_py.training.checkpoint import Checkpoint
 from rustyflow_py.training.loop import Trainer
 
@@ -179,7 +180,7 @@ def disk_full(prefix: str = "") -> Patch:
 def log_full(mp: pytest.MonkeyPatch) -> None:
     def append(path: str, text: str) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
-    mp.setattr(loop.logfile, "append_block", append)
+    mp.setattr(logfile, "append_block", append)
 
 
 def combine(*patches: Patch) -> Patch:
@@ -214,7 +215,7 @@ def never_built(mp: pytest.MonkeyPatch) -> None:
     """Building a model fails the test: a refusal must come before any allocation."""
     def build(*_: object, **__: object) -> None:
         raise AssertionError("the model was built before the size check refused it")
-    mp.setattr(loop, "build_model", build)
+    mp.setattr(run_parts, "build_model", build)
     mp.setattr(evaluate, "build_model", build)
 
 

@@ -30,7 +30,7 @@ from helpers import (
 
 from rustyflow_py.errors import RustyFlowError, TrainingError
 from rustyflow_py.reporting import logfile
-from rustyflow_py.training import checkpoint, loop
+from rustyflow_py.training import checkpoint, run_parts
 from rustyflow_py.training.checkpoint import Checkpoint
 from rustyflow_py.training.loop import Trainer
 
@@ -55,7 +55,7 @@ def test_an_unwritable_output_fails_before_any_work(
         reads.append(cfg.dataset)
         raise AssertionError("the dataset was read before the output was checked")
 
-    monkeypatch.setattr(loop, "corpus_for_run", read_corpus)
+    monkeypatch.setattr(run_parts, "corpus_for_run", read_corpus)
     result = invoke("train", "--config", "tiny.env", f"--{key.lower().replace('_', '-')}", value)
     assert reads == []
     assert result.exit_code == 1

@@ -19,7 +19,7 @@ from rustyflow_py.engine.ops.reference_set import XpKernels
 from rustyflow_py.engine.tensor import Tensor
 from rustyflow_py.model.gpt import GPT, GPTConfig
 from rustyflow_py.model.optim import AdamW, Schedule
-from rustyflow_py.reporting.report import read_log
+from rustyflow_py.reporting.log_parser import read_log
 from rustyflow_py.training.config import Config
 from rustyflow_py.training.loop import Trainer
 

@@ -34,7 +34,8 @@ from rustyflow_py.engine.peaks import compute_type, lookup, probe_gpu
 from rustyflow_py.engine.profiler import Profiler
 from rustyflow_py.errors import ConfigError
 from rustyflow_py.reporting import profile_text
-from rustyflow_py.reporting.report import format_block, read_log
+from rustyflow_py.reporting.log_parser import read_log
+from rustyflow_py.reporting.log_writer import format_block
 from rustyflow_py.reporting.trace import graph_trace
 from rustyflow_py.training import clock as clock_module
 from rustyflow_py.training import graph_profile

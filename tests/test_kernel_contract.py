@@ -1,7 +1,9 @@
-"""The kernel contract (engine/ops/contract.py): every backend's kernel class has every
-kernel with the Protocol's exact signature, and gives the reference formulation's results.
+"""The kernel table (engine/ops/table.py) and each op's contract (its folder's kernels.py):
+every class the table names for an op has the reference's exact signature, every op the
+engine calls is in the table with a kernel for every device and float dtype, a missing entry
+names (op, device kind, dtype), and every device's kernels give the reference's results.
 
-The signature checks run everywhere (ops/cuda_set.py imports without CuPy); the behavioural
+The table checks run everywhere (ops/cuda_set.py imports without CuPy); the behavioural
 checks compare a device's kernels with XpKernels on the same device, float32 and float64, and
 skip cleanly on a machine without a GPU."""
 
@@ -18,70 +20,101 @@ import numpy as np
 import pytest
 
 from rustyflow_py.engine.backend import get_backend
-from rustyflow_py.engine.ops.contract import Kernels
+from rustyflow_py.engine.ops import table
 from rustyflow_py.engine.ops.cpu_set import CpuKernels
 from rustyflow_py.engine.ops.cuda_set import CudaKernels
 from rustyflow_py.engine.ops.reference_set import XpKernels
+from rustyflow_py.engine.ops.table import ANY, KernelNotFound
 
-BACKENDS = [XpKernels, CpuKernels, CudaKernels]
 DTYPES = [np.float32, np.float64]
 PACKAGE = Path(__file__).resolve().parents[1] / "rustyflow_py"
-# `kernels.<name>` uses outside the kernel sets that are backend settings or modules, not kernels
-NOT_KERNELS = {"xp", "jit", "threads", "bound", "cublas", "cpu", "cuda"}
+# `kernels.<name>` uses that are kernel-set state or settings, not kernels
+NOT_KERNELS = {"xp", "backend", "jit", "threads", "cublas", "bound", "py"}
+GPU_ONLY = {"attention_forward", "attention_backward"}  # the fused attention
 
 
-# ---- signatures ------------------------------------------------------------------------------
-def contract() -> dict[str, inspect.Signature]:
-    return {name: inspect.signature(fn) for name, fn in vars(Kernels).items()
-            if inspect.isfunction(fn) and not name.startswith("_")}
+# ---- the table ----------------------------------------------------------------------------------
+def parameters(fn: Any) -> list[tuple[str, Any, Any]]:
+    return [(p.name, p.kind, p.default) for p in inspect.signature(fn).parameters.values()]
 
 
-def parameters(sig: inspect.Signature) -> list[tuple[str, Any, Any]]:
-    return [(p.name, p.kind, p.default) for p in sig.parameters.values()]
-
-
-def mismatches(cls: type) -> list[str]:
-    """Every way `cls` breaks the contract: a missing kernel, or other parameter names, kinds
-    or defaults than the Protocol's."""
+def mismatches(entries: dict[tuple[str, str, str], type]) -> list[str]:
+    """Every entry whose method's parameters (names, kinds, defaults) differ from the op's
+    contract: its reference entry, or for a GPU-only op its GPU entry."""
     found = []
-    for name, sig in contract().items():
-        fn = getattr(cls, name, None)
-        if fn is None:
-            found.append(f"{cls.__name__}.{name} is missing")
-        elif parameters(inspect.signature(fn)) != parameters(sig):
-            found.append(f"{cls.__name__}.{name}{inspect.signature(fn)} is not {name}{sig}")
+    for (op, kind, dtype), cls in sorted(entries.items(), key=lambda e: e[0]):
+        ref = entries.get((op, "reference", ANY)) or entries[(op, "gpu", "float32")]
+        if parameters(getattr(cls, op)) != parameters(getattr(ref, op)):
+            found.append(f"{cls.__name__}.{op} ({kind}, {dtype}) is not {ref.__name__}.{op}")
     return found
 
 
-@pytest.mark.parametrize("cls", BACKENDS, ids=lambda c: c.__name__)
-def test_every_backend_has_every_kernel_with_the_contract_signature(cls: type) -> None:
-    assert mismatches(cls) == []
+def test_every_entry_has_the_contract_signature() -> None:
+    entries = table.entries()
+    assert len(entries) > 100 and mismatches(entries) == []
 
 
 def test_a_kernel_with_another_signature_is_caught() -> None:
-    class Drifted(CpuKernels):
-        def matmul(self, a: Any, b: Any, out: Any = None) -> Any:  # out= no longer keyword-only
+    (cpu_gemm,) = {cls for (op, kind, _), cls in table.entries().items()
+                   if op == "matmul" and kind == "cpu"}
+
+    class Drifted(cpu_gemm):  # type: ignore[misc, valid-type]
+        def matmul(self, a: Any, b: Any, out: Any = None) -> Any:  # out= not keyword-only
             return super().matmul(a, b, out=out)
 
-        def gather_batch(self, stream: Any, step: Any, seq_len: int, x: Any, y: Any, *,
-                         rank: int = 0, world_size: int = 2) -> None:  # another default
-            super().gather_batch(stream, step, seq_len, x, y, rank=rank, world_size=world_size)
-
-    found = mismatches(Drifted)
-    assert len(found) == 2
-    assert found[0].startswith("Drifted.matmul") and found[1].startswith("Drifted.gather_batch")
+    entries = table.entries()
+    entries[("matmul", "cpu", "float32")] = Drifted
+    assert mismatches(entries) == ["Drifted.matmul (cpu, float32) is not GemmReference.matmul"]
 
 
-def test_the_contract_names_every_kernel_the_engine_calls() -> None:
+def test_every_op_the_engine_calls_is_in_the_table() -> None:
     used = set()
     for path in PACKAGE.rglob("*.py"):
-        if path.parent.name != "kernels":
-            used |= set(re.findall(r"\bkernels\.(\w+)", path.read_text()))
-    assert used - NOT_KERNELS <= set(contract()), used - NOT_KERNELS - set(contract())
+        used |= set(re.findall(r"\bkernels\.(\w+)", path.read_text()))
+    assert used - NOT_KERNELS <= set(table.ops()), used - NOT_KERNELS - set(table.ops())
+
+
+@pytest.mark.parametrize("kind", ["cpu", "gpu"])
+def test_every_op_has_a_reference_and_a_kernel_per_float_dtype(kind: str) -> None:
+    missing = []
+    for op in table.ops():
+        kinds = ["gpu"] if op in GPU_ONLY else ["reference", kind]
+        for k in kinds:
+            for dtype in ("float32", "float64", "float16"):
+                try:
+                    table.lookup(op, k, dtype)
+                except KernelNotFound as exc:
+                    missing.append(str(exc))
+    assert missing == []
+
+
+def test_a_missing_entry_names_op_device_kind_and_dtype() -> None:
+    with pytest.raises(KernelNotFound, match="'layernorm_forward' on device kind 'cpu' for "
+                                             "dtype int64"):
+        get_backend("cpu").kernels.layernorm_forward(np.ones((2, 4), np.int64), None, None, 1e-5)
+    with pytest.raises(KernelNotFound, match="'attention_forward' on device kind 'cpu' for "
+                                             "dtype float32 \\(none declared"):
+        table.lookup("attention_forward", "cpu", "float32")
+
+
+def test_an_entry_is_declared_once() -> None:
+    (cls,) = {c for (op, kind, _), c in table.entries().items()
+              if op == "sum_rows" and kind == "reference"}
+    with pytest.raises(ValueError, match="declared twice"):
+        table.declare("sum_rows", reference={ANY: cls})
+    with pytest.raises(ValueError, match="unknown device kind"):
+        table.declare("sum_rows", tpu={ANY: cls})
+
+
+def test_each_kernel_set_has_every_op() -> None:
+    for cls in (XpKernels, CpuKernels, CudaKernels):
+        assert {"reference": XpKernels, "cpu": CpuKernels, "gpu": CudaKernels}[cls.kind] is cls
+    kernels = XpKernels(get_backend("cpu"))
+    assert all(callable(getattr(kernels, op)) for op in table.ops())
 
 
 def test_cuda_kernels_import_without_cupy() -> None:
-    """CuPy is imported lazily, on first use, so the contract can be checked anywhere."""
+    """CuPy is imported lazily, on first use, so the table can be checked anywhere."""
     code = ("import sys; sys.modules['cupy'] = None; "  # any `import cupy` now fails
             "import rustyflow_py.engine.ops.cuda_set")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=PACKAGE.parent)
@@ -249,10 +282,10 @@ def test_lm_head_xent(pair: Pair, dtype: Any, need: tuple[bool, bool], vocab: in
 def test_scatter_add_rows(pair: Pair, dtype: Any) -> None:
     idx = pair.ints(9, 6, 5)  # 30 rows into 9: many repeats
     rows, start = pair.randn(6, 5, 4, dtype=dtype), pair.randn(9, 4, dtype=dtype)
-    tables = [start.copy(), start.copy()]
-    for k, table in zip((pair.mine, pair.ref), tables, strict=True):
-        k.scatter_add_rows(table, idx, rows)
-    pair.close(*tables, dtype, tol=1e-5)
+    grads = [start.copy(), start.copy()]
+    for k, grad in zip((pair.mine, pair.ref), grads, strict=True):
+        k.scatter_add_rows(grad, idx, rows)
+    pair.close(*grads, dtype, tol=1e-5)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -91,3 +91,17 @@ def test_no_import_cycles() -> None:
             visit(module, [module])
     assert cycles == []
     assert len(graph) > 30  # the walk saw the package, not an empty folder
+
+
+# The reporting modules, each one job, in the order they may import each other: the record,
+# its numbers as text, what is computed from it, its lines, the block, reading, the report.
+REPORTING = ["record_schema", "text", "analysis", "profile_tables", "run_text", "log_writer",
+             "log_parser", "report_page"]
+
+
+def test_reporting_modules_import_in_one_direction() -> None:
+    graph = _graph()
+    rank = {f"reporting.{name}": i for i, name in enumerate(REPORTING)}
+    assert set(rank) <= set(graph)
+    wrong = [f"{a} imports {b}" for a in rank for b in graph[a] if b in rank and rank[b] >= rank[a]]
+    assert wrong == []

@@ -9,8 +9,9 @@ from multiprocessing.synchronize import Barrier
 from pathlib import Path
 
 from rustyflow_py.reporting import logfile
+from rustyflow_py.reporting.log_parser import parse_log
+from rustyflow_py.reporting.log_writer import format_block
 from rustyflow_py.reporting.logfile import append_block
-from rustyflow_py.reporting.report import format_block, parse_log
 
 WRITERS, BLOCKS_EACH, PAYLOAD_BYTES = 4, 20, 200_000
 

@@ -22,8 +22,9 @@ from rustyflow_py.errors import ConfigError
 from rustyflow_py.model.gpt import GPT, GPTConfig
 from rustyflow_py.model.loss_scale import LossScaler
 from rustyflow_py.model.optim import AdamW, Muon, Schedule
-from rustyflow_py.reporting.report import format_block
-from rustyflow_py.training.loop import Trainer, check_precision
+from rustyflow_py.reporting.log_writer import format_block
+from rustyflow_py.training.loop import Trainer
+from rustyflow_py.training.run_parts import check_precision
 
 pytestmark = pytest.mark.usefixtures("tiny_dir")
 

@@ -26,7 +26,7 @@ import pytest
 from helpers import STEPS_PER_EPOCH, make_cfg, quiet, run_interrupted
 
 from rustyflow_py.engine.backend import get_backend, gpu_unavailable_reason
-from rustyflow_py.engine.ops.optim.reference import NS_COEFFICIENTS
+from rustyflow_py.engine.ops.optim.muon import NS_COEFFICIENTS
 from rustyflow_py.engine.ops.reference_set import XpKernels
 from rustyflow_py.model.gpt import hidden_matrices
 from rustyflow_py.model.optim import (
@@ -42,7 +42,8 @@ from rustyflow_py.model.optim import (
     Schedule,
 )
 from rustyflow_py.model.params import ParameterBuffer
-from rustyflow_py.reporting.report import format_block, read_log
+from rustyflow_py.reporting.log_parser import read_log
+from rustyflow_py.reporting.log_writer import format_block
 from rustyflow_py.training import optimizers
 from rustyflow_py.training.config import KEYS, OPTIMIZERS, Config, ConfigError
 from rustyflow_py.training.loop import Trainer

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from rustyflow_py.cli import main
 from rustyflow_py.reporting import plot
+from rustyflow_py.reporting.log_parser import read_log
 from rustyflow_py.reporting.profile_text import roofline
-from rustyflow_py.reporting.report import read_log
 
 RUNS = Path(__file__).resolve().parents[1] / "benchmarks/results/runs"
 CURVES_LOG = RUNS / "curves-cpu.log"

@@ -16,7 +16,7 @@ from rustyflow_py.model.ema import EMA
 from rustyflow_py.model.gpt import GPT, GPTConfig
 from rustyflow_py.model.optim import AdamW, Schedule
 from rustyflow_py.model.wd_schedule import DecaySchedule
-from rustyflow_py.reporting.report import read_log
+from rustyflow_py.reporting.log_parser import read_log
 from rustyflow_py.training.checkpoint import Checkpoint
 
 pytestmark = [

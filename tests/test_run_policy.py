@@ -18,6 +18,7 @@ import pytest
 from helpers import make_cfg, quiet
 
 from rustyflow_py.engine.backend import DeviceError, get_backend, gpu_unavailable_reason
+from rustyflow_py.engine.ops import table
 from rustyflow_py.engine.policy import DEFAULT, RunPolicy
 from rustyflow_py.engine.precision import Precision
 from rustyflow_py.engine.tensor import Tensor
@@ -100,6 +101,19 @@ def test_a_run_leaves_the_shared_cpu_backend_as_it_was() -> None:
     assert (shared.kernels.threads, shared.kernels.jit, shared.kernels.attention) == before
 
 
+def test_the_kernel_table_runs_a_views_kernels_with_the_views_policy() -> None:
+    """The table's family instances belong to one kernel set: a view's families (made after
+    the device's own were used) read the view's policy, and the device's keep theirs."""
+    shared, view = get_backend("cpu"), get_backend("cpu", fp32(threads=1, cpu_jit="off"))
+    x = np.ones((8, 8), np.float32)
+    np.testing.assert_array_equal(view.kernels.matmul(x, x), shared.kernels.matmul(x, x))
+    gemm = table.lookup("matmul", "cpu", "float32")
+    mine, theirs = view.kernels.family(gemm), shared.kernels.family(gemm)
+    assert mine is not theirs
+    assert (mine.threads, mine.jit, mine.policy) == (1, None, view.policy)
+    assert (theirs.threads, theirs.policy) == (shared.kernels.threads, DEFAULT)
+
+
 def test_tensors_of_two_policies_do_not_mix_silently() -> None:
     a = Tensor(np.ones(3, np.float32), device=get_backend("cpu", fp32(threads=1)))
     b = Tensor(np.ones(3, np.float32), device=get_backend("cpu", fp32(threads=2)))
@@ -155,7 +169,8 @@ def test_a_tf32_trainer_leaves_the_default_gpu_backend_in_fp32(tiny_dir: Path) -
     before = train("gpu", DEFAULT)
     trainer = Trainer(make_cfg(MAX_STEPS=2, DEVICE="gpu", PRECISION="tf32"), quiet)
     assert trainer.run()["status"] == "completed"
-    assert trainer.backend.kernels.tf32 and not get_backend("gpu").kernels.tf32
+    assert trainer.backend.kernels.cublas.matmul_compute == "tf32"
+    assert get_backend("gpu").kernels.cublas.matmul_compute == "fp32"
     after = train("gpu", DEFAULT)
     assert after[0] == before[0]
     np.testing.assert_array_equal(after[1], before[1])

@@ -21,7 +21,9 @@ from rustyflow_py import data  # noqa: E402
 from rustyflow_py.errors import CheckpointError, ConfigError, DataError, TrainingError  # noqa: E402
 from rustyflow_py.model.generate import Sampling, generate_text  # noqa: E402
 from rustyflow_py.model.gpt import build_model  # noqa: E402
-from rustyflow_py.reporting.report import format_block, read_log, render_report  # noqa: E402
+from rustyflow_py.reporting.log_parser import read_log  # noqa: E402
+from rustyflow_py.reporting.log_writer import format_block  # noqa: E402
+from rustyflow_py.reporting.report_page import render_report  # noqa: E402
 from rustyflow_py.training import evaluate  # noqa: E402
 from rustyflow_py.training.checkpoint import Checkpoint  # noqa: E402
 from rustyflow_py.training.config import KEYS, load_config  # noqa: E402

@@ -18,7 +18,7 @@ from rustyflow_py.engine.autograd import run_op
 from rustyflow_py.engine.backend import gpu_unavailable_reason
 from rustyflow_py.engine.profiler import OpSpan, Profiler
 from rustyflow_py.reporting.trace import chrome_trace
-from rustyflow_py.training import loop
+from rustyflow_py.training import run_parts
 from rustyflow_py.training.config import Config, load_config
 from rustyflow_py.training.loop import Trainer
 from rustyflow_py.training.signals import Stopped
@@ -221,7 +221,7 @@ def test_the_profilers_gpu_path_keeps_spans_that_match_its_totals() -> None:
 
 
 def test_the_trace_keeps_only_the_first_steps(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(loop, "TRACE_STEPS", 3)
+    monkeypatch.setattr(run_parts, "TRACE_STEPS", 3)
     Trainer(tiny_cfg(MAX_STEPS=7), quiet, trace="t.json").run()
     meta = json.loads(Path("t.json").read_text())["otherData"]
     assert (meta["steps_traced"], meta["steps_profiled"], meta["max_steps"]) == (3, 7, 20)

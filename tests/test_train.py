@@ -40,12 +40,13 @@ from helpers import (
 
 from rustyflow_py import data
 from rustyflow_py.engine.backend import get_backend, gpu_unavailable_reason
+from rustyflow_py.errors import TrainingError
 from rustyflow_py.model.optim import AdamW
-from rustyflow_py.reporting.report import BLOCK_END, BLOCK_START
+from rustyflow_py.reporting.record_schema import BLOCK_END, BLOCK_START
 from rustyflow_py.training import evaluate
 from rustyflow_py.training.checkpoint import Checkpoint
 from rustyflow_py.training.config import load_config
-from rustyflow_py.training.loop import Trainer, TrainingError
+from rustyflow_py.training.loop import Trainer
 
 pytestmark = pytest.mark.usefixtures("tiny_dir")
 

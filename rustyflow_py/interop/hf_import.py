@@ -188,6 +188,7 @@ def import_hf(source: str, out: str, overwrite: bool,
         # and chat then read text through it
         meta["tokenizer"] = subword.meta()
         vocab = subword.to_array()
+        Path(out).parent.mkdir(parents=True, exist_ok=True)  # as checkpoint.save would
         subword.save_beside(out)
     checkpoint.save(out, weights, meta, vocab)
     vocab_from = ("vocab.json and merges.txt: GPT-2's tokenizer" if tokenizer else

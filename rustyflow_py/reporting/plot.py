@@ -23,9 +23,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import RustyFlowError
+from .analysis import speedups
 from .curves import curve
 from .profile_text import roofline
-from .report import Record, speedups
+from .record_schema import Record
 
 FORMATS = ("png", "svg")
 MISSING = ("matplotlib is not installed, and pictures need it: pip install 'rustyflow-py[plot]' "

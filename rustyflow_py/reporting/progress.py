@@ -27,7 +27,7 @@ from rich.progress import (
     TimeRemainingColumn,
 )
 
-from .report import plural
+from .text import plural
 
 Advance = Callable[[int], None]
 

@@ -33,7 +33,7 @@ from ..reporting.sweep import BENCH_TITLE, format_sweep
 from .config import Config
 from .evaluate import upload_split
 from .graph_profile import STREAK, GraphSampler, choose_mode
-from .loop import make_optimizer
+from .optimizers import make_optimizer
 from .ownership import foreign
 from .step import StepRunner, quiet_float_errors, use_graph
 

@@ -21,7 +21,7 @@ from ..engine.tensor import Tensor, no_grad
 from ..errors import DataError
 from ..model.generate import Sampling, Session
 from ..model.gpt import GPT, build_model
-from ..reporting.report import on_tokens
+from ..reporting.text import on_tokens
 from . import sizing
 from .checkpoint import Checkpoint, CheckpointError
 from .config import Config, ConfigError

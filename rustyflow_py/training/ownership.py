@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TrainingError
-from ..reporting.report import BLOCK_START
+from ..reporting.record_schema import BLOCK_START
 from .checkpoint import WRITER
 
 TRACE_MARK = b'"producer":"rustyflow train --trace"'

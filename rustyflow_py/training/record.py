@@ -1,6 +1,6 @@
 """The run record: what a finished (or stopped) run reports, built from the trainer's state.
 
-The record's shape is `report.RunRecord`; this module only fills it in. Times are this
+The record's shape is `record_schema.RunRecord`; this module only fills it in. Times are this
 process's: a resumed run counts its own steps over its own time, so tokens/s stays true.
 """
 
@@ -18,7 +18,8 @@ import numpy as np
 from ..engine import peaks
 from ..engine.backend import Backend
 from ..reporting.curves import MAX_POINTS, evenly_spaced, sample
-from ..reporting.report import RunRecord, plural
+from ..reporting.record_schema import RunRecord
+from ..reporting.text import plural
 from .evaluate import protocol
 from .optimizers import settings as optimizer_settings
 

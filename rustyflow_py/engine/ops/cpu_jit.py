@@ -9,10 +9,11 @@ The other kernels fuse what NumPy runs as several passes with temporaries (GELU,
 LayerNorm, the attention softmax) or one slow call (add.at for the embedding gradient).
 
 Everything here is optional (`pip install rustyflow-py[jit]`): this module is imported only
-when numba is installed and CPU_JIT is not off; otherwise kernels/cpu.py runs its NumPy
-formulation. Only float32 work comes here. The kernels release the GIL, so RustyFlow's own
-thread pool spreads them over the cores exactly like the NumPy passes (no second threading
-layer). Compiled code is cached on disk by numba; `warm_up()` compiles before training.
+when numba is installed and CPU_JIT is not off; otherwise the op folders' cpu.py classes run
+their NumPy formulation. Only float32 work comes here. The kernels release the GIL, so
+RustyFlow's own thread pool spreads them over the cores exactly like the NumPy passes (no
+second threading layer). Compiled code is cached on disk by numba; `warm_up()` compiles
+before training.
 
 Floating point: `contract` (FMA) and `reassoc` (vectorised sums) only; NaN and inf keep their
 IEEE meaning so a diverging run is still caught by the trainer's non-finite-loss check.

@@ -8,7 +8,7 @@ several passes over a block hit the cache rather than memory, and a core slowed 
 another process simply takes fewer blocks instead of holding the others up.
 
 With numba installed (CPU_JIT=auto|on), a block of float32 work goes to the matching kernel of
-kernels/jit.py instead of the NumPy calls: same blocks, same pool, one compiled loop.
+cpu_jit.py instead of the NumPy calls: same blocks, same pool, one compiled loop.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 
 from ..devices import openblas
 from ..policy import RunPolicy
-from .reference_set import XpKernels
+from .table import KernelSet
 
 Blocks = Iterator[tuple[int, int]]
 
@@ -63,7 +63,7 @@ def _blas_single_thread() -> bool:
 
 
 def load_jit(mode: str) -> ModuleType | None:
-    """kernels/jit.py (numba) for CPU_JIT=auto when numba imports, or on; None for off."""
+    """cpu_jit.py (numba) for CPU_JIT=auto when numba imports, or on; None for off."""
     if mode == "off":
         return None
     try:
@@ -81,16 +81,19 @@ def _blocks(start: int, stop: int, size: int) -> Blocks:
         yield i, min(i + size, stop)
 
 
-class CpuPool(XpKernels):
-    """The state the CPU kernel families share: threads, pool, JIT module and buffers.
+class CpuPool(KernelSet):
+    """The CPU kernel set's state, which its op families share: threads, pool, JIT module
+    and buffers.
 
-    Threads and CPU_JIT come from the run's policy, read when the kernel set (or a view of
-    it for another policy, `bound`) is made; buffers are the device's, shared by views."""
+    Threads and CPU_JIT come from the run's policy, read when the set (or a view of it for
+    another policy, `bound`) is made; the buffers are the device's, shared by its views."""
+
+    kind = "cpu"
 
     def __init__(self, backend: Any) -> None:
-        super().__init__(backend)
         self._spare: dict[tuple[tuple[int, ...], Any], np.ndarray] = {}  # see _workspace
         self._ones: dict[tuple[int, Any], np.ndarray] = {}
+        super().__init__(backend)
         _keep_freed_memory()
 
     def _read_policy(self, policy: RunPolicy) -> None:

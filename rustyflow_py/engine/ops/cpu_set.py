@@ -1,8 +1,8 @@
-"""The CPU kernel set: the shared formulation, with every big pass spread over the cores.
+"""The CPU kernel set: the table's "cpu" entries, every big pass spread over the cores.
 
 RustyFlow's own thread pool runs all the parallel work, GEMMs included, in cache-sized blocks
-(cpu_pool.py). Each op family's CPU kernels are a class in its folder, and CpuKernels
-composes them:
+(cpu_pool.py, this set's state). Each op family's CPU kernels are a class in its folder, and
+the table picks them per dtype:
 
     gemm/cpu.py           matmul: large products cut into single-threaded BLAS calls
     softmax_xent/cpu.py   softmax cross-entropy, and the tied LM head fused with it
@@ -12,24 +12,20 @@ composes them:
     embedding/cpu.py      the embedding gradient's scatter-add
     optim/cpu.py          grad-norm, the optimizer updates
 
-Whatever no family overrides (sum_rows, Muon's kernels, gather_batch, store_at_step) runs the
-reference formulation, and so do the families' kernels called on 16-bit (float16) arrays
-(ReferenceFor16Bit): the families are float32/float64 code.
+A family's class extends its reference, so what it does not override (sum_rows, the Linear
+layers around the pool's GEMM, Muon's kernels) runs the reference formulation on the pool's
+kernels. The families are float32/float64 code: the table sends the reducing kernels' 16-bit
+(float16, bfloat16) calls to the reference classes, which compute them in float32.
 """
 
 from __future__ import annotations
 
-from .attention.cpu import CpuAttention
-from .embedding.cpu import CpuEmbedding
-from .gelu.cpu import CpuGelu
-from .gemm.cpu import CpuGemm
-from .layernorm.cpu import CpuLayerNorm
-from .optim.cpu import CpuOptimizer
-from .reference_set import ReferenceFor16Bit
-from .softmax_xent.cpu import CpuCrossEntropy
+from .cpu_pool import CpuPool
+from .kernel_table import FAMILIES
 
 
-class CpuKernels(ReferenceFor16Bit, CpuGemm, CpuCrossEntropy, CpuAttention, CpuGelu,
-                 CpuLayerNorm, CpuEmbedding, CpuOptimizer):
+class CpuKernels(CpuPool):
     """The CPU backend's kernel set (threads and CPU_JIT come from the run policy: see
     cpu_pool.py)."""
+
+    families = FAMILIES

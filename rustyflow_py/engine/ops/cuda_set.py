@@ -1,6 +1,6 @@
 """The CUDA kernel set: each op family's CuPy kernels (their CUDA C in .cu files beside the
 launchers, compiled by cuda_build.py), cuBLAS for the GEMMs and cuBLASLt for the Linear
-layers' fused epilogues; anything no family overrides runs the shared formulation.
+layers' fused epilogues; what a family's class does not override runs its reference.
 
 Kernels are compiled per storage dtype on first use: `real`, the type of the arrays they load
 and store (float, double or __half), and `acc`, the type they compute and reduce in (float,
@@ -18,26 +18,44 @@ from typing import Any
 
 import numpy as np
 
-from .attention.cuda import CudaAttention
-from .batch.cuda import CudaBatch
-from .dropout.cuda import CudaDropout
-from .gelu.cuda import CudaGelu
-from .gemm.cublas import Cublas
-from .gemm.cublaslt import CublasLt
-from .gemm.cuda import CudaGemm
-from .layernorm.cuda import CudaLayerNorm
-from .optim.cuda import CudaOptimizer
-from .reference_set import XpKernels
-from .softmax_xent.cuda import CudaCrossEntropy
+from ..policy import RunPolicy
+from .gemm.cublas import Cublas, in_compute
+from .gemm.cublaslt import CublasLt, CublasLtUnsupported
+from .kernel_table import FAMILIES
+from .table import KernelSet
 
 
-class CudaKernels(CudaGemm, CudaLayerNorm, CudaGelu, CudaAttention, CudaCrossEntropy,
-                  CudaBatch, CudaDropout, CudaOptimizer, XpKernels):
-    """Fused CuPy kernels; anything not overridden uses the shared formulation."""
+class CudaKernels(KernelSet):
+    """The GPU backend's kernel set: the table's "gpu" entries, and the state they share (the
+    cuBLAS and cuBLASLt handles, cached ones vectors, a device 1.0). A view for another run
+    policy shares the device's handles through views of them in its compute mode."""
+
+    kind = "gpu"
+    families = FAMILIES
 
     def __init__(self, backend: Any) -> None:
         self._device_cublas = Cublas(backend.xp, backend.stream)  # shared by the views
         self._device_lt: list[CublasLt] = []  # the device's cuBLASLt handle, once made
+        self._ones: dict[tuple[int, Any], Any] = {}  # sum_rows' ones vectors
         super().__init__(backend)
-        self._one = backend.xp.ones((), dtype=np.float32)
-        self._ones: dict[tuple[int, Any], Any] = {}
+        self._one = backend.xp.ones((), dtype=np.float32)  # the clip factor without clipping
+
+    def _read_policy(self, policy: RunPolicy) -> None:
+        """The GEMM compute mode (TF32 or not) and whether Linear layers go through
+        cuBLASLt's epilogues where it can: the run's, on views of the device's handles."""
+        super()._read_policy(policy)
+        self.epilogues = policy.epilogues
+        self.cublas = in_compute(self._device_cublas, policy.matmul_compute)
+        self._cublaslt: CublasLt | None = None  # this view's, on first use
+
+    def _lt(self) -> CublasLt:
+        """The cuBLASLt handle (the device's, made on first use) in the policy's compute
+        mode."""
+        if self._cublaslt is None:
+            if not self._device_lt:
+                if self.backend.stream.is_capturing():  # its workspace would be the graph's
+                    raise CublasLtUnsupported("cuBLASLt's handle is made by an eager call, "
+                                              "not during graph capture")
+                self._device_lt.append(CublasLt(self.xp, self.backend.stream))
+            self._cublaslt = in_compute(self._device_lt[0], self.cublas.matmul_compute)
+        return self._cublaslt

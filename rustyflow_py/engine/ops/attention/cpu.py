@@ -12,14 +12,15 @@ from typing import Any
 
 import numpy as np
 
-from ..cpu_pool import BLOCK, Blocks, CpuPool
+from ..cpu_pool import BLOCK, Blocks
+from .reference import AttentionReference
 
 _QUERY_BLOCK = 64  # attention rows per block: keys past a block's last row are all masked
 
 
-class CpuAttention(CpuPool):
-    def __init__(self, backend: Any) -> None:
-        super().__init__(backend)
+class CpuAttention(AttentionReference):
+    def __init__(self, kernels: Any) -> None:
+        super().__init__(kernels)
         self._notmask: dict[int, np.ndarray] = {}
 
     def _causal_pass(self, arrays: tuple[Any, ...], fn: Callable[..., None],

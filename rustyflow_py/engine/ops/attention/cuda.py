@@ -18,6 +18,7 @@ from ...precision import accumulate_dtype
 from .. import cuda_build
 from ..cuda_build import acc_scalar, warp_grid
 from . import flash
+from .reference import AttentionReference
 
 _SOFTMAX = cuda_build.source(__file__, "softmax.cu", cuda_build.dtype_defines(np.float32))
 _DECODE = cuda_build.source(__file__, "decode_attention.cu",
@@ -31,11 +32,7 @@ def _drop(dropout: tuple[float, int, int, Any] | None) -> flash.Dropout | None:
 
 
 
-class CudaAttention:
-    xp: Any
-    attention: str
-    tf32: bool
-
+class CudaAttention(AttentionReference):
     def causal_softmax_forward(
         self, scores: Any, scale: float, with_lse: bool = False
     ) -> Any:
@@ -70,10 +67,10 @@ class CudaAttention:
 
     def fused_attention(self, dtype: Any, head_dim: int, seq_len: int) -> bool:
         """Its float32 products run on tf32 tensor cores, so an fp32 run keeps the
-        materialised path; the policy's ATTENTION=materialized turns it off."""
+        materialised path; the run policy's ATTENTION=materialized turns it off."""
         if self.attention == "materialized":
             return False
-        if np.dtype(dtype) == np.float32 and not self.tf32:
+        if np.dtype(dtype) == np.float32 and self.cublas.matmul_compute != "tf32":
             return False
         return flash.supports(dtype, head_dim, seq_len)
 

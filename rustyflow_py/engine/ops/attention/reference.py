@@ -9,12 +9,15 @@ from typing import Any
 import numpy as np
 
 from ...precision import is_16bit
+from ..table import Family
 from ..widen import wide
 
 
-class AttentionReference:
-    xp: Any
-    _masks: dict[int, Any]
+class AttentionReference(Family):
+    def __init__(self, kernels: Any) -> None:
+        super().__init__(kernels)
+        self._masks: dict[int, Any] = {}
+
 
     def causal_mask(self, t: int) -> Any:
         if t not in self._masks:
@@ -65,15 +68,6 @@ class AttentionReference:
 
     def fused_attention(self, dtype: Any, head_dim: int, seq_len: int) -> bool:
         return False  # attention is materialised here (a GPU kernel fuses it)
-
-    def attention_forward(self, q: Any, k: Any, v: Any, scale: float,
-                          dropout: Any, out: Any = None) -> tuple[Any, Any]:
-        raise NotImplementedError("no fused attention on this backend (fused_attention)")
-
-    def attention_backward(self, q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any,
-                           scale: float, dropout: Any, out: Any = None
-                           ) -> tuple[Any, Any, Any]:
-        raise NotImplementedError("no fused attention on this backend (fused_attention)")
 
     def decode_attention(self, qkv: Any, keys: Any, values: Any, pos: Any, scale: float,
                          n: int) -> Any:

@@ -8,14 +8,12 @@ from typing import Any
 import numpy as np
 
 from .. import cuda_build
+from .reference import BatchReference
 
 _BATCH = cuda_build.source(__file__, "batch.cu", cuda_build.dtype_defines(np.float32))
 
 
-class CudaBatch:
-    xp: Any
-    _shard_start: Any
-
+class CudaBatch(BatchReference):
     def gather_batch(self, stream: Any, step: Any, seq_len: int, x: Any, y: Any, *,
                      rank: int = 0, world_size: int = 1) -> None:
         """x, y <- the window of batch (step mod batches-per-epoch), without the host."""

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..table import Family
 
-class BatchReference:
-    xp: Any
+
+class BatchReference(Family):
 
     def gather_batch(self, stream: Any, step: Any, seq_len: int, x: Any, y: Any, *,
                      rank: int = 0, world_size: int = 1) -> None:

@@ -10,6 +10,7 @@ import numpy as np
 
 from .. import cuda_build
 from . import philox
+from .reference import DropoutReference
 
 _DROPOUT = cuda_build.source(__file__, "dropout.cu")
 
@@ -28,9 +29,7 @@ def _kernels() -> dict[str, Any]:
     }
 
 
-class CudaDropout:
-    xp: Any
-
+class CudaDropout(DropoutReference):
     def dropout_mask(self, shape: tuple[int, ...], dtype: Any, p: float, seed: int, site: int,
                      step: Any) -> Any:
         """One fused launch, the bits of the shared Philox formulation."""

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..table import Family
 from . import philox
 
 
-class DropoutReference:
-    xp: Any
+class DropoutReference(Family):
 
     def dropout_mask(self, shape: tuple[int, ...], dtype: Any, p: float, seed: int, site: int,
                      step: Any) -> Any:

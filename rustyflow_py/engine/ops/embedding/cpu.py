@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..cpu_pool import CpuPool
+from .reference import EmbeddingReference
 
 
-class CpuEmbedding(CpuPool):
+class CpuEmbedding(EmbeddingReference):
     def scatter_add_rows(self, dst: Any, idx: Any, rows: Any) -> None:
         jit = self._jit_for(dst, rows)
         if jit is None:

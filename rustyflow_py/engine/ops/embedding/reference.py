@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..table import Family
 
-class EmbeddingReference:
-    xp: Any
+
+class EmbeddingReference(Family):
 
     def scatter_add_rows(self, dst: Any, idx: Any, rows: Any) -> None:
         """(Mixed precision: 16-bit rows into a float32 gradient, converted first.)"""

@@ -8,11 +8,11 @@ from typing import Any
 
 import numpy as np
 
-from ..cpu_pool import BLOCK, Blocks, CpuPool
-from .reference import GELU_C, GELU_K
+from ..cpu_pool import BLOCK, Blocks
+from .reference import GELU_C, GELU_K, GeluReference
 
 
-class CpuGelu(CpuPool):
+class CpuGelu(GeluReference):
     def _gelu_pass(self, x: Any, bias: Any | None, fn: Callable[..., None], *others: Any,
                    jit_fn: Callable[..., None] | None = None) -> Any:
         """Run fn(z, out, *other_blocks, scratch) over cache blocks of rows, z = x (+ bias);

@@ -6,6 +6,7 @@ import functools
 from typing import Any
 
 from .. import cuda_build
+from .reference import GeluReference
 
 _GELU = cuda_build.source(__file__, "gelu.cu")
 
@@ -21,7 +22,7 @@ def _kernels() -> dict[str, Any]:
     }
 
 
-class CudaGelu:
+class CudaGelu(GeluReference):
     def gelu_forward(self, x: Any, bias: Any | None) -> Any:
         b = bias if bias is not None else x.dtype.type(0)
         return _kernels()["gelu_fwd"](x, b)

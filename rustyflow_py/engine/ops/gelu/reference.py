@@ -6,14 +6,14 @@ import math
 from typing import Any
 
 from ...precision import is_16bit
+from ..table import Family
 from ..widen import wide
 
 GELU_C = math.sqrt(2.0 / math.pi)
 GELU_K = 0.044715
 
 
-class GeluReference:
-    xp: Any
+class GeluReference(Family):
 
     def gelu_forward(self, x: Any, bias: Any | None) -> Any:
         if is_16bit(x.dtype):

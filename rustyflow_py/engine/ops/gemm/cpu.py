@@ -13,13 +13,14 @@ from typing import Any
 
 import numpy as np
 
-from ..cpu_pool import MIN_PARALLEL, Blocks, CpuPool
+from ..cpu_pool import MIN_PARALLEL, Blocks
+from .reference import GemmReference
 
 _GEMM_CHUNK = 8e6  # multiply-adds in the smallest GEMM chunk worth a BLAS call of its own
 _CHUNKS_PER_THREAD = 4  # GEMM chunks per thread: enough for the threads to even out
 
 
-class CpuGemm(CpuPool):
+class CpuGemm(GemmReference):
     def matmul(self, a: Any, b: Any, *, transpose_b: bool = False, out: Any = None) -> Any:
         """a @ b (into `out` if given), a large product spread over the pool."""
         if transpose_b:

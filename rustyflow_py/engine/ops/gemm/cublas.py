@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import ctypes
 import functools
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
@@ -31,6 +31,18 @@ _CUDA_TYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 14}
 _COMPUTE_32F, _COMPUTE_64F, _COMPUTE_32F_FAST_TF32 = 68, 70, 77
 _GEMM_DEFAULT = -1
 _WORKSPACE_BYTES = 32 * 2**20
+
+
+Handle = TypeVar("Handle")
+
+
+def in_compute(handle: Handle, compute: MatmulCompute) -> Handle:
+    """A cuBLAS or cuBLASLt handle with float32 GEMMs in `compute` (a run policy's): a view
+    sharing the handle, its workspace and (cuBLASLt) its plans, whose keys hold their compute
+    type, so no run's mode is ever set on a handle another run uses."""
+    view = copy.copy(handle)
+    view.matmul_compute = compute  # type: ignore[attr-defined]
+    return view
 
 
 class CublasError(RuntimeError):
@@ -77,16 +89,9 @@ class Cublas:
         _check(self.lib.cublasSetWorkspace_v2(self.handle, ctypes.c_void_p(self.workspace.data.ptr),
                                               ctypes.c_size_t(_WORKSPACE_BYTES)),
                "cublasSetWorkspace")
-        self.matmul_compute: MatmulCompute = "fp32"  # Precision.matmul_compute: with_compute
+        self.matmul_compute: MatmulCompute = "fp32"  # Precision.matmul_compute: in_compute
         self._one32, self._zero32 = ctypes.c_float(1.0), ctypes.c_float(0.0)
         self._one64, self._zero64 = ctypes.c_double(1.0), ctypes.c_double(0.0)
-
-    def with_compute(self, compute: MatmulCompute) -> Cublas:
-        """This handle with GEMMs in `compute` (a run policy's): a view sharing the handle and
-        its workspace, so no run's mode is ever set on a handle another run uses."""
-        view = copy.copy(self)
-        view.matmul_compute = compute
-        return view
 
     def _operand(self, x: Any) -> tuple[Any, int, int]:
         """(array, op, leading dimension) of the last two axes in column-major terms."""

@@ -46,7 +46,6 @@ naming the call and the status.
 
 from __future__ import annotations
 
-import copy
 import ctypes
 import ctypes.util
 import dataclasses
@@ -290,6 +289,88 @@ class _Plan:
     workspace_size: int
 
 
+# ---- operand checks (pure: they raise CublasLtUnsupported for what cuBLASLt cannot take) --
+def _rows(x: Any, name: str) -> Any:
+    """x as a 2-D (rows, last axis) operand."""
+    if x.ndim < 2:
+        raise CublasLtUnsupported(f"{name} must have 2 or more axes, not shape {x.shape}")
+    return x if x.ndim == 2 else x.reshape(-1, x.shape[-1])
+
+
+def _dtype(what: str, *arrays: Any) -> Any:
+    dtype = arrays[0].dtype
+    if any(a.dtype != dtype for a in arrays):
+        raise CublasLtUnsupported(f"{what}: mixed dtypes {[str(a.dtype) for a in arrays]}")
+    if dtype.name not in CUDA_TYPES:
+        raise CublasLtUnsupported(f"{what}: dtype {dtype} is not float32, float16 or "
+                                  "bfloat16")
+    return dtype
+
+
+def _out_dtype(what: str, in_dtype: Any, out_dtype: Any, *outs: Any) -> Any:
+    """The output dtype: the inputs', or float32 for 16-bit inputs if asked (by
+    `out_dtype` or by the given output buffers)."""
+    given = {o.dtype for o in outs if o is not None}
+    if out_dtype is not None:
+        given.add(np.dtype(out_dtype))
+    if len(given) > 1:
+        raise CublasLtUnsupported(f"{what}: output dtypes disagree: {sorted(map(str, given))}")
+    dtype = given.pop() if given else in_dtype
+    if dtype != in_dtype and not (dtype.name == "float32" and in_dtype.itemsize == 2):
+        raise CublasLtUnsupported(f"{what}: {in_dtype} inputs cannot give {dtype} outputs")
+    return dtype
+
+
+def _check_out(out: Any, shape: tuple[int, ...], dtype: Any, what: str, name: str) -> None:
+    if out is None:
+        return
+    if out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
+        raise CublasLtUnsupported(f"{what}: {name} must be C-contiguous {shape} {dtype}, "
+                                  f"not {out.shape} {out.dtype}")
+
+
+def _layout(x: Any, *, untransposed: bool = False) -> tuple[tuple[int, int, int, int],
+                                                            int, bool]:
+    """(cuBLASLt layout, pointer alignment, needs a copy) of operand x. When its strides
+    fit no layout (or `untransposed` asks for op N and it would be op T) these describe
+    the C-contiguous copy that replaces it, made only once the problem has a plan."""
+    layout = lt_layout(x.shape, x.strides, x.itemsize)
+    if layout is None or (untransposed and layout[0] != OP_N):
+        r, c = x.shape
+        return (OP_N, c, r, c), MAX_ALIGNMENT, True
+    return layout, alignment(x.data.ptr), False
+
+
+def _destroy_plan(lib: ctypes.CDLL, plan: _Plan) -> None:
+    lib.cublasLtMatmulDescDestroy(plan.desc)
+    for layout in (plan.layout_a, plan.layout_b, plan.layout_d):
+        lib.cublasLtMatrixLayoutDestroy(layout)
+
+
+def _set_desc(lib: ctypes.CDLL, desc: ctypes.c_void_p, attr: int, value: int) -> None:
+    buf = DESC_ATTR_CTYPES[attr](value)
+    _check(lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(buf),
+                                              ctypes.sizeof(buf)),
+           f"cublasLtMatmulDescSetAttribute({attr})")
+
+
+def _layout_desc(lib: ctypes.CDLL, created: list[tuple[str, ctypes.c_void_p]], dtype: int,
+                 rows: int, cols: int, ld: int) -> ctypes.c_void_p:
+    """A cuBLASLt matrix layout, listed in `created` so that a failure later destroys it."""
+    layout = ctypes.c_void_p()
+    _check(lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), dtype, rows, cols, ld),
+           "cublasLtMatrixLayoutCreate")
+    created.append(("cublasLtMatrixLayoutDestroy", layout))
+    return layout
+
+
+def _compute(dtype: Any, matmul_compute: MatmulCompute) -> int:
+    """The cuBLASLt compute type of operands of `dtype`."""
+    if dtype.name == "float32" and matmul_compute == "tf32":
+        return COMPUTE_32F_FAST_TF32
+    return COMPUTE_32F
+
+
 class CublasLt:
     """A cuBLASLt handle whose GEMMs run on `stream` with a fixed 32 MiB workspace.
 
@@ -311,17 +392,10 @@ class CublasLt:
         _check(self.lib.cublasLtMatmulPreferenceCreate(ctypes.byref(self.pref)),
                "cublasLtMatmulPreferenceCreate")
         self._set_pref(PREF_MAX_WORKSPACE_BYTES, WORKSPACE_BYTES)
-        self.matmul_compute: MatmulCompute = "fp32"  # Precision.matmul_compute: with_compute
+        self.matmul_compute: MatmulCompute = "fp32"  # Precision.matmul_compute: in_compute
         self._one, self._zero = ctypes.c_float(1.0), ctypes.c_float(0.0)  # scale type 32F
         self._plans: dict[tuple[Any, ...], _Plan] = {}
         self._refused: dict[tuple[Any, ...], str] = {}
-
-    def with_compute(self, compute: MatmulCompute) -> CublasLt:
-        """This handle with float32 GEMMs in `compute` (a run policy's): a view sharing the
-        handle, workspace and plans (a plan's key holds its compute type)."""
-        view = copy.copy(self)
-        view.matmul_compute = compute
-        return view
 
     # ---- public GEMMs ---------------------------------------------------------------------
     def matmul_bias(self, x: Any, w: Any, bias: Any, *, gelu: bool = False, out: Any = None,
@@ -330,12 +404,12 @@ class CublasLt:
         the pre-activation x @ w + bias also written to `pre_gelu_out` when given
         (GELU_AUX_BIAS) for backward. x (..., K) row-major, w (K, N) (a transposed view is
         fine), bias (N,); y and pre_gelu_out (..., N), all of one dtype."""
-        x2 = self._rows(x, "x")
+        x2 = _rows(x, "x")
         k = x2.shape[1]
         if w.ndim != 2 or w.shape[0] != k:
             raise CublasLtUnsupported(f"matmul_bias: w {w.shape} does not fit x {x.shape}")
         n = w.shape[1]
-        dtype = self._dtype("matmul_bias", x, w, bias)
+        dtype = _dtype("matmul_bias", x, w, bias)
         if bias.shape != (n,):
             raise CublasLtUnsupported(f"matmul_bias: bias {bias.shape}, expected ({n},)")
         if pre_gelu_out is not None and not gelu:
@@ -343,8 +417,8 @@ class CublasLt:
         if pre_gelu_out is not None and n % AUX_LD_MULTIPLE:
             raise CublasLtUnsupported(f"matmul_bias: GELU_AUX_BIAS needs N % 8 == 0, N = {n}")
         shape = (*x.shape[:-1], n)
-        self._check_out(out, shape, dtype, "matmul_bias", "out")
-        self._check_out(pre_gelu_out, shape, dtype, "matmul_bias", "pre_gelu_out")
+        _check_out(out, shape, dtype, "matmul_bias", "out")
+        _check_out(pre_gelu_out, shape, dtype, "matmul_bias", "pre_gelu_out")
         if pre_gelu_out is not None:
             epilogue = EPILOGUE_GELU_AUX_BIAS
         else:
@@ -369,15 +443,15 @@ class CublasLt:
         column sums we want. (BGRADB would sum B = a_t^T over k: the row sums of a_t.) BGRADA
         needs A untransposed, so g must have unit column stride (it is copied otherwise).
         """
-        g2 = self._rows(g, "g")
+        g2 = _rows(g, "g")
         m, n = g2.shape
         if a_t.ndim != 2 or a_t.shape[1] != m:
             raise CublasLtUnsupported(f"matmul_bgrad: a_t {a_t.shape} does not fit g {g.shape}")
         k = a_t.shape[0]
-        in_dtype = self._dtype("matmul_bgrad", a_t, g)
-        dtype = self._out_dtype("matmul_bgrad", in_dtype, out_dtype, out, bias_grad_out)
-        self._check_out(out, (k, n), dtype, "matmul_bgrad", "out")
-        self._check_out(bias_grad_out, (n,), dtype, "matmul_bgrad", "bias_grad_out")
+        in_dtype = _dtype("matmul_bgrad", a_t, g)
+        dtype = _out_dtype("matmul_bgrad", in_dtype, out_dtype, out, bias_grad_out)
+        _check_out(out, (k, n), dtype, "matmul_bgrad", "out")
+        _check_out(bias_grad_out, (n,), dtype, "matmul_bgrad", "bias_grad_out")
         return self._gemm(a_t, g2, _Alloc((k, n), dtype) if out is None else out,
                           EPILOGUE_BGRADA,
                           bias=_Alloc((n,), dtype) if bias_grad_out is None else bias_grad_out,
@@ -396,7 +470,7 @@ class CublasLt:
     def close(self) -> None:
         """Destroy the plans, the preference and the handle (the object is unusable after)."""
         for plan in self._plans.values():
-            self._destroy_plan(plan)
+            _destroy_plan(self.lib, plan)
         self._plans.clear()
         if self.pref:
             self.lib.cublasLtMatmulPreferenceDestroy(self.pref)
@@ -408,79 +482,25 @@ class CublasLt:
     # ---- internals ------------------------------------------------------------------------
     def _dgelu(self, what: str, g: Any, w_t: Any, pre_gelu: Any, out: Any,
                bias_grad_out: Any) -> tuple[Any, Any]:
-        g2 = self._rows(g, "g")
+        g2 = _rows(g, "g")
         n = g2.shape[1]
         if w_t.ndim != 2 or w_t.shape[0] != n:
             raise CublasLtUnsupported(f"{what}: w_t {w_t.shape} does not fit g {g.shape}")
         k = w_t.shape[1]
-        dtype = self._dtype(what, g, w_t, pre_gelu)
+        dtype = _dtype(what, g, w_t, pre_gelu)
         shape = (*g.shape[:-1], k)
         if pre_gelu.shape != shape or not pre_gelu.flags.c_contiguous:
             raise CublasLtUnsupported(f"{what}: pre_gelu must be C-contiguous {shape}, not "
                                       f"{pre_gelu.shape}")
         if k % AUX_LD_MULTIPLE:
             raise CublasLtUnsupported(f"{what}: DGELU needs K % 8 == 0, K = {k}")
-        self._check_out(out, shape, dtype, what, "out")
-        self._check_out(bias_grad_out, (k,), dtype, what, "bias_grad_out")
+        _check_out(out, shape, dtype, what, "out")
+        _check_out(bias_grad_out, (k,), dtype, what, "bias_grad_out")
         db = _Alloc((k,), dtype) if bias_grad_out is None else bias_grad_out
         dpre, db = self._gemm(g2, w_t, _Alloc((g2.shape[0], k), dtype) if out is None
                               else out.reshape(-1, k), EPILOGUE_DGELU_BGRAD,
                               bias=db, aux=pre_gelu.reshape(-1, k))
         return (dpre.reshape(shape) if out is None else out), db
-
-    def _rows(self, x: Any, name: str) -> Any:
-        """x as a 2-D (rows, last axis) operand."""
-        if x.ndim < 2:
-            raise CublasLtUnsupported(f"{name} must have 2 or more axes, not shape {x.shape}")
-        return x if x.ndim == 2 else x.reshape(-1, x.shape[-1])
-
-    @staticmethod
-    def _dtype(what: str, *arrays: Any) -> Any:
-        dtype = arrays[0].dtype
-        if any(a.dtype != dtype for a in arrays):
-            raise CublasLtUnsupported(f"{what}: mixed dtypes {[str(a.dtype) for a in arrays]}")
-        if dtype.name not in CUDA_TYPES:
-            raise CublasLtUnsupported(f"{what}: dtype {dtype} is not float32, float16 or "
-                                      "bfloat16")
-        return dtype
-
-    def _out_dtype(self, what: str, in_dtype: Any, out_dtype: Any, *outs: Any) -> Any:
-        """The output dtype: the inputs', or float32 for 16-bit inputs if asked (by
-        `out_dtype` or by the given output buffers)."""
-        given = {o.dtype for o in outs if o is not None}
-        if out_dtype is not None:
-            given.add(np.dtype(out_dtype))
-        if len(given) > 1:
-            raise CublasLtUnsupported(f"{what}: output dtypes disagree: {sorted(map(str, given))}")
-        dtype = given.pop() if given else in_dtype
-        if dtype != in_dtype and not (dtype.name == "float32" and in_dtype.itemsize == 2):
-            raise CublasLtUnsupported(f"{what}: {in_dtype} inputs cannot give {dtype} outputs")
-        return dtype
-
-    @staticmethod
-    def _check_out(out: Any, shape: tuple[int, ...], dtype: Any, what: str, name: str) -> None:
-        if out is None:
-            return
-        if out.shape != shape or out.dtype != dtype or not out.flags.c_contiguous:
-            raise CublasLtUnsupported(f"{what}: {name} must be C-contiguous {shape} {dtype}, "
-                                      f"not {out.shape} {out.dtype}")
-
-    @staticmethod
-    def _layout(x: Any, *, untransposed: bool = False) -> tuple[tuple[int, int, int, int],
-                                                                int, bool]:
-        """(cuBLASLt layout, pointer alignment, needs a copy) of operand x. When its strides
-        fit no layout (or `untransposed` asks for op N and it would be op T) these describe
-        the C-contiguous copy that replaces it, made only once the problem has a plan."""
-        layout = lt_layout(x.shape, x.strides, x.itemsize)
-        if layout is None or (untransposed and layout[0] != OP_N):
-            r, c = x.shape
-            return (OP_N, c, r, c), MAX_ALIGNMENT, True
-        return layout, alignment(x.data.ptr), False
-
-    def _compute(self, dtype: Any) -> int:
-        if dtype.name == "float32" and self.matmul_compute == "tf32":
-            return COMPUTE_32F_FAST_TF32
-        return COMPUTE_32F
 
     def _gemm(self, a: Any, b: Any, out: Any, epilogue: int, *, bias: Any = None,
               aux: Any = None, lt_a_untransposed: bool = False) -> tuple[Any, Any]:
@@ -496,14 +516,14 @@ class CublasLt:
         n = b.shape[1]
         if m_rows == 0 or n == 0 or k == 0:
             raise CublasLtUnsupported(f"empty GEMM ({m_rows}, {k}) @ ({k}, {n})")
-        layout_a, align_a, copy_a = self._layout(b, untransposed=lt_a_untransposed)
-        layout_b, align_b, copy_b = self._layout(a)
+        layout_a, align_a, copy_a = _layout(b, untransposed=lt_a_untransposed)
+        layout_b, align_b, copy_b = _layout(a)
         bias_copy = (bias is not None and not isinstance(bias, _Alloc)
                      and not bias.flags.c_contiguous)
         bias_ptr = _PLACEHOLDER_PTR if bias_copy else _ptr(bias)
         aux_ptr = _ptr(aux)
         in_type, out_type = CUDA_TYPES[a.dtype.name], CUDA_TYPES[out.dtype.name]
-        key = (epilogue, n, m_rows, k, in_type, out_type, self._compute(a.dtype),
+        key = (epilogue, n, m_rows, k, in_type, out_type, _compute(a.dtype, self.matmul_compute),
                layout_a, layout_b, n if aux is not None else 0,
                align_a, align_b, alignment(_ptr(out)), alignment(bias_ptr), alignment(aux_ptr))
         plan = self._plans.get(key)
@@ -519,9 +539,9 @@ class CublasLt:
         elif bias_copy:
             bias = self.xp.ascontiguousarray(bias)
         if bias is not None:
-            self._set_desc(plan.desc, DESC_BIAS_POINTER, bias.data.ptr)
+            _set_desc(self.lib, plan.desc, DESC_BIAS_POINTER, bias.data.ptr)
         if aux is not None:
-            self._set_desc(plan.desc, DESC_EPILOGUE_AUX_POINTER, aux.data.ptr)
+            _set_desc(self.lib, plan.desc, DESC_EPILOGUE_AUX_POINTER, aux.data.ptr)
         # C = D with beta = 0 (C is not read)
         _check(self.lib.cublasLtMatmul(
             self.handle, plan.desc, ctypes.byref(self._one),
@@ -548,27 +568,21 @@ class CublasLt:
             _check(self.lib.cublasLtMatmulDescCreate(ctypes.byref(desc), compute, CUDA_R_32F),
                    "cublasLtMatmulDescCreate")
             created.append(("cublasLtMatmulDescDestroy", desc))
-            self._set_desc(desc, DESC_TRANSA, layout_a[0])
-            self._set_desc(desc, DESC_TRANSB, layout_b[0])
-            self._set_desc(desc, DESC_EPILOGUE, epilogue)
+            _set_desc(self.lib, desc, DESC_TRANSA, layout_a[0])
+            _set_desc(self.lib, desc, DESC_TRANSB, layout_b[0])
+            _set_desc(self.lib, desc, DESC_EPILOGUE, epilogue)
             # The heuristic reads these pointers' values for their alignment, so it sees the
             # real ones (later calls with the same alignments, which the key holds, swap in
             # their own pointers).
             if bias_ptr:
-                self._set_desc(desc, DESC_BIAS_POINTER, bias_ptr)
+                _set_desc(self.lib, desc, DESC_BIAS_POINTER, bias_ptr)
             if aux_ld:
-                self._set_desc(desc, DESC_EPILOGUE_AUX_LD, aux_ld)
-                self._set_desc(desc, DESC_EPILOGUE_AUX_POINTER, aux_ptr)
-            layouts = []
-            for dtype, (_op, rows, cols, ld) in ((in_type, layout_a), (in_type, layout_b),
-                                                 (out_type, (OP_N, m, n, m))):
-                layout = ctypes.c_void_p()
-                _check(self.lib.cublasLtMatrixLayoutCreate(ctypes.byref(layout), dtype, rows,
-                                                           cols, ld),
-                       "cublasLtMatrixLayoutCreate")
-                created.append(("cublasLtMatrixLayoutDestroy", layout))
-                layouts.append(layout)
-            layout_a_desc, layout_b_desc, layout_d_desc = layouts
+                _set_desc(self.lib, desc, DESC_EPILOGUE_AUX_LD, aux_ld)
+                _set_desc(self.lib, desc, DESC_EPILOGUE_AUX_POINTER, aux_ptr)
+            layout_a_desc, layout_b_desc, layout_d_desc = (
+                _layout_desc(self.lib, created, dtype, rows, cols, ld)
+                for dtype, (_op, rows, cols, ld) in ((in_type, layout_a), (in_type, layout_b),
+                                                     (out_type, (OP_N, m, n, m))))
             self._set_pref(PREF_MIN_ALIGNMENT_A_BYTES, align_a)
             self._set_pref(PREF_MIN_ALIGNMENT_B_BYTES, align_b)
             self._set_pref(PREF_MIN_ALIGNMENT_C_BYTES, align_d)
@@ -598,17 +612,6 @@ class CublasLt:
                      MatmulAlgo.from_buffer_copy(best.algo), int(best.workspaceSize))
         self._plans[key] = plan
         return plan
-
-    def _destroy_plan(self, plan: _Plan) -> None:
-        self.lib.cublasLtMatmulDescDestroy(plan.desc)
-        for layout in (plan.layout_a, plan.layout_b, plan.layout_d):
-            self.lib.cublasLtMatrixLayoutDestroy(layout)
-
-    def _set_desc(self, desc: ctypes.c_void_p, attr: int, value: int) -> None:
-        buf = DESC_ATTR_CTYPES[attr](value)
-        _check(self.lib.cublasLtMatmulDescSetAttribute(desc, attr, ctypes.byref(buf),
-                                                       ctypes.sizeof(buf)),
-               f"cublasLtMatmulDescSetAttribute({attr})")
 
     def _set_pref(self, attr: int, value: int) -> None:
         buf = PREF_ATTR_CTYPES[attr](value)

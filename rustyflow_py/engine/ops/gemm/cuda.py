@@ -9,30 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from ...policy import RunPolicy
 from ...precision import accumulate_dtype
-from .cublas import Cublas
-from .cublaslt import CublasLt, CublasLtUnsupported
+from .cublaslt import CublasLtUnsupported
+from .reference import GemmReference
 
 
-class CudaGemm:
-    """The GEMM half of the CUDA kernel set (the device's handles are made in
-    CudaKernels.__init__; a view for a run policy gets views of them, _read_policy)."""
-
-    xp: Any
-    backend: Any
-    _device_cublas: Cublas
-    _device_lt: list[CublasLt]
-    _ones: dict[tuple[int, Any], Any]
-
-    def _read_policy(self, policy: RunPolicy) -> None:
-        """The GEMM compute mode (TF32 or not) and whether Linear layers go through
-        cuBLASLt's epilogues where it can: the run's, on views of the device's handles."""
-        super()._read_policy(policy)  # type: ignore[misc]
-        self.tf32 = policy.matmul_compute == "tf32"
-        self.epilogues = policy.epilogues
-        self.cublas = self._device_cublas.with_compute(policy.matmul_compute)
-        self._cublaslt: CublasLt | None = None  # this view's, on first use
+class CudaGemm(GemmReference):
+    """The GEMM family on the GPU (the handles are the kernel set's: cuda_set.py)."""
 
     def matmul(self, a: Any, b: Any, *, transpose_b: bool = False, out: Any = None) -> Any:
         """cuBLAS takes the swapped view as op=T: no copy."""
@@ -55,25 +38,13 @@ class CudaGemm:
     # cuBLASLt refuses (CublasLtUnsupported) float64, the odd layout, and a problem first seen
     # during graph capture (its plan must come from an eager call, which the trainer's warm-up
     # steps make); each refusal takes the shared formulation: GEMM, then a kernel.
-    def _lt(self) -> CublasLt:
-        """The cuBLASLt handle (the device's, made on first use) in the policy's compute
-        mode."""
-        if self._cublaslt is None:
-            if not self._device_lt:
-                if self.backend.stream.is_capturing():  # its workspace would be the graph's
-                    raise CublasLtUnsupported("cuBLASLt's handle is made by an eager call, "
-                                              "not during graph capture")
-                self._device_lt.append(CublasLt(self.xp, self.backend.stream))
-            self._cublaslt = self._device_lt[0].with_compute(self.cublas.matmul_compute)
-        return self._cublaslt
-
     def linear(self, x: Any, w: Any, b: Any, gelu: bool,
                gemm: Callable[..., Any]) -> tuple[Any, Any]:
         """Epilogue BIAS, or GELU_AUX_BIAS writing the pre-activation x @ w + b (the state,
         bias included) for backward. cuBLASLt's GELU may use a fast tanh (relative errors
         near 1e-3): below tf32's and 16-bit's own rounding, but not exact float32, so a
         float32 run without TF32 keeps the GELU kernel."""
-        exact = x.dtype == np.float32 and not self.tf32
+        exact = x.dtype == np.float32 and self.cublas.matmul_compute != "tf32"
         if self.epilogues and not (gelu and exact):
             try:
                 if not gelu:

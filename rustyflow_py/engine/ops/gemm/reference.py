@@ -7,12 +7,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ...precision import accumulate_dtype, is_16bit
+from ..table import Family
 
 
-class GemmReference:
+class GemmReference(Family):
     """matmul, sum_rows, linear, linear_grads, linear_dgelu against `self.xp`."""
 
-    xp: Any
 
     def matmul(self, a: Any, b: Any, *, transpose_b: bool = False, out: Any = None) -> Any:
         return self.xp.matmul(a, self.xp.swapaxes(b, -1, -2) if transpose_b else b, out=out)

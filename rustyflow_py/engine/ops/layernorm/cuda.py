@@ -10,6 +10,7 @@ import numpy as np
 from ...precision import accumulate_dtype
 from .. import cuda_build
 from ..cuda_build import acc_scalar, warp_grid
+from .reference import LayerNormReference
 
 _WIDE = cuda_build.source(__file__, "layernorm.cu", cuda_build.dtype_defines(np.float32))
 _ROWS = cuda_build.source(__file__, "layernorm_rows.cu",
@@ -25,10 +26,7 @@ def _rows_kernel(name: str, dtype: Any, *same: Any, cpl: int) -> Any:
     return _ROWS.typed(name, dtype, *same, defines=(f"-DCPL={cpl}",))
 
 
-class CudaLayerNorm:
-    xp: Any
-    sum_rows: Any
-
+class CudaLayerNorm(LayerNormReference):
     def layernorm_forward(self, x: Any, w: Any, b: Any, eps: float) -> tuple[Any, Any, Any]:
         xp = self.xp
         x = xp.ascontiguousarray(x)

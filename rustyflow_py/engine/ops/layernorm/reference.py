@@ -5,11 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from ...precision import is_16bit
+from ..table import Family
 from ..widen import wide
 
 
-class LayerNormReference:
-    xp: Any
+class LayerNormReference(Family):
 
     def layernorm_forward(self, x: Any, w: Any, b: Any, eps: float) -> tuple[Any, Any, Any]:
         if is_16bit(x.dtype):

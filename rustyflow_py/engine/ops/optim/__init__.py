@@ -1,1 +1,2 @@
-"""The optimizers' update kernels over the flat parameter buffer (one .cu file per optimizer)."""
+"""The optimizers' update kernels over the flat parameter buffer: one file per optimizer
+(reference, CPU and CUDA classes) and one .cu file per optimizer."""

@@ -12,7 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from ..cpu_pool import Blocks, CpuPool
+from ..cpu_pool import Blocks
+from .reference import CrossEntropyReference
 
 _XENT_BLOCK = 256 * 1024  # a row block of the vocabulary-wide softmax, in elements
 _SAFE_SUM = 2.0**-60  # least row sum of unshifted exponentials that keeps full precision
@@ -38,7 +39,7 @@ def _redo_shifted(
     nll[rows] = np.log(sums[rows]) - picked
 
 
-class CpuCrossEntropy(CpuPool):
+class CpuCrossEntropy(CrossEntropyReference):
     def _softmax_rows(
         self, logits: np.ndarray, out: np.ndarray, targets: np.ndarray, grad_of_mean: bool,
         source: tuple[np.ndarray, np.ndarray] | None = None,

@@ -10,6 +10,7 @@ import numpy as np
 
 from ...precision import accumulate_dtype
 from .. import cuda_build
+from .reference import CrossEntropyReference
 
 _XENT = cuda_build.source(__file__, "xent.cu", cuda_build.dtype_defines(np.float32))
 VOCAB_PAD = 64  # the LM head's logits rows are padded to a multiple of this many columns
@@ -21,9 +22,7 @@ def _row_stride(x: Any) -> int:
 
 
 
-class CudaCrossEntropy:
-    xp: Any
-
+class CudaCrossEntropy(CrossEntropyReference):
     def cross_entropy(
         self, logits: Any, targets: Any, need_grad: bool, inplace: bool
     ) -> tuple[Any, Any]:

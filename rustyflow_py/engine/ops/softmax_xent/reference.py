@@ -6,11 +6,11 @@ from collections.abc import Callable
 from typing import Any
 
 from ...precision import is_16bit
+from ..table import Family
 from ..widen import wide
 
 
-class CrossEntropyReference:
-    xp: Any
+class CrossEntropyReference(Family):
 
     def cross_entropy(
         self, logits: Any, targets: Any, need_grad: bool, inplace: bool

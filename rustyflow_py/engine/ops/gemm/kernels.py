@@ -1,0 +1,43 @@
+"""The GEMM kernels: their contract, and their entries in the kernel table.
+
+Every device's kernel for an op takes exactly these arguments and keeps these rules (and
+table.py's common ones); tests/test_kernel_contract.py holds each to the reference.
+
+`gemm` is the caller's runner for a product: gemm(fn, *args, **kwargs) calls fn(*args,
+**kwargs) and times it as a matmul (Function.gemm); a kernel runs each of its GEMMs (plain or
+with a fused epilogue) through it.
+
+    matmul(a, b, *, transpose_b: bool = False, out: Any = None) -> Any
+        a @ b: (M, K) @ (K, N) -> (M, N); batched (..., M, K) @ (..., K, N) with equal batch
+        shapes; or (..., M, K) @ (K, N). transpose_b=True multiplies by b with its last two
+        axes swapped, b of (..., N, K), without copying it (the tied LM head). `out`, a
+        C-contiguous array of the result's shape and dtype, receives the product and is
+        returned; otherwise the result is a fresh array.
+
+    sum_rows(x) -> Any
+        Column sums (C,) of x (N, C): bias gradients.
+
+    linear(x, w, b, gelu, gemm) -> tuple[Any, Any]
+        (y, state): y = x @ w + b for x (..., K), w (K, N), b (N,), or gelu_tanh of it when
+        `gelu`, with the state linear_dgelu takes back (None without gelu).
+
+    linear_grads(x, g, gemm) -> tuple[Any, Any]
+        (dw, db) of y = x @ w + b for the gradient g (..., N) of y: (x.T @ g, the column
+        sums of g), over all leading axes. For 16-bit inputs both may be float32 (the
+        gradient buffer's type).
+
+    linear_dgelu(g, w, state, gemm) -> tuple[Any, Any]
+        For y = gelu(pre) @ w with pre = x @ w1 + b1 (`state`, from linear(..., gelu=True)):
+        (dpre, db1) = ((g @ w.T) * gelu'(pre), the column sums of dpre) for the gradient g
+        of y: the gradient into the GELU's input and the bias gradient of the layer before.
+"""
+
+from __future__ import annotations
+
+from ..table import ANY, FLOATS, declare
+from .cpu import CpuGemm
+from .cuda import CudaGemm
+from .reference import GemmReference
+
+declare(("matmul", "sum_rows", "linear", "linear_grads", "linear_dgelu"),
+        reference={ANY: GemmReference}, cpu={FLOATS: CpuGemm}, gpu={FLOATS: CudaGemm})

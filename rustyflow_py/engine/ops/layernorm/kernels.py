@@ -1,0 +1,24 @@
+"""The LayerNorm kernels: their contract, and their entries in the kernel table.
+
+Every device's kernel for an op takes exactly these arguments and keeps these rules (and
+table.py's common ones); tests/test_kernel_contract.py holds each to the reference.
+
+    layernorm_forward(x, w, b, eps) -> tuple[Any, Any, Any]
+        (y, mean, rstd) for x (..., C), w and b (C,): y (..., C) is the normalised x scaled
+        by w and shifted by b; mean and rstd (..., 1) are its backward's inputs.
+
+    layernorm_backward(g, x, w, mean, rstd) -> tuple[Any, Any, Any]
+        (dx (..., C), dw (C,), db (C,)) for upstream g (..., C), from the forward's x, w and
+        its mean, rstd (..., 1).
+"""
+
+from __future__ import annotations
+
+from ..table import ANY, F32, F64, FLOATS, SIXTEEN, declare
+from .cpu import CpuLayerNorm
+from .cuda import CudaLayerNorm
+from .reference import LayerNormReference
+
+declare(("layernorm_forward", "layernorm_backward"), reference={ANY: LayerNormReference},
+        cpu={(F32, F64): CpuLayerNorm, SIXTEEN: LayerNormReference},
+        gpu={FLOATS: CudaLayerNorm})

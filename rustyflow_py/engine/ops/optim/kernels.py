@@ -1,0 +1,109 @@
+"""The optimizer kernels: their contract, and their entries in the kernel table. Each
+optimizer is a file of this folder (its reference, CPU and CUDA classes; its CUDA C in the
+.cu file of its name), and common.py holds what they share.
+
+Every device's kernel for an op takes exactly these arguments and keeps these rules (and
+table.py's common ones); tests/test_kernel_contract.py holds each to the reference.
+
+They update flat (P,) arrays in place; lr (0-d float32), step (0-d int32, already counting
+this step) and scale (the 0-d float32 clip factor, or None; negative: skip the step) are
+device arrays, so nothing waits for the host; weight decay applies to p[:decay_size] only.
+
+    l2_norm(g) -> Any
+        sqrt(sum(g * g)) of a flat g (P,), as a 0-d array of g's dtype.
+
+    adamw(p, g, m, v, lr, step, scale, betas, eps, weight_decay, decay_size) -> None
+        One AdamW step (PyTorch's order) that updates p, m and v (P,) in place from g (P,).
+        lr (0-d float32), step (0-d int32, already counting this step) and scale (the 0-d
+        float32 clip factor applied to g, or None) are device arrays; weight decay applies
+        to p[:decay_size] only.
+
+    adam(p, g, m, v, lr, step, scale, betas, eps, weight_decay, decay_size) -> None
+        One Adam step (torch.optim.Adam): as adamw, but the weight decay is an L2 term,
+        weight_decay * p[:decay_size] added to the (clipped) gradient before the moments.
+
+    sgd(p, g, velocity, lr, scale, momentum, nesterov, weight_decay, decay_size) -> None
+        One SGD step (torch.optim.SGD: momentum without dampening, optionally Nesterov) that
+        updates p and velocity (P,) in place; weight decay is an L2 term added to the
+        clipped gradient of p[:decay_size]; lr and scale as for adamw.
+
+    rmsprop(p, g, square_avg, grad_avg, momentum_buffer, lr, scale, alpha, eps, momentum,
+        weight_decay, decay_size) -> None
+        One RMSprop step (torch.optim.RMSprop) updating p and the state (P,) in place:
+        grad_avg is None unless centered, momentum_buffer None without momentum. Weight
+        decay is L2 as for sgd.
+
+    adagrad(p, g, state_sum, lr, scale, eps, weight_decay, decay_size) -> None
+        One AdaGrad step (torch.optim.Adagrad, no lr decay) updating p and the sum of
+        squared gradients (P,) in place; weight decay is L2 as for sgd.
+
+    adadelta(p, g, square_avg, acc_delta, lr, scale, rho, eps, weight_decay, decay_size)
+        -> None
+        One AdaDelta step (torch.optim.Adadelta) updating p and both running averages (P,)
+        in place; weight decay is L2 as for sgd.
+
+    segments(bounds) -> Any
+        An opaque table of the segments [bounds[s], bounds[s + 1]) of a flat buffer (the
+        parameter tensors), for lamb. Made once at setup: it may copy to the device.
+
+    lamb(p, g, m, v, lr, step, scale, betas, eps, weight_decay, decay_size, segments) ->
+        None
+        One LAMB step (You et al. 2019, Algorithm 2) updating p, m and v (P,) in place:
+        Adam's bias-corrected direction r plus weight_decay * p on p[:decay_size] gives u,
+        and each segment moves by lr * ||p_s|| / ||u_s|| * u_s (the ratio 1 where either
+        norm is 0), both norms taken before the update. segments from segments(); lr, step
+        and scale as for adamw.
+
+    muon_momentum(g, buf, out, scale, momentum, nesterov) -> None
+        Muon's momentum for one matrix: buf <- lerp(buf, g * scale, 1 - momentum) in place,
+        and out <- lerp(g * scale, buf, momentum) with nesterov, else buf. g, buf and out
+        have one shape; out may be a strided view (a transposed slot of the Newton-Schulz
+        batch).
+
+    newton_schulz(x, steps, eps, mm) -> Any
+        Orthogonalise each matrix of x (..., R, C), R <= C: divide it by its Frobenius norm
+        plus eps, then run `steps` quintic Newton-Schulz iterations X <- aX + (bA + cA @ A)
+        @ X, A = X @ X.T, (a, b, c) = (3.4445, -4.7750, 2.0315). Returns the result (x
+        itself may be overwritten); every GEMM goes through `mm` as in lm_head_xent.
+
+    muon_apply(p, update, lr, weight_decay, factor) -> None
+        p <- p * (1 - lr * weight_decay) - lr * factor * update in place, for one matrix p
+        and its orthogonalised update of the same shape (possibly a strided view).
+
+    ema_update(ema, p, decay, step, start) -> None
+        The weights' exponential moving average, in place over the flat (P,) buffers: ema <-
+        ema + (1 - decay) * (p - ema) once the 0-d int32 device counter `step` (steps done)
+        exceeds `start`, else ema <- p exactly (the average starts at step `start`).
+"""
+
+from __future__ import annotations
+
+from ..table import ANY, FLOATS, declare
+from .adadelta import AdadeltaReference, CpuAdadelta, CudaAdadelta
+from .adagrad import AdagradReference, CpuAdagrad, CudaAdagrad
+from .adam import AdamReference, CpuAdam, CudaAdam
+from .ema import CudaEma, EmaReference
+from .lamb import CpuLamb, CudaLamb, LambReference
+from .muon import CudaMuon, MuonReference
+from .norm import CpuNorm, CudaNorm, NormReference
+from .rmsprop import CpuRmsprop, CudaRmsprop, RmspropReference
+from .sgd import CpuSgd, CudaSgd, SgdReference
+
+declare("l2_norm", reference={ANY: NormReference}, cpu={FLOATS: CpuNorm}, gpu={FLOATS: CudaNorm})
+declare(("adamw", "adam"), reference={ANY: AdamReference}, cpu={FLOATS: CpuAdam},
+        gpu={FLOATS: CudaAdam})
+declare("sgd", reference={ANY: SgdReference}, cpu={FLOATS: CpuSgd}, gpu={FLOATS: CudaSgd})
+declare("rmsprop", reference={ANY: RmspropReference}, cpu={FLOATS: CpuRmsprop},
+        gpu={FLOATS: CudaRmsprop})
+declare("adagrad", reference={ANY: AdagradReference}, cpu={FLOATS: CpuAdagrad},
+        gpu={FLOATS: CudaAdagrad})
+declare("adadelta", reference={ANY: AdadeltaReference}, cpu={FLOATS: CpuAdadelta},
+        gpu={FLOATS: CudaAdadelta})
+# segments has no array argument: one entry per device for any dtype
+declare("segments", reference={ANY: LambReference}, cpu={ANY: LambReference},
+        gpu={ANY: CudaLamb})
+declare("lamb", reference={ANY: LambReference}, cpu={FLOATS: CpuLamb}, gpu={FLOATS: CudaLamb})
+declare(("muon_momentum", "newton_schulz", "muon_apply"), reference={ANY: MuonReference},
+        cpu={FLOATS: MuonReference}, gpu={FLOATS: CudaMuon})
+declare("ema_update", reference={ANY: EmaReference}, cpu={FLOATS: EmaReference},
+        gpu={FLOATS: CudaEma})

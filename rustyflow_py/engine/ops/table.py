@@ -1,0 +1,192 @@
+"""The kernel table: (op, device kind, dtype) -> the class whose method runs that kernel.
+
+Each op folder declares its kernels once (its `kernels.py`: the contract in the docstring, one
+`declare` call per op), kernel_table.py imports every folder's declaration, and a device's
+kernel set (`backend.kernels`, a `KernelSet`) looks each call up here by the op's name, the
+set's kind ("reference", "cpu" or "gpu") and the dtype of the call's first array (a state
+tuple handed back to a backward is searched depth-first; an op with no array argument, such
+as `dropout_mask`, is looked up under ANY). A missing entry is a `KernelNotFound` naming all
+three. Which class runs is therefore written down, not found by walking base classes.
+
+The classes are an op family's kernels on one device (`Family`): a device's class extends
+its family's reference class (same folder) and overrides what pays. One instance per class
+and kernel set holds that family's caches; what it lacks (the set's state such as the CPU's
+thread pool or the GPU's cuBLAS handle, and every other op's kernels, through this table)
+comes from the kernel set it belongs to.
+
+A kernel set belongs to one view of its device under one run policy (engine/policy.py): what
+the policy decides (ATTENTION here; threads and CPU_JIT on the CPU, the GEMM compute mode and
+cuBLASLt's epilogues on the GPU) is read into plain attributes once, when the set is made or
+bound to another view (`bound`), and never set afterwards. A bound set shares the device's
+handles, caches and buffers, and makes its own family instances and dispatchers (they point
+back at it, so they see its policy).
+
+Common rules of every kernel (each op folder's kernels.py has its own contract). Arrays live
+on the set's device. Float arrays share one storage dtype (float32 for training, float64 for
+gradient checks, float16/bfloat16 for mixed precision) and results keep it; kernels
+accumulate in float32 (float64 for float64), and the statistics they hand back (LayerNorm
+mean/rstd, log-sum-exps, losses) are float32 for 16-bit inputs. Integer arrays (targets,
+indices, tokens) are int32 or int64. Nothing reads a value back to the host or synchronizes,
+so a training step can be captured as a CUDA graph: scalars that change from step to step
+(learning rate, step counter, clip scale) are 0-d device arrays. Arguments are not modified
+unless the contract says so. A "state" that a forward returns is opaque to callers: hand it
+to the matching backward, once, and do not look inside (each device keeps what its own
+backward needs, and it may alias the forward's buffers).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from ...errors import DeviceError
+from ..policy import RunPolicy
+
+ANY = "any"  # the entry for calls whose first array has no entry of its own dtype
+F32, F64, F16, BF16 = "float32", "float64", "float16", "bfloat16"
+FLOATS = (F32, F64, F16, BF16)
+SIXTEEN = (F16, BF16)
+KINDS = ("reference", "cpu", "gpu")
+_TABLE: dict[tuple[str, str, str], type[Family]] = {}
+
+
+class KernelNotFound(DeviceError):
+    """No kernel is declared for this (op, device kind, dtype)."""
+
+
+class Family:
+    """An op family's kernels on one device (see the module docstring)."""
+
+    def __init__(self, kernels: KernelSet) -> None:
+        self._set = kernels
+        self.xp = kernels.xp
+        self.backend = kernels.backend
+
+    def __getattr__(self, name: str) -> Any:
+        if name == "_set":  # not made yet: nothing to delegate to
+            raise AttributeError(name)
+        return getattr(self._set, name)
+
+
+def declare(ops: str | Iterable[str], **kinds: dict[str | tuple[str, ...], type[Family]]
+            ) -> None:
+    """Enter op(s) in the table: for each device kind, {dtype or dtypes: class}. Declaring
+    one (op, kind, dtype) twice is an error: the table has one answer per key."""
+    for op in [ops] if isinstance(ops, str) else ops:
+        for kind, by_dtype in kinds.items():
+            if kind not in KINDS:
+                raise ValueError(f"{op}: unknown device kind {kind!r} (not one of {KINDS})")
+            for dtypes, cls in by_dtype.items():
+                for dtype in (dtypes,) if isinstance(dtypes, str) else dtypes:
+                    if (op, kind, dtype) in _TABLE:
+                        raise ValueError(f"{op} on {kind} for {dtype} is declared twice")
+                    if not callable(getattr(cls, op, None)):
+                        raise ValueError(f"{cls.__name__} has no kernel {op}")
+                    _TABLE[(op, kind, dtype)] = cls
+
+
+def entries() -> dict[tuple[str, str, str], type[Family]]:
+    """The whole table (a copy)."""
+    return dict(_TABLE)
+
+
+def ops() -> list[str]:
+    """Every op the table knows."""
+    return sorted({op for op, _, _ in _TABLE})
+
+
+def lookup(op: str, kind: str, dtype: str) -> type[Family]:
+    """The class that runs `op` on a `kind` device for `dtype` (a dtype's name, or ANY)."""
+    cls = _TABLE.get((op, kind, dtype)) or _TABLE.get((op, kind, ANY))
+    if cls is None:
+        have = sorted(d for o, k, d in _TABLE if o == op and k == kind)
+        raise KernelNotFound(
+            f"no kernel for op {op!r} on device kind {kind!r} for dtype {dtype}"
+            + (f" (declared for {', '.join(have)})" if have else " (none declared for it)")
+            + ": declare one in the op folder's kernels.py")
+    return cls
+
+
+def _dtype_of(args: tuple[Any, ...]) -> Any:
+    """The dtype of the first array among args (tuples searched depth-first), or None."""
+    for a in args:
+        if isinstance(a, tuple):
+            found = _dtype_of(a)
+            if found is not None:
+                return found
+        elif not isinstance(a, type) and getattr(a, "dtype", None) is not None:
+            return a.dtype  # an array (or a NumPy scalar); a dtype or a scalar type is not
+    return None
+
+
+class _Dispatch:
+    """backend.kernels.<op>: the call looked up by its first array's dtype (then cached)."""
+
+    __slots__ = ("_cache", "_op", "_set")
+
+    def __init__(self, kernels: KernelSet, op: str) -> None:
+        self._set, self._op = kernels, op
+        self._cache: dict[Any, Callable[..., Any]] = {}
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        try:  # the usual call: an array first, its dtype seen before
+            fn = self._cache[args[0].dtype]
+        except (IndexError, AttributeError, KeyError, TypeError):
+            fn = self._resolve(args)
+        return fn(*args, **kwargs)
+
+    def _resolve(self, args: tuple[Any, ...]) -> Callable[..., Any]:
+        """The kernel for these arguments from the table, cached by the first argument's
+        dtype when it has one (then it is the first array's)."""
+        dtype = _dtype_of(args)
+        name = ANY if dtype is None else str(getattr(dtype, "name", dtype))
+        fn = getattr(self._set.family(lookup(self._op, self._set.kind, name)), self._op)
+        first = getattr(args[0], "dtype", None) if args else None
+        if first is not None and first is dtype:
+            self._cache[first] = fn
+        return fn
+
+
+class KernelSet:
+    """A device's kernel set under one run policy: its state, and one attribute per op that
+    calls the table's kernel for the call's dtype (`kernels.layernorm_forward(x, w, b, eps)`).
+    """
+
+    kind = "reference"
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.xp = backend.xp
+        self._dispatchers()
+        self._read_policy(backend.policy)
+
+    def _dispatchers(self) -> None:
+        """Fresh family instances and one dispatcher per op, all pointing at this set."""
+        self._families: dict[type[Family], Family] = {}
+        for op in ops():
+            setattr(self, op, _Dispatch(self, op))
+
+    def bound(self, backend: Any) -> KernelSet:
+        """This kernel set for `backend`, a view of the same device under another run policy:
+        the device's handles, caches and buffers are shared, and what the policy decides is
+        read once, here."""
+        view = copy.copy(self)
+        view.backend = backend
+        view._dispatchers()
+        view._read_policy(backend.policy)
+        return view
+
+    def _read_policy(self, policy: RunPolicy) -> None:
+        """Read what this set's kernels need from the run's policy (at creation only).
+        ATTENTION: "auto" lets fused_attention say yes where it can, "materialized" makes it
+        say no."""
+        self.policy = policy
+        self.attention = policy.attention
+
+    def family(self, cls: type[Family]) -> Family:
+        """This set's instance of an op family's class (made on first use)."""
+        found = self._families.get(cls)
+        if found is None:
+            found = self._families[cls] = cls(self)
+        return found

@@ -1,0 +1,80 @@
+"""The end of a run: its checkpoint, run record, log block, console summary and trace.
+
+Rank 0 writes; the other processes of a data-parallel run only take part in gathering a
+sharded optimizer's state for the checkpoint. A write that fails goes to a named fallback
+(outputs.write_with_fallback); a lost log block fails the run, whatever its status was.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from ..engine.profiler import Profiler
+from ..reporting import logfile
+from ..reporting.log_writer import format_block
+from ..reporting.record_schema import RunRecord
+from ..reporting.run_text import format_summary
+from ..reporting.trace import chrome_trace, graph_trace
+from . import guard, hooks, outputs
+from .record import build_record
+from .run_parts import Say
+
+Outcome = tuple[str, str | None]  # the run's final status and message
+
+
+def finish(run: Any, status: str, message: str | None,
+           train_time: float) -> tuple[RunRecord | None, Outcome]:
+    """Checkpoint (not after a divergence), record, console summary, log block (rank 0;
+    the others only take part in gathering a sharded optimizer's state) of `run`, a
+    loop.Trainer whose loop has ended with `status`. Returns the record (None on the other
+    processes) and the run's final status and message: a lost write makes it a failure, a stop
+    signal during the writes an interruption (guard.final_status)."""
+    ckpt = None
+    if status == "interrupted" and run.in_step:
+        message = (f"{message} (inside a step: the checkpoint was not written, the last "
+                   "one stays)")
+    elif status != "failed":
+        ckpt = run.save()
+    status, message = outcome = guard.final_status(
+        status, message, run.checkpoints.lost, run.signals.requested)
+    if not run.world.main:
+        return None, outcome
+    record = build_record(run, status, message, train_time, ckpt)
+    block = format_block(record)
+    def append(path: str) -> None:
+        hooks.pause("log-append")
+        logfile.append_block(path, block)
+
+    log = outputs.write_with_fallback(run.cfg.log_file, append, "log block", run.warn,
+                                      name="training_log.txt")
+    run.say(format_summary(record, log))
+    if log is None:
+        outcome = "failed", f"the log block of this {status} run is lost (see above)"
+    elif run.signals.requested is not None and status != "interrupted":
+        # the block was written as the run ended; the exit status will report the signal
+        run.say(f"A stop request arrived while the log block was written: the run had "
+                f"ended {status} (as logged); exiting with the signal's status")
+    if run.trace and run.profiler is not None:
+        write_trace(run.trace, run.profiler, run.backend, run.device, run.say, run.warn)
+    return record, outcome
+
+
+def write_trace(path: str, prof: Profiler, backend: Any, device: str, say: Say,
+                warn: Say) -> None:
+    """The profiled steps' timeline as a Chrome trace (also after an interrupted run): a
+    graph profile's first sampled replay, else the first profiled steps."""
+    if prof.graph is not None and prof.graph.first:
+        doc = graph_trace(prof.graph.first, prof.graph.first_step, device=device,
+                          hardware=backend.hardware(), replays=prof.graph.replays)
+    else:
+        doc = chrome_trace(prof.spans, prof.step_numbers, gpu=backend.kind == "gpu",
+                           device=device, hardware=backend.hardware(),
+                           profiled_steps=prof.steps)
+    data = json.dumps(doc, separators=(",", ":")).encode()
+    where = outputs.write_with_fallback(
+        str(path), lambda p: outputs.write_atomically(p, lambda f: f.write(data)), "trace", warn)
+    if where:
+        traced = 1 if prof.graph is not None and prof.graph.first else len(prof.step_numbers)
+        say(f"Trace of {traced} profiled step{'s' if traced != 1 else ''}: {where} (open it in "
+            "ui.perfetto.dev or chrome://tracing)")
