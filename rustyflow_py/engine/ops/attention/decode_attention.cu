@@ -4,25 +4,17 @@
 #include "types.cuh"
 #include "warp_reduce.cuh"
 
-// A block-wide reduction of one value per thread through `red` (32 acc of shared memory);
-// every thread gets the result.
-__device__ __forceinline__ acc block_sum(acc v, acc* red) {
+// A block-wide maximum (or sum) of one value per thread through `red` (32 acc of shared
+// memory): within each warp, then across the warps; every thread gets the result.
+template <bool is_max>
+__device__ __forceinline__ acc block_reduce(acc v, acc* red) {
     int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    v = warp_sum(v);
-    __syncthreads();
+    v = is_max ? warp_max(v) : warp_sum(v);
+    __syncthreads();  // `red` may still be read by the previous reduction
     if (lane == 0) red[warp] = v;
     __syncthreads();
-    v = lane < warps ? red[lane] : (acc)0;
-    return warp_sum(v);
-}
-__device__ __forceinline__ acc block_max(acc v, acc* red) {
-    int lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-    v = warp_max(v);
-    __syncthreads();
-    if (lane == 0) red[warp] = v;
-    __syncthreads();
-    v = lane < warps ? red[lane] : NEG_INF;
-    return warp_max(v);
+    v = lane < warps ? red[lane] : (is_max ? NEG_INF : (acc)0);
+    return is_max ? warp_max(v) : warp_sum(v);
 }
 
 // Block (b, h) of B*H blocks. qkv (B, 3E) this token's projections; keys, values
@@ -59,14 +51,14 @@ extern "C" __global__ void decode_attention(const real* qkv, real* keys, real* v
     __syncthreads();
     acc m = NEG_INF;
     for (int j = threadIdx.x; j < n; j += blockDim.x) m = max(m, score[j]);
-    m = block_max(m, red);
+    m = block_reduce<true>(m, red);
     acc z = 0;
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
         acc p = exp(score[j] - m);
         score[j] = p;
         z += p;
     }
-    z = block_sum(z, red);  // its barriers also publish the probabilities
+    z = block_reduce<false>(z, red);  // its barriers also publish the probabilities
     int slices = blockDim.x / d, slice = threadIdx.x / d, i = threadIdx.x % d;
     if (slice < slices) {  // thread (slice, i): positions slice, slice + slices, ...
         acc o = 0;
