@@ -66,7 +66,13 @@ class Family:
     def __getattr__(self, name: str) -> Any:
         if name == "_set":  # not made yet: nothing to delegate to
             raise AttributeError(name)
-        return getattr(self._set, name)
+        value = getattr(self._set, name)
+        # A set's attributes are fixed once made (the policy's, read at creation; its methods
+        # and dispatchers; handles, made once), so a value found is kept here and the next
+        # access skips this lookup. None is a handle not made yet: asked for again each time.
+        if value is not None:
+            setattr(self, name, value)
+        return value
 
 
 def declare(ops: str | Iterable[str], **kinds: dict[str | tuple[str, ...], type[Family]]
