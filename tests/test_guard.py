@@ -3,6 +3,7 @@ collapse rule, the run lock, ownership marks and fallback names."""
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -17,6 +18,7 @@ from rustyflow_py.model.loss_scale import COLLAPSE_FLOOR, COLLAPSE_STREAK, LossS
 from rustyflow_py.training import ownership, sizing
 from rustyflow_py.training.lock import RunLock
 from rustyflow_py.training.outputs import fallbacks
+from rustyflow_py.training.ownership import same_recipe
 
 pytestmark = pytest.mark.usefixtures("tiny_dir")
 
@@ -133,3 +135,17 @@ def test_the_gpu_check_compares_with_free_device_memory() -> None:
     with pytest.raises(TrainingError, match=r"reduce BATCH_SIZE or SEQ_LEN \(the "
                                             r"activations\), or use PRECISION=bf16"):
         sizing.check_fits(long, 50, gpu)
+
+
+def test_the_same_command_after_an_upgrade_is_the_same_run() -> None:
+    """A checkpoint written before a key existed stored no value for it: the same command
+    (that key at its default) is the same run, any other value is not."""
+    current = make_cfg().to_dict()
+    new_key = "LABEL_SMOOTHING"
+    older = {k: v for k, v in current.items() if k != new_key}
+    assert same_recipe(json.loads(json.dumps(current)), current)
+    assert same_recipe(older, current)
+    assert not same_recipe(older, {**current, new_key: 0.1})
+    assert not same_recipe({**older, "LEARNING_RATE": 0.5}, current)
+    assert not same_recipe({**current, "A_REMOVED_KEY": 1}, current)
+    assert not same_recipe(None, current)

@@ -26,6 +26,7 @@ import numpy as np
 from ..errors import TrainingError
 from ..reporting.record_schema import BLOCK_START
 from .checkpoint import WRITER
+from .config import KEYS
 
 TRACE_MARK = b'"producer":"rustyflow train --trace"'
 _SNIFF = 1 << 16  # bytes read to find a mark: marks sit at a file's start (or a trace's end)
@@ -119,7 +120,7 @@ def check_replace(path: str, what: str, run_id: str | None, resume: str | None,
     if overwrite:
         warn(f"WARN: --overwrite: replacing the {what} {path} of another run")
         return True
-    if recipe is not None and _recipe(meta.get("config")) == _recipe(recipe):
+    if recipe is not None and same_recipe(meta.get("config"), recipe):
         warn(f"INFO: replacing the {what} {path} of an earlier run of the same configuration")
         return True
     train = meta.get("train")
@@ -131,9 +132,25 @@ def check_replace(path: str, what: str, run_id: str | None, resume: str | None,
         f"{how}set --model-path to a new file, or pass --overwrite to replace it")
 
 
-def _recipe(config: Any) -> str | None:
-    """A configuration in one comparable form (a checkpoint stores it as JSON)."""
-    return json.dumps(config, sort_keys=True, default=str) if isinstance(config, dict) else None
+def same_recipe(stored: Any, current: dict[str, Any]) -> bool:
+    """Whether a checkpoint's stored configuration is `current`, key by key. A key the stored
+    one lacks was added by a later rustyflow than the one that wrote it, so it counts as equal
+    when `current` holds that key's default: the same command after an upgrade is still the
+    same run."""
+    if not isinstance(stored, dict) or set(stored) - set(current):
+        return False
+    for name, value in current.items():
+        if name in stored:
+            if _json(stored[name]) != _json(value):
+                return False
+        elif name not in KEYS or _json(KEYS[name].default) != _json(value):
+            return False
+    return True
+
+
+def _json(value: Any) -> str:
+    """A value in the comparable form a checkpoint stores it in (JSON)."""
+    return json.dumps(value, sort_keys=True, default=str)
 
 
 def _same(a: str, b: str) -> bool:
