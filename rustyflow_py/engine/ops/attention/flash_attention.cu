@@ -270,7 +270,7 @@ struct Drop { unsigned step, seed, stream, thresh; };
 
 // Element n of the flat (B, H, T, T) probabilities is kept iff word n % 4 of the block n / 4
 // (counter (n/4 low, n/4 high, step, 0), key (seed, stream)), shifted to its top 24 bits,
-// reaches the threshold: kernels/philox.py's dropout_bits.
+// reaches the threshold: ops/dropout/philox.py's dropout_bits.
 __device__ __forceinline__ rf_u32x4 fa_block(unsigned long long blk, const Drop& d) {
     return rf_philox4((unsigned)blk, (unsigned)(blk >> 32), d.step, 0u, d.seed, d.stream);
 }
