@@ -72,3 +72,9 @@ def test_recipe_fine_tunes_an_imported_gpt2_on_the_cpu(tmp_path: Path) -> None:
     tok = transformers.AutoTokenizer.from_pretrained(tmp_path / "out")
     line = TEXT.splitlines(keepends=True)[3]
     assert tok.encode(line) == load_gpt2(folder).encode(line).tolist()
+
+    # the fourth of the README's commands: text from the fine-tuned model
+    generated = invoke("generate", "--model", "models/gpt2-ft-cpu.npz", "--prompt",
+                       line.split()[0], "--max-tokens", "6", "--seed", "1")
+    assert generated.exit_code == 0, generated.output
+    assert "6 tokens in" in generated.output, generated.output
