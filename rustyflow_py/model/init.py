@@ -74,8 +74,7 @@ class Init:
 
 def standard_normal(xp: Any, start: int, count: int, seed: int, stream: int) -> Any:
     """N(0, 1) draws of elements start..start+count-1 of (seed, stream), float64 on `xp`'s
-    device. `start` is a multiple of 4 (whole Philox blocks) unless count is all that is
-    left of a block-aligned run."""
+    device; `start` must begin a Philox block (a multiple of 4)."""
     if start % 4:
         raise ValueError(f"start {start} is not a multiple of 4 (a Philox block)")
     first = start // 4
