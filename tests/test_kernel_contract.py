@@ -160,6 +160,8 @@ MATMUL_CASES = {  # a shape, b shape, transpose_b
     "split_rows": ((2048, 64), (64, 128), False),  # large enough for the CPU to split them
     "split_cols": ((64, 64), (64, 4096), False),
     "split_reduction": ((64, 4096), (4096, 64), False),
+    "split_few_rows": ((1, 256), (256, 4096), False),  # a decode step's product: b streamed
+    "split_few_rows_transpose_b": ((3, 256), (4096, 256), True),  # the tied LM head's
 }
 
 

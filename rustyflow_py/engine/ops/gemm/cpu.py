@@ -18,6 +18,7 @@ from .reference import GemmReference
 
 _GEMM_CHUNK = 8e6  # multiply-adds in the smallest GEMM chunk worth a BLAS call of its own
 _CHUNKS_PER_THREAD = 4  # GEMM chunks per thread: enough for the threads to even out
+_STREAMED_ROWS = 16  # below this many rows of a, a product streams b from memory: see _gemm
 
 
 class CpuGemm(GemmReference):
@@ -62,7 +63,11 @@ class CpuGemm(GemmReference):
         columns of b (a shared), or the reduction (partial products summed afterwards)."""
         m, k = a.shape
         n = b.shape[1]
-        macs = m * n * k
+        # A product of few rows (a decode step's matrix-vector products) reads each element
+        # of b for only m multiply-adds: memory, not arithmetic, is its time, and one core
+        # cannot draw a machine's memory bandwidth alone. It is weighed as the work of a
+        # _STREAMED_ROWS-row product, so a large b is cut across the threads too.
+        macs = max(m, _STREAMED_ROWS) * n * k
         cost = {"rows": k * n, "cols": m * k, "reduction": m * n}
         split = min(cost, key=cost.__getitem__)
         extent = {"rows": m, "cols": n, "reduction": k}[split]
