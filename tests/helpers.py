@@ -8,6 +8,7 @@ and the fault harness's check that a command left every file it found intact.
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import queue
 import re
@@ -17,6 +18,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -30,6 +32,24 @@ from rustyflow_py.training.config import KEYS, Config, load_config
 from rustyflow_py.training.loop import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+def load_script(path: Path, name: str | None = None, siblings: bool = False) -> ModuleType:
+    """A script of benchmarks/ or scripts/ (those folders are no packages) as a module, loaded
+    once per process and registered in sys.modules under `name` (its file's stem by default:
+    dataclasses look their module up there). `siblings` puts its folder on sys.path first, for
+    a script that imports its neighbours by name."""
+    name = name or path.stem
+    if name in sys.modules:
+        return sys.modules[name]
+    if siblings and str(path.parent) not in sys.path:
+        sys.path.insert(0, str(path.parent))
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
 STEPS_PER_EPOCH = 29  # the tiny corpus below at BATCH_SIZE 4 x SEQ_LEN 16
 
 # A memorisable corpus: 300 lines cycling through five overlapping 6-word windows.

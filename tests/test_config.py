@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import json
 import re
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import load_script
 
 from rustyflow_py.training.config import KEYS, Config, ConfigError, load_config, markdown_table
 
@@ -188,12 +188,7 @@ def test_shipped_config_env_is_in_sync_with_keys() -> None:
 
 
 def _sync_script() -> Any:
-    spec = importlib.util.spec_from_file_location("sync_config_docs",
-                                                  REPO / "scripts" / "sync_config_docs.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "scripts" / "sync_config_docs.py")
 
 
 def test_readme_key_table_is_in_sync_with_keys() -> None:

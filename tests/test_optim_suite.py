@@ -14,7 +14,6 @@
 
 from __future__ import annotations
 
-import importlib.util
 import math
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import STEPS_PER_EPOCH, make_cfg, quiet, run_interrupted
+from helpers import STEPS_PER_EPOCH, load_script, make_cfg, quiet, run_interrupted
 
 from rustyflow_py.engine.backend import get_backend, gpu_unavailable_reason
 from rustyflow_py.engine.ops.optim.muon import NS_COEFFICIENTS
@@ -697,12 +696,7 @@ def test_optimizer_steps_make_no_transfers(optimizer: str) -> None:
 
 # ---- the sample-efficiency benchmark at a tiny shape ---------------------------------------------
 def _benchmark() -> ModuleType:
-    path = REPO / "benchmarks" / "optimizers.py"
-    spec = importlib.util.spec_from_file_location("bench_optimizers", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(REPO / "benchmarks" / "optimizers.py", "bench_optimizers")
 
 
 def test_optimizer_benchmark_runs_at_a_tiny_shape(tmp_path: Path) -> None:

@@ -3,26 +3,17 @@ from each run's record, failures kept as rows."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
-from helpers import log_records
+from helpers import REPO, load_script, log_records
 
 pytestmark = pytest.mark.usefixtures("tiny_dir")
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "quality_sweep.py"
 
 
 def _sweep() -> ModuleType:
-    if "quality_sweep" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("quality_sweep", SCRIPT)
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["quality_sweep"] = module  # dataclasses look their module up there
-        spec.loader.exec_module(module)
-    return sys.modules["quality_sweep"]
+    return load_script(REPO / "benchmarks" / "quality_sweep.py")
 
 
 def test_a_sweep_tabulates_each_runs_record(capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,14 +8,12 @@ of the same inputs, so the GPU cases compare our device results with the same re
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Callable
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 import pytest
+from helpers import REPO, load_script
 
 from rustyflow_py.engine import ops
 from rustyflow_py.engine.backend import get_backend
@@ -29,17 +27,7 @@ TOL = 1e-5
 RNG = np.random.default_rng(0)
 
 
-def _reference() -> ModuleType:
-    """benchmarks/torch_gpt.py by path: the benchmarks folder is not an installed package."""
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "torch_gpt.py"
-    spec = importlib.util.spec_from_file_location("torch_gpt", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-REF = _reference()
+REF = load_script(REPO / "benchmarks" / "torch_gpt.py")  # the folder is no package
 
 
 @pytest.fixture

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import importlib.util
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
@@ -17,6 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 from conftest import DEVICES
+from helpers import load_script
 
 from rustyflow_py.engine.backend import get_backend
 from rustyflow_py.engine.cupti_trace import CuptiUnavailable
@@ -29,18 +28,9 @@ TINY = (1, 2, 16, 8, 2)  # layers, heads, embed, seq_len, batch
 
 
 def _load(name: str) -> ModuleType:
-    """A benchmarks/ script by name (the folder is no package; vs_pytorch imports its
-    siblings by their names, so they are the same modules here)."""
-    if str(BENCH) not in sys.path:
-        sys.path.insert(0, str(BENCH))
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, BENCH / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
+    """A benchmarks/ script by name (vs_pytorch imports its siblings by their names, so they
+    are the same modules here)."""
+    return load_script(BENCH / f"{name}.py", siblings=True)
 
 
 vs = _load("vs_pytorch")
