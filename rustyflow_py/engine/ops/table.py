@@ -67,11 +67,11 @@ class Family:
         if name == "_set":  # not made yet: nothing to delegate to
             raise AttributeError(name)
         value = getattr(self._set, name)
-        # A set's attributes are fixed once made (the policy's, read at creation; its methods
-        # and dispatchers; handles, made once), so a value found is kept here and the next
-        # access skips this lookup. None is a handle not made yet: asked for again each time.
-        if value is not None:
-            setattr(self, name, value)
+        # A set's public attributes are fixed once made (the policy's, read at creation; its
+        # methods and dispatchers), so a value found is kept here and the next access skips
+        # this lookup. What a set makes lazily (a thread pool, a cuBLASLt handle) stays
+        # private to it, reached through its methods (`_parallel`, `_lt`).
+        setattr(self, name, value)
         return value
 
 
@@ -129,11 +129,12 @@ def _dtype_of(args: tuple[Any, ...]) -> Any:
 class _Dispatch:
     """backend.kernels.<op>: the call looked up by its first array's dtype (then cached)."""
 
-    __slots__ = ("_cache", "_op", "_set")
+    __slots__ = ("_cache", "_found", "_op", "_set")
 
     def __init__(self, kernels: KernelSet, op: str) -> None:
         self._set, self._op = kernels, op
-        self._cache: dict[Any, Callable[..., Any]] = {}
+        self._cache: dict[Any, Callable[..., Any]] = {}  # by the first argument's dtype
+        self._found: dict[Any, Callable[..., Any]] = {}  # by the dtype _dtype_of finds
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:  # the usual call: an array first, its dtype seen before
@@ -143,11 +144,16 @@ class _Dispatch:
         return fn(*args, **kwargs)
 
     def _resolve(self, args: tuple[Any, ...]) -> Callable[..., Any]:
-        """The kernel for these arguments from the table, cached by the first argument's
-        dtype when it has one (then it is the first array's)."""
+        """The kernel for these arguments' dtype (the first array's, or None), from the
+        table the first time. The fast path in __call__ keys on the first argument's dtype,
+        so a call whose first argument is an array is entered under its dtype; the rest (a
+        state tuple, a dtype asked about) come here each time, found by the dtype searched."""
         dtype = _dtype_of(args)
-        name = ANY if dtype is None else str(getattr(dtype, "name", dtype))
-        fn = getattr(self._set.family(lookup(self._op, self._set.kind, name)), self._op)
+        fn = self._found.get(dtype)
+        if fn is None:
+            name = ANY if dtype is None else str(getattr(dtype, "name", dtype))
+            fn = getattr(self._set.family(lookup(self._op, self._set.kind, name)), self._op)
+            self._found[dtype] = fn
         first = getattr(args[0], "dtype", None) if args else None
         if first is not None and first is dtype:
             self._cache[first] = fn
