@@ -29,7 +29,7 @@ OPS = Path(ops.__file__).resolve().parent
 CUDA_C = re.compile(r'__global__|__device__|__shared__|extern "C"|__syncthreads|\btypedef\b'
                     r"|\(T\)|^\s*#\s*(include|define|if|pragma)\b", re.MULTILINE)
 # An ElementwiseKernel's operation: one call of a .cu file's device function, nothing more.
-ONE_CALL = re.compile(r"^(\w+ = )?rf_\w+(<T>)?\([\w, ]*\)$")
+ONE_CALL = re.compile(r"^(\w+ = )?rf_\w+(<[\w, ]+>)?\([\w, ]*\)$")
 # Where the operation is among the arguments of cupy.ElementwiseKernel, cuda_build.elementwise
 # and its alias in optim/cuda.py.
 OPERATION_ARG = {"ElementwiseKernel": 2, "elementwise": 3, "ew": 3}

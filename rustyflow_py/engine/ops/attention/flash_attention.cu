@@ -131,32 +131,29 @@ __device__ __forceinline__ FragA load_a(const real* s, int r0, int c0) {
     return a;
 }
 
-// B of n-tiles n0..n0+7 (b[0]) and n0+8..n0+15 (b[1]), k k0..k0+15, of tile s ([n][k]).
-__device__ __forceinline__ void load_b2(FragB (&b)[2], const real* s, int n0, int k0) {
-    const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-            const float2 x = ld64(s, n0 + 8 * j + g, k0 + 8 * h + 2 * t);
-            b[j].r[2 * h + 0] = to_tf32(x.x);  // b0: n g, kappa t     = k 2t
-            b[j].r[2 * h + 1] = to_tf32(x.y);  // b1: n g, kappa t + 4 = k 2t + 1
-        }
-    }
-}
-
-// The same B fragments of tile s stored [k][n]: k k0..k0+15 are rows, n0..n0+15 columns.
-__device__ __forceinline__ void load_bt2(FragB (&b)[2], const real* s, int k0, int n0) {
+// B of n-tiles n0..n0+7 (b[0]) and n0+8..n0+15 (b[1]), k k0..k0+15, of tile s: stored
+// [n][k] (load_b2), or [k][n] (load_bt2: k k0..k0+15 are rows, n0..n0+15 columns).
+template <bool KN>
+__device__ __forceinline__ void load_b2_tf32(FragB (&b)[2], const real* s, int n0, int k0) {
     const int lane = threadIdx.x & 31, g = lane >> 2, t = lane & 3;
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
             const int k = k0 + 8 * h + 2 * t, n = n0 + 8 * j + g;
-            b[j].r[2 * h + 0] = to_tf32(s[tile_at(k, n)]);
-            b[j].r[2 * h + 1] = to_tf32(s[tile_at(k + 1, n)]);
+            float2 x;
+            if constexpr (KN) x = make_float2(s[tile_at(k, n)], s[tile_at(k + 1, n)]);
+            else x = ld64(s, n, k);
+            b[j].r[2 * h + 0] = to_tf32(x.x);  // b0: n g, kappa t     = k 2t
+            b[j].r[2 * h + 1] = to_tf32(x.y);  // b1: n g, kappa t + 4 = k 2t + 1
         }
     }
+}
+__device__ __forceinline__ void load_b2(FragB (&b)[2], const real* s, int n0, int k0) {
+    load_b2_tf32<false>(b, s, n0, k0);
+}
+__device__ __forceinline__ void load_bt2(FragB (&b)[2], const real* s, int k0, int n0) {
+    load_b2_tf32<true>(b, s, n0, k0);
 }
 
 // The A fragment of C tiles c0 (columns 0..7 become k 0..7) and c1 (columns 8..15).
@@ -421,22 +418,61 @@ __device__ __forceinline__ void mask_tile(float (&s)[NNT][4], int row_a, int col
     }
 }
 
-// c[0], c[1] (n-tiles n0, n0 + 8) += a times B (k k0..k0+15) read from tile s stored [n][k]
-__device__ __forceinline__ void mma2_nk(float (*c)[4], const FragA& a, const real* s, int n0,
-                                        int k0) {
+// c[0], c[1] (n-tiles n0, n0 + 8) += a times B (k k0..k0+15) read from tile s, stored [n][k]
+// or, KN, [k][n].
+template <bool KN>
+__device__ __forceinline__ void mma2(float (*c)[4], const FragA& a, const real* s, int n0,
+                                     int k0) {
     FragB b[2];
-    load_b2(b, s, n0, k0);
+    if constexpr (KN) load_bt2(b, s, k0, n0);
+    else load_b2(b, s, n0, k0);
     mma16(c[0], a, b[0]);
     mma16(c[1], a, b[1]);
 }
 
-// The same with B read from tile s stored [k][n].
-__device__ __forceinline__ void mma2_kn(float (*c)[4], const FragA& a, const real* s, int k0,
-                                        int n0) {
-    FragB b[2];
-    load_bt2(b, s, k0, n0);
-    mma16(c[0], a, b[0]);
-    mma16(c[1], a, b[1]);
+// Where a lane of fa_fwd and fa_bwd_dq works: query tile qt (blocks run the longest rows
+// first) of head bh = blockIdx.y. It holds rows row_a = qt BM + 16 warp + g (C elements 0,
+// 1) and row_b = row_a + 8 (2, 3) of its warp's 16, and in each 8-wide n-tile the columns
+// 2t, 2t + 1.
+struct QueryLane {
+    int warp, t, qt, row_a, row_b;
+    long long bh;
+};
+__device__ __forceinline__ QueryLane query_lane() {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int qt = gridDim.x - 1 - blockIdx.x, row_a = qt * BM + warp * 16 + (lane >> 2);
+    return {warp, lane & 3, qt, row_a, row_a + 8, (long long)blockIdx.y};
+}
+
+// The key-tile loop of fa_fwd and fa_bwd_dq: key tiles 0..qt of a head's k and v (row
+// stride st) through the stages at KV (see stage_ready), body(kt, Ks, Vs) on each.
+template <typename Body>
+__device__ __forceinline__ void over_key_tiles(real* KV, const real* k, const real* v,
+                                               long long st, int qt, int T, Body&& body) {
+    for (int kt = 0; kt <= qt; ++kt) {
+        const auto copy_next = [&] {
+            load_tiles(KV + (kt + 1) % STAGES * 2 * TILE, k, st, v, st, (kt + 1) * BN, T);
+        };
+        if (STAGES == 2 && kt < qt) copy_next();
+        stage_ready();
+        const real* Ks = KV + kt % STAGES * 2 * TILE;
+        body(kt, Ks, Ks + TILE);
+        __syncthreads();
+        if (STAGES == 1 && kt < qt) copy_next();
+    }
+}
+
+// Rows row_a and row_a + 8 (those < T) of a warp's 16 x HEAD_DIM C tiles acc, the lane's
+// columns 2t, 2t + 1 of each n-tile, times sa and sb, into dst (row stride st).
+__device__ __forceinline__ void store_rows(real* dst, long long st, const float (&acc)[DNT][4],
+                                           int row_a, int t, int T, float sa, float sb) {
+#pragma unroll
+    for (int nt = 0; nt < DNT; ++nt) {
+        const int col = nt * 8 + 2 * t;
+        if (row_a < T) store2(dst + row_a * st + col, acc[nt][0] * sa, acc[nt][1] * sa);
+        if (row_a + 8 < T)
+            store2(dst + (row_a + 8) * st + col, acc[nt][2] * sb, acc[nt][3] * sb);
+    }
 }
 
 // O and lse of query tile qt (blocks run the longest rows first) of head bh = blockIdx.y.
@@ -449,51 +485,40 @@ fa_fwd(const real* __restrict__ q, const real* __restrict__ k, const real* __res
        long long qsh, long long qst, long long osb, long long osh, long long ost, float scale,
        const int* __restrict__ step, unsigned seed, unsigned stream, unsigned thresh,
        float inv_keep) {
+    const QueryLane r = query_lane();
+    const long long qoff = head_offset(H, qsb, qsh), ooff = head_offset(H, osb, osh);
     real* Qs = reinterpret_cast<real*>(fa_smem);  // this block's queries
     real* KV = Qs + TILE;  // stage s: a tile of keys at KV + 2s TILE, its values after it
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
-    const int qt = gridDim.x - 1 - blockIdx.x;
-    const long long bh = blockIdx.y;
-    const long long qoff = head_offset(H, qsb, qsh), ooff = head_offset(H, osb, osh);
-    const int row_a = qt * BM + warp * 16 + (lane >> 2), row_b = row_a + 8;
 #if FA_DROPOUT
     const Drop dr = {(unsigned)step[0], seed, stream, thresh};
-    const long long base_a = (bh * T + row_a) * (long long)T, base_b = base_a + 8LL * T;
+    const long long base_a = (r.bh * T + r.row_a) * (long long)T, base_b = base_a + 8LL * T;
 #endif
-    load_tile(Qs, q + qoff, qt * BM, T, qst);
+    load_tile(Qs, q + qoff, r.qt * BM, T, qst);
     load_tiles(KV, k + qoff, qst, v + qoff, qst, 0, T);
     cp_async_commit();
 
     float acc[DNT][4] = {};  // O of rows a, b (unnormalised)
     float m_a = NEG_INF, m_b = NEG_INF, l_a = 0.f, l_b = 0.f;  // running max (log2), sum
     const float sl2 = scale * LOG2E;  // scores in log2 units: exp(x) = exp2(x log2 e)
-    for (int kt = 0; kt <= qt; ++kt) {
-        const auto copy_next = [&] {
-            load_tiles(KV + (kt + 1) % STAGES * 2 * TILE, k + qoff, qst, v + qoff, qst,
-                       (kt + 1) * BN, T);
-        };
-        if (STAGES == 2 && kt < qt) copy_next();
-        stage_ready();
-        const real* Ks = KV + kt % STAGES * 2 * TILE;
-        const real* Vs = Ks + TILE;
-
+    over_key_tiles(KV, k + qoff, v + qoff, qst, r.qt, T, [&](int kt, const real* Ks,
+                                                          const real* Vs) {
         float s[NNT][4] = {};  // S = Q K^T: 16 rows x 64 keys per warp
 #pragma unroll
         for (int c = 0; c < DCH; ++c) {
-            const FragA a = load_a(Qs, warp * 16, 16 * c);
+            const FragA a = load_a(Qs, r.warp * 16, 16 * c);
 #pragma unroll
-            for (int nt = 0; nt < NNT; nt += 2) mma2_nk(s + nt, a, Ks, nt * 8, 16 * c);
+            for (int nt = 0; nt < NNT; nt += 2) mma2<false>(s + nt, a, Ks, nt * 8, 16 * c);
         }
 
         // Causal mask on the diagonal tile only (every row sees key kt * BN, so no row of a
         // tile is all -inf and the running max is finite from the first tile on).
-        const int col0 = kt * BN + 2 * t;
+        const int col0 = kt * BN + 2 * r.t;
 #pragma unroll
         for (int nt = 0; nt < NNT; ++nt) {
 #pragma unroll
             for (int e = 0; e < 4; ++e) s[nt][e] *= sl2;
         }
-        if (kt == qt) mask_tile<false>(s, row_a, col0, T, NEG_INF);
+        if (kt == r.qt) mask_tile<false>(s, r.row_a, col0, T, NEG_INF);
         float mx_a = NEG_INF, mx_b = NEG_INF;
 #pragma unroll
         for (int nt = 0; nt < NNT; ++nt) {
@@ -541,28 +566,19 @@ fa_fwd(const real* __restrict__ q, const real* __restrict__ k, const real* __res
         for (int kk = 0; kk < KCH; ++kk) {
             const FragA p = c_to_a(s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
-            for (int nt = 0; nt < DNT; nt += 2) mma2_kn(acc + nt, p, Vs, 16 * kk, nt * 8);
+            for (int nt = 0; nt < DNT; nt += 2) mma2<true>(acc + nt, p, Vs, nt * 8, 16 * kk);
         }
-        __syncthreads();
-        if (STAGES == 1 && kt < qt) copy_next();
-    }
+    });
 
     l_a += __shfl_xor_sync(FULL, l_a, 1);
     l_a += __shfl_xor_sync(FULL, l_a, 2);
     l_b += __shfl_xor_sync(FULL, l_b, 1);
     l_b += __shfl_xor_sync(FULL, l_b, 2);
     const float inv_a = 1.f / l_a, inv_b = 1.f / l_b;
-#pragma unroll
-    for (int nt = 0; nt < DNT; ++nt) {
-        const int col = nt * 8 + 2 * t;
-        if (row_a < T)
-            store2(o + ooff + row_a * ost + col, acc[nt][0] * inv_a, acc[nt][1] * inv_a);
-        if (row_b < T)
-            store2(o + ooff + row_b * ost + col, acc[nt][2] * inv_b, acc[nt][3] * inv_b);
-    }
-    if (t == 0) {
-        if (row_a < T) lse[bh * T + row_a] = (m_a + log2f(l_a)) * LN2;
-        if (row_b < T) lse[bh * T + row_b] = (m_b + log2f(l_b)) * LN2;
+    store_rows(o + ooff, ost, acc, r.row_a, r.t, T, inv_a, inv_b);
+    if (r.t == 0) {
+        if (r.row_a < T) lse[r.bh * T + r.row_a] = (m_a + log2f(l_a)) * LN2;
+        if (r.row_b < T) lse[r.bh * T + r.row_b] = (m_b + log2f(l_b)) * LN2;
     }
 }
 // 8 consecutive elements from p (16-byte aligned) as floats.
@@ -624,57 +640,46 @@ fa_bwd_dq(const real* __restrict__ q, const real* __restrict__ k, const real* __
           long long qsh, long long qst, long long osb, long long osh, long long ost,
           float scale, const int* __restrict__ step, unsigned seed, unsigned stream,
           unsigned thresh, float inv_keep) {
+    const QueryLane r = query_lane();
+    const long long qoff = head_offset(H, qsb, qsh), ooff = head_offset(H, osb, osh);
     real* Qs = reinterpret_cast<real*>(fa_smem);  // this block's queries
     real* Gs = Qs + TILE;                          // their dO
     real* KV = Gs + TILE;  // stage s: a tile of keys at KV + 2s TILE, its values after it
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, t = lane & 3;
-    const int qt = gridDim.x - 1 - blockIdx.x;
-    const long long bh = blockIdx.y;
-    const long long qoff = head_offset(H, qsb, qsh), ooff = head_offset(H, osb, osh);
-    const int row_a = qt * BM + warp * 16 + (lane >> 2), row_b = row_a + 8;
 #if FA_DROPOUT
     const Drop dr = {(unsigned)step[0], seed, stream, thresh};
-    const long long base_a = (bh * T + row_a) * (long long)T, base_b = base_a + 8LL * T;
+    const long long base_a = (r.bh * T + r.row_a) * (long long)T, base_b = base_a + 8LL * T;
 #endif
-    load_tiles(Qs, q + qoff, qst, dout + ooff, ost, qt * BM, T);  // Qs, Gs
+    load_tiles(Qs, q + qoff, qst, dout + ooff, ost, r.qt * BM, T);  // Qs, Gs
     load_tiles(KV, k + qoff, qst, v + qoff, qst, 0, T);
     cp_async_commit();
     // padded rows (>= T) have Q = dO = 0; their stats are set to 0 and their dQ not stored
-    const float lse_a = row_a < T ? lse[bh * T + row_a] * LOG2E : 0.f;
-    const float lse_b = row_b < T ? lse[bh * T + row_b] * LOG2E : 0.f;
-    const float d_a = row_a < T ? dd[bh * T + row_a] : 0.f;
-    const float d_b = row_b < T ? dd[bh * T + row_b] : 0.f;
+    const float lse_a = r.row_a < T ? lse[r.bh * T + r.row_a] * LOG2E : 0.f;
+    const float lse_b = r.row_b < T ? lse[r.bh * T + r.row_b] * LOG2E : 0.f;
+    const float d_a = r.row_a < T ? dd[r.bh * T + r.row_a] : 0.f;
+    const float d_b = r.row_b < T ? dd[r.bh * T + r.row_b] : 0.f;
 
     float acc[DNT][4] = {};  // dQ of rows a, b
     const float sl2 = scale * LOG2E;
-    for (int kt = 0; kt <= qt; ++kt) {
-        const auto copy_next = [&] {
-            load_tiles(KV + (kt + 1) % STAGES * 2 * TILE, k + qoff, qst, v + qoff, qst,
-                       (kt + 1) * BN, T);
-        };
-        if (STAGES == 2 && kt < qt) copy_next();
-        stage_ready();
-        const real* Ks = KV + kt % STAGES * 2 * TILE;
-        const real* Vs = Ks + TILE;
-
+    over_key_tiles(KV, k + qoff, v + qoff, qst, r.qt, T, [&](int kt, const real* Ks,
+                                                          const real* Vs) {
         float s[NNT][4] = {}, dp[NNT][4] = {};  // S = Q K^T, dP = dO V^T (16 x 64 per warp)
 #pragma unroll
         for (int c = 0; c < DCH; ++c) {
-            const FragA a = load_a(Qs, warp * 16, 16 * c), b = load_a(Gs, warp * 16, 16 * c);
+            const FragA a = load_a(Qs, r.warp * 16, 16 * c), b = load_a(Gs, r.warp * 16, 16 * c);
 #pragma unroll
             for (int nt = 0; nt < NNT; nt += 2) {
-                mma2_nk(s + nt, a, Ks, nt * 8, 16 * c);
-                mma2_nk(dp + nt, b, Vs, nt * 8, 16 * c);
+                mma2<false>(s + nt, a, Ks, nt * 8, 16 * c);
+                mma2<false>(dp + nt, b, Vs, nt * 8, 16 * c);
             }
         }
-        const int col0 = kt * BN + 2 * t;
+        const int col0 = kt * BN + 2 * r.t;
 #pragma unroll
         for (int nt = 0; nt < NNT; ++nt) {  // P
 #pragma unroll
             for (int e = 0; e < 4; ++e)
                 s[nt][e] = exp2f(s[nt][e] * sl2 - (e < 2 ? lse_a : lse_b));
         }
-        if (kt == qt) mask_tile<false>(s, row_a, col0, T, 0.f);
+        if (kt == r.qt) mask_tile<false>(s, r.row_a, col0, T, 0.f);
 #pragma unroll
         for (int nt = 0; nt < NNT; ++nt) {
             bool kp[4] = {true, true, true, true};
@@ -693,17 +698,10 @@ fa_bwd_dq(const real* __restrict__ q, const real* __restrict__ k, const real* __
         for (int kk = 0; kk < KCH; ++kk) {
             const FragA a = c_to_a(s[2 * kk], s[2 * kk + 1]);
 #pragma unroll
-            for (int nt = 0; nt < DNT; nt += 2) mma2_kn(acc + nt, a, Ks, 16 * kk, nt * 8);
+            for (int nt = 0; nt < DNT; nt += 2) mma2<true>(acc + nt, a, Ks, nt * 8, 16 * kk);
         }
-        __syncthreads();
-        if (STAGES == 1 && kt < qt) copy_next();
-    }
-#pragma unroll
-    for (int nt = 0; nt < DNT; ++nt) {
-        const int col = nt * 8 + 2 * t;
-        if (row_a < T) store2(dq + qoff + row_a * qst + col, acc[nt][0], acc[nt][1]);
-        if (row_b < T) store2(dq + qoff + row_b * qst + col, acc[nt][2], acc[nt][3]);
-    }
+    });
+    store_rows(dq + qoff, qst, acc, r.row_a, r.t, T, 1.f, 1.f);
 }
 
 // A stage of fa_bwd_dkdv: query rows row0..row0+63 of q and dO (row strides qst, ost) into
@@ -771,8 +769,8 @@ fa_bwd_dkdv(const real* __restrict__ q, const real* __restrict__ k,
             const FragA a = load_a(Ks, warp * 16, 16 * c), b = load_a(Vs, warp * 16, 16 * c);
 #pragma unroll
             for (int nt = 0; nt < NNT; nt += 2) {
-                mma2_nk(st + nt, a, Qs, nt * 8, 16 * c);
-                mma2_nk(dpt + nt, b, Gs, nt * 8, 16 * c);
+                mma2<false>(st + nt, a, Qs, nt * 8, 16 * c);
+                mma2<false>(dpt + nt, b, Gs, nt * 8, 16 * c);
             }
         }
 #pragma unroll
@@ -809,8 +807,8 @@ fa_bwd_dkdv(const real* __restrict__ q, const real* __restrict__ k,
             const FragA da = c_to_a(dpt[2 * kk], dpt[2 * kk + 1]);
 #pragma unroll
             for (int nt = 0; nt < DNT; nt += 2) {
-                mma2_kn(dv_acc + nt, pa, Gs, 16 * kk, nt * 8);
-                mma2_kn(dk_acc + nt, da, Qs, 16 * kk, nt * 8);
+                mma2<true>(dv_acc + nt, pa, Gs, nt * 8, 16 * kk);
+                mma2<true>(dk_acc + nt, da, Qs, nt * 8, 16 * kk);
             }
         }
         __syncthreads();

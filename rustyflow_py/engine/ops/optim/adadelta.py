@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from .. import cuda_build
-from .common import CpuOptimizerFamily, CudaOptimizerFamily, OptimizerFamily
+from .common import CpuOptimizerFamily, CudaOptimizerFamily, OptimizerFamily, blocked
 
 _SRC = cuda_build.source(__file__, "adadelta.cu")
 
@@ -39,12 +39,7 @@ class AdadeltaReference(OptimizerFamily):
 
 
 class CpuAdadelta(AdadeltaReference, CpuOptimizerFamily):
-    def adadelta(
-        self, p: Any, g: Any, square_avg: Any, acc_delta: Any, lr: Any, scale: Any,
-        rho: float, eps: float, weight_decay: float, decay_size: int,
-    ) -> None:
-        self._by_blocks(AdadeltaReference.adadelta, (p, g, square_avg, acc_delta), lr, scale,
-                        rho, eps, weight_decay, decay_size)
+    adadelta = blocked(AdadeltaReference.adadelta, 4)
 
 
 class CudaAdadelta(AdadeltaReference, CudaOptimizerFamily):

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from .. import cuda_build
-from .common import CpuOptimizerFamily, CudaOptimizerFamily, OptimizerFamily
+from .common import CpuOptimizerFamily, CudaOptimizerFamily, OptimizerFamily, blocked
 
 _SRC = cuda_build.source(__file__, "adagrad.cu")
 
@@ -33,12 +33,7 @@ class AdagradReference(OptimizerFamily):
 
 
 class CpuAdagrad(AdagradReference, CpuOptimizerFamily):
-    def adagrad(
-        self, p: Any, g: Any, state_sum: Any, lr: Any, scale: Any, eps: float,
-        weight_decay: float, decay_size: int,
-    ) -> None:
-        self._by_blocks(AdagradReference.adagrad, (p, g, state_sum), lr, scale, eps, weight_decay,
-                        decay_size)
+    adagrad = blocked(AdagradReference.adagrad, 3)
 
 
 class CudaAdagrad(AdagradReference, CudaOptimizerFamily):

@@ -1,5 +1,6 @@
 """AdamW (decoupled weight decay, PyTorch's order) and Adam (weight decay as an L2 term of
-the gradient): one formulation with two ways of decaying (adamw.cu, adam.cu on the GPU)."""
+the gradient): one formulation with two ways of decaying (adam.cu's one template on the
+GPU)."""
 
 from __future__ import annotations
 
@@ -12,8 +13,7 @@ from .. import cuda_build
 from ..cpu_pool import BLOCK, Blocks
 from .common import CudaOptimizerFamily, OptimizerFamily, bias_correction
 
-_ADAMW = cuda_build.source(__file__, "adamw.cu")
-_ADAM = cuda_build.source(__file__, "adam.cu")
+_SRC = cuda_build.source(__file__, "adam.cu")
 _PARAMS = ("T g, float32 lr, int32 step, float32 scale, float32 c1, float32 c2, "
            "float32 lb1, float32 lb2, float32 eps, float32 wd, int64 decay")
 _ARGS = "i, g, lr, step, scale, c1, c2, lb1, lb2, eps, wd, decay, p, m, v"
@@ -21,13 +21,11 @@ _ARGS = "i, g, lr, step, scale, c1, c2, lb1, lb2, eps, wd, decay, p, m, v"
 
 @functools.cache
 def _kernels() -> dict[str, Any]:
-    """One ElementwiseKernel per update, each calling its .cu file's device function."""
-    return {
-        "adamw": cuda_build.elementwise(_ADAMW, _PARAMS, "T p, T m, T v",
-                                        f"rf_adamw_update({_ARGS})", "rf_adamw"),
-        "adam": cuda_build.elementwise(_ADAM, _PARAMS, "T p, T m, T v",
-                                       f"rf_adam_update({_ARGS})", "rf_adam"),
-    }
+    """One ElementwiseKernel per update, each calling adam.cu's device function with its
+    way of decaying (L2 = true for Adam)."""
+    return {name: cuda_build.elementwise(_SRC, _PARAMS, "T p, T m, T v",
+                                         f"rf_adam_update<{l2}>({_ARGS})", f"rf_{name}")
+            for name, l2 in (("adamw", "false"), ("adam", "true"))}
 
 
 class AdamReference(OptimizerFamily):
@@ -140,7 +138,7 @@ class CudaAdam(AdamReference, CudaOptimizerFamily):
     def _update(self, name: str, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any,
                 scale: Any, betas: tuple[float, float], eps: float, weight_decay: float,
                 decay_size: int) -> None:
-        """One launch of adamw.cu's or adam.cu's kernel (they take the same arguments)."""
+        """One launch of adam.cu's kernel for AdamW or Adam (they take the same arguments)."""
         f32 = np.float32
         _kernels()[name](
             g, lr, step, self._scale(scale), *self._betas(betas), f32(eps), f32(weight_decay),

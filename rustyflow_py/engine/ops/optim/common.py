@@ -10,7 +10,9 @@ leave parameters and state untouched.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -71,6 +73,18 @@ class CpuOptimizerFamily(OptimizerFamily):
                        max(0, min(decay_size - i, j - i)))
 
         self._parallel(worker, n, BLOCK, n)
+
+
+def blocked(reference: Callable[..., None], arrays: int) -> Callable[..., None]:
+    """A CPU family's update: `reference`, the reference class's method of the same
+    arguments, run by `_by_blocks` over cache blocks of its first `arrays` arguments (the
+    flat buffers; None stays None). The signature and docs are the reference's."""
+
+    @functools.wraps(reference)
+    def update(self: CpuOptimizerFamily, *args: Any) -> None:
+        self._by_blocks(reference, args[:arrays], *args[arrays:])
+
+    return update
 
 
 class CudaOptimizerFamily(OptimizerFamily):

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from .. import cuda_build
-from .common import CpuOptimizerFamily, CudaOptimizerFamily, OptimizerFamily
+from .common import CpuOptimizerFamily, CudaOptimizerFamily, OptimizerFamily, blocked
 
 _SRC = cuda_build.source(__file__, "rmsprop.cu")
 
@@ -17,15 +17,16 @@ _SRC = cuda_build.source(__file__, "rmsprop.cu")
 @functools.cache
 def _rmsprop(centered: bool, with_momentum: bool) -> Any:
     """RMSprop's kernel for one variant: the centered average and the momentum buffer are
-    outputs only when in use (rmsprop.cu has a function per variant)."""
+    outputs only when in use (the square average stands in for the others: a variant never
+    touches what it does not use)."""
     outs = "T p, T sq" + (", T ga" if centered else "") + (", T buf" if with_momentum else "")
-    variant = {(False, False): "plain", (True, False): "centered",
-               (False, True): "momentum", (True, True): "centered_momentum"}
+    ga, buf = ("ga" if centered else "sq"), ("buf" if with_momentum else "sq")
+    flags = f"{str(centered).lower()}, {str(with_momentum).lower()}"
     return cuda_build.elementwise(
         _SRC, "T g, float32 lr, float32 scale, float32 alpha, float32 calpha, "
         "float32 eps, float32 mu, float32 wd, int64 decay", outs,
-        f"rf_rmsprop_{variant[centered, with_momentum]}(i, g, lr, scale, alpha, calpha, eps, "
-        f"mu, wd, decay, {outs.replace('T ', '')})",
+        f"rf_rmsprop_update<{flags}>(i, g, lr, scale, alpha, calpha, eps, mu, wd, decay, p, "
+        f"sq, {ga}, {buf})",
         f"rf_rmsprop_{int(centered)}{int(with_momentum)}")
 
 
@@ -54,14 +55,7 @@ class RmspropReference(OptimizerFamily):
 
 
 class CpuRmsprop(RmspropReference, CpuOptimizerFamily):
-    def rmsprop(
-        self, p: Any, g: Any, square_avg: Any, grad_avg: Any, momentum_buffer: Any, lr: Any,
-        scale: Any, alpha: float, eps: float, momentum: float, weight_decay: float,
-        decay_size: int,
-    ) -> None:
-        self._by_blocks(RmspropReference.rmsprop,
-                        (p, g, square_avg, grad_avg, momentum_buffer), lr, scale, alpha, eps,
-                        momentum, weight_decay, decay_size)
+    rmsprop = blocked(RmspropReference.rmsprop, 5)
 
 
 class CudaRmsprop(RmspropReference, CudaOptimizerFamily):

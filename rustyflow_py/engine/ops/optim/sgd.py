@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 
 from .. import cuda_build
-from .common import CpuOptimizerFamily, CudaOptimizerFamily, OptimizerFamily
+from .common import CpuOptimizerFamily, CudaOptimizerFamily, OptimizerFamily, blocked
 
 _SRC = cuda_build.source(__file__, "sgd.cu")
 
@@ -37,12 +37,7 @@ class SgdReference(OptimizerFamily):
 
 
 class CpuSgd(SgdReference, CpuOptimizerFamily):
-    def sgd(
-        self, p: Any, g: Any, velocity: Any, lr: Any, scale: Any, momentum: float,
-        nesterov: bool, weight_decay: float, decay_size: int,
-    ) -> None:
-        self._by_blocks(SgdReference.sgd, (p, g, velocity), lr, scale, momentum, nesterov,
-                        weight_decay, decay_size)
+    sgd = blocked(SgdReference.sgd, 3)
 
 
 class CudaSgd(SgdReference, CudaOptimizerFamily):
