@@ -96,9 +96,11 @@ def read(path: Path) -> str:
     return _INCLUDE.sub(inline, Path(path).read_text())
 
 
+@functools.cache
 def dtype_defines(dtype: Any) -> tuple[str, ...]:
     """The -D options that make `real` the storage dtype and `acc` its accumulation type
-    (cuda_include/types.cuh); bfloat16 is looked up by name, so no ml_dtypes is needed."""
+    (cuda_include/types.cuh); bfloat16 is looked up by name, so no ml_dtypes is needed.
+    Cached: `typed` asks on every launch, and a dtype's name is a slow NumPy property."""
     dtype = np.dtype(dtype)
     real, header = _REAL[dtype.name]
     acc = "double" if accumulate_dtype(dtype) == np.float64 else "float"
