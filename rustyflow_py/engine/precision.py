@@ -87,6 +87,18 @@ def bfloat16() -> np.dtype:
     return np.dtype(ml_dtypes.bfloat16)
 
 
+_NAMES: dict[Any, str] = {}
+
+
+def dtype_name(dtype: Any) -> str:
+    """`np.dtype(dtype).name`, kept per dtype: NumPy builds a dtype's name in Python (a dozen
+    calls) on every access, and the GEMM and attention launchers ask for it on every call."""
+    name = _NAMES.get(dtype)
+    if name is None:
+        name = _NAMES[dtype] = np.dtype(dtype).name
+    return name
+
+
 def is_16bit(dtype: Any) -> bool:
     """Whether a float dtype is one of the 16-bit types (float16, bfloat16), which kernels
     load and store as is but compute and accumulate in float32."""

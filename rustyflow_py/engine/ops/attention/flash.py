@@ -54,6 +54,7 @@ from typing import Any
 
 import numpy as np
 
+from ...precision import dtype_name
 from .. import cuda_build
 from ..dropout.philox import keep_threshold
 
@@ -170,7 +171,7 @@ def flash_attention_backward(q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any, 
 # ---- launch plumbing ---------------------------------------------------------------------------
 def _dtype_name(dtype: Any) -> str | None:
     try:
-        name = np.dtype(dtype).name
+        name = dtype_name(dtype)
     except TypeError:
         return None
     return name if name in _REAL else None

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 
-from ...precision import MatmulCompute
+from ...precision import MatmulCompute, dtype_name
 
 _OP_N, _OP_T = 0, 1
 # The cudaDataType of each operand dtype (A, B and C share it): CUDA_R_32F, _64F, _16F,
@@ -122,7 +122,7 @@ class Cublas:
         into `out` (C-contiguous, the result's shape and dtype) when given.
 
         strict=True keeps full fp32 even when TF32 is on (for reductions written as GEMMs)."""
-        if a.dtype != b.dtype or a.dtype.name not in _CUDA_TYPES:
+        if a.dtype != b.dtype or dtype_name(a.dtype) not in _CUDA_TYPES:
             return self.xp.matmul(a, b, out=out)
         if a.ndim > 2 and b.ndim > 2 and a.shape[:-2] != b.shape[:-2]:
             return self.xp.matmul(a, b, out=out)
@@ -145,7 +145,7 @@ class Cublas:
         b, stride_b = self._batch_stride(b)
         a, op_a, lda = self._operand(a)
         b, op_b, ldb = self._operand(b)
-        dtype = _CUDA_TYPES[a.dtype.name]
+        dtype = _CUDA_TYPES[dtype_name(a.dtype)]
         double = a.dtype == np.float64
         tf32 = self.matmul_compute == "tf32" and a.dtype == np.float32 and not strict
         # 16-bit operands accumulate in fp32 (COMPUTE_32F, fp32 alpha and beta)

@@ -54,7 +54,7 @@ from typing import Any
 
 import numpy as np
 
-from ...precision import MatmulCompute
+from ...precision import MatmulCompute, dtype_name
 
 # ---- C enum values (cublasLt.h, cublas_api.h, library_types.h; CUDA 12.x and 13.x agree) ----
 # cublasOperation_t
@@ -301,7 +301,7 @@ def _dtype(what: str, *arrays: Any) -> Any:
     dtype = arrays[0].dtype
     if any(a.dtype != dtype for a in arrays):
         raise CublasLtUnsupported(f"{what}: mixed dtypes {[str(a.dtype) for a in arrays]}")
-    if dtype.name not in CUDA_TYPES:
+    if dtype_name(dtype) not in CUDA_TYPES:
         raise CublasLtUnsupported(f"{what}: dtype {dtype} is not float32, float16 or "
                                   "bfloat16")
     return dtype
@@ -316,7 +316,7 @@ def _out_dtype(what: str, in_dtype: Any, out_dtype: Any, *outs: Any) -> Any:
     if len(given) > 1:
         raise CublasLtUnsupported(f"{what}: output dtypes disagree: {sorted(map(str, given))}")
     dtype = given.pop() if given else in_dtype
-    if dtype != in_dtype and not (dtype.name == "float32" and in_dtype.itemsize == 2):
+    if dtype != in_dtype and not (dtype_name(dtype) == "float32" and in_dtype.itemsize == 2):
         raise CublasLtUnsupported(f"{what}: {in_dtype} inputs cannot give {dtype} outputs")
     return dtype
 
@@ -366,7 +366,7 @@ def _layout_desc(lib: ctypes.CDLL, created: list[tuple[str, ctypes.c_void_p]], d
 
 def _compute(dtype: Any, matmul_compute: MatmulCompute) -> int:
     """The cuBLASLt compute type of operands of `dtype`."""
-    if dtype.name == "float32" and matmul_compute == "tf32":
+    if dtype_name(dtype) == "float32" and matmul_compute == "tf32":
         return COMPUTE_32F_FAST_TF32
     return COMPUTE_32F
 
@@ -522,7 +522,7 @@ class CublasLt:
                      and not bias.flags.c_contiguous)
         bias_ptr = _PLACEHOLDER_PTR if bias_copy else _ptr(bias)
         aux_ptr = _ptr(aux)
-        in_type, out_type = CUDA_TYPES[a.dtype.name], CUDA_TYPES[out.dtype.name]
+        in_type, out_type = CUDA_TYPES[dtype_name(a.dtype)], CUDA_TYPES[dtype_name(out.dtype)]
         key = (epilogue, n, m_rows, k, in_type, out_type, _compute(a.dtype, self.matmul_compute),
                layout_a, layout_b, n if aux is not None else 0,
                align_a, align_b, alignment(_ptr(out)), alignment(bias_ptr), alignment(aux_ptr))
