@@ -20,6 +20,7 @@ narrow exponent range needs loss scaling (`loss_scaling`); bfloat16 has float32'
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Literal
 
 import numpy as np
@@ -87,16 +88,11 @@ def bfloat16() -> np.dtype:
     return np.dtype(ml_dtypes.bfloat16)
 
 
-_NAMES: dict[Any, str] = {}
-
-
+@functools.cache
 def dtype_name(dtype: Any) -> str:
     """`np.dtype(dtype).name`, kept per dtype: NumPy builds a dtype's name in Python (a dozen
     calls) on every access, and the GEMM and attention launchers ask for it on every call."""
-    name = _NAMES.get(dtype)
-    if name is None:
-        name = _NAMES[dtype] = np.dtype(dtype).name
-    return name
+    return np.dtype(dtype).name
 
 
 def is_16bit(dtype: Any) -> bool:
