@@ -54,10 +54,6 @@ class CudaSource:
     def text(self) -> str:
         return read(self.path)
 
-    def module(self, defines: tuple[str, ...] = ()) -> Any:
-        """The cupy.RawModule of this file with `defines` (-D options), compiled once."""
-        return _module(self.path, self.options + defines)
-
     def kernel(self, name: str, defines: tuple[str, ...] = ()) -> Any:
         """The RawKernel `name` of this file's module with `defines`."""
         return _function(self.path, self.options + defines, name)

@@ -129,12 +129,11 @@ def _dtype_of(args: tuple[Any, ...]) -> Any:
 class _Dispatch:
     """backend.kernels.<op>: the call looked up by its first array's dtype (then cached)."""
 
-    __slots__ = ("_cache", "_found", "_op", "_set")
+    __slots__ = ("_cache", "_op", "_set")
 
     def __init__(self, kernels: KernelSet, op: str) -> None:
         self._set, self._op = kernels, op
-        self._cache: dict[Any, Callable[..., Any]] = {}  # by the first argument's dtype
-        self._found: dict[Any, Callable[..., Any]] = {}  # by the dtype _dtype_of finds
+        self._cache: dict[Any, Callable[..., Any]] = {}  # by the call's dtype (None: ANY)
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         try:  # the usual call: an array first, its dtype seen before
@@ -145,18 +144,15 @@ class _Dispatch:
 
     def _resolve(self, args: tuple[Any, ...]) -> Callable[..., Any]:
         """The kernel for these arguments' dtype (the first array's, or None), from the
-        table the first time. The fast path in __call__ keys on the first argument's dtype,
-        so a call whose first argument is an array is entered under its dtype; the rest (a
-        state tuple, a dtype asked about) come here each time, found by the dtype searched."""
+        table the first time, then from the cache __call__ reads: a call whose first
+        argument is an array finds it there at once; the rest (a state tuple, a dtype asked
+        about) come here each time and find it by the dtype searched."""
         dtype = _dtype_of(args)
-        fn = self._found.get(dtype)
+        fn = self._cache.get(dtype)
         if fn is None:
             name = ANY if dtype is None else str(getattr(dtype, "name", dtype))
             fn = getattr(self._set.family(lookup(self._op, self._set.kind, name)), self._op)
-            self._found[dtype] = fn
-        first = getattr(args[0], "dtype", None) if args else None
-        if first is not None and first is dtype:
-            self._cache[first] = fn
+            self._cache[dtype] = fn
         return fn
 
 
