@@ -11,7 +11,6 @@ config.json is written last: the mark goes on only once everything it vouches fo
 
 from __future__ import annotations
 
-import hashlib
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from .. import __version__
+from ..data.checksums import sha256_of
 from ..errors import CheckpointError, InteropError
 from ..training.checkpoint import WRITER, Checkpoint
 from ..training.config import Config, ConfigError
@@ -60,7 +60,7 @@ def our_files(folder: Path) -> dict[str, str]:
 
 def _sha256(path: Path) -> str | None:
     try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
+        return sha256_of(path.read_bytes())
     except OSError:
         return None
 
@@ -70,14 +70,14 @@ def _ours_weights(path: Path) -> bool:
     return meta is not None and meta.get("writer") == WRITER
 
 
-def check_folder(out: Path, new: dict[str, bytes] | None = None) -> None:
+def check_folder(out: Path) -> None:
     """`out` may take the export: a new or existing folder whose config.json and
     model.safetensors, where they exist, are rustyflow's, and so is each tokenizer file
-    there: listed in config.json's mark with its current sha256, or already holding exactly
-    the `new` bytes it would get."""
+    there: listed in config.json's mark with its current sha256. Checked before the
+    checkpoint is read, so a refused folder costs nothing."""
     if out.exists() and not out.is_dir():
         raise InteropError(f"--out {out} is a file: pass a folder (it is created if missing)")
-    listed, fresh = our_files(out), sha256s(new or {})
+    listed = our_files(out)
     for name in ("config.json", "model.safetensors", *NAMES):
         path = out / name
         if not path.exists():
@@ -88,7 +88,7 @@ def check_folder(out: Path, new: dict[str, bytes] | None = None) -> None:
             ours = path.is_file() and _ours_weights(path)
         else:
             digest = _sha256(path) if path.is_file() else None
-            ours = digest is not None and digest in (listed.get(name), fresh.get(name))
+            ours = digest is not None and digest == listed.get(name)
         if not ours:
             raise InteropError(f"{path} exists and was not written by rustyflow: it is not "
                                f"overwritten; pass another --out folder")
@@ -113,7 +113,6 @@ def export_hf(model: str, out: str, say: Callable[[str], None]) -> dict[str, Any
             raise CheckpointError(f"{model}: tensor {name} is {what}, its config needs "
                                   f"{shape}: the checkpoint is damaged")
     files, what = tokenizer_files(ckpt, cfg.seq_len)
-    check_folder(folder, files)  # now that the tokenizer files' contents are known
     tensors = {hf_name(n): np.asarray(ckpt.weights[n], dtype=np.float32) for n in shapes}
     origin = {"writer": WRITER, "version": __version__, "from": str(model),
               "files": sha256s(files)}

@@ -16,11 +16,11 @@ What a checkpoint's tokens are decides what is written:
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
 from ..data import EOS, UNK
+from ..data.checksums import sha256_of
 from ..errors import CheckpointError
 from ..training.checkpoint import Checkpoint
 from ..training.subword.corpus import checkpoint_tokenizer
@@ -83,5 +83,5 @@ def word_files(vocab: list[str], seq_len: int) -> dict[str, bytes]:
 
 def sha256s(files: dict[str, bytes]) -> dict[str, str]:
     """What config.json's mark records of the files, so a later export knows them as its own."""
-    return {name: hashlib.sha256(data).hexdigest() for name, data in sorted(files.items())}
+    return {name: sha256_of(data) for name, data in sorted(files.items())}
 
