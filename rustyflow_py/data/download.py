@@ -62,8 +62,8 @@ class _Bar:
 
 
 class _Fetch:
-    """pooch's HTTP downloader, remembering what arrived (size, sha256) for the error message:
-    pooch deletes a file whose hash does not match before the caller could look at it."""
+    """pooch's HTTP downloader, remembering what arrived (size, sha256): the sha256 is checked
+    here, not by pooch, whose retries would fetch a wrong file from the same URL again."""
 
     def __init__(self, url: str, timeout: float) -> None:
         import pooch
@@ -96,8 +96,9 @@ def _quiet(logger: logging.Logger) -> Iterator[None]:
 
 def _fetch_first(urls: Sequence[str], folder: Path, name: str, expected: str | None,
                  timeout: float, retries: int) -> tuple[str, Path]:
-    """Download `name` into `folder` from the first URL that works and matches `expected`;
-    return that URL and the file."""
+    """Download `name` into `folder` (a fresh one) from the first URL that works and matches
+    `expected`; return that URL and the file. A URL is retried on network errors only: a
+    file that arrives with the wrong sha256 is discarded and the next URL tried."""
     import pooch
     import requests
 
@@ -106,21 +107,22 @@ def _fetch_first(urls: Sequence[str], folder: Path, name: str, expected: str | N
         print(f"INFO: downloading {url}", file=sys.stderr)
         fetch = _Fetch(url, timeout)
         store = pooch.create(path=folder, base_url="", retry_if_failed=retries,
-                             registry={name: f"sha256:{expected}" if expected else None},
-                             urls={name: url})
+                             registry={name: None}, urls={name: url})
         try:
             with _quiet(pooch.get_logger()):
-                return url, Path(store.fetch(name, downloader=fetch))
+                path = Path(store.fetch(name, downloader=fetch))
         except requests.exceptions.ChunkedEncodingError:
             errors.append(f"{url}: connection closed after {fetch.received} bytes, before the "
                           f"end of the file")
+            continue
         except (OSError, requests.exceptions.RequestException) as err:
             errors.append(f"{url}: {err}")
-        except ValueError:  # pooch: the hash of what arrived does not match
-            if fetch.digest is None:
-                raise
-            errors.append(f"{url}: checksum mismatch (sha256 {fetch.digest}, expected "
-                          f"{expected}); discarded")
+            continue
+        if expected is None or fetch.digest == expected:
+            return url, path
+        path.unlink(missing_ok=True)
+        errors.append(f"{url}: checksum mismatch (sha256 {fetch.digest}, expected "
+                      f"{expected}); discarded")
     raise DataError("no URL worked: " + "; ".join(errors))
 
 
