@@ -32,6 +32,7 @@ from rustyflow_py.interop.hf_export import hf_name  # noqa: E402
 from rustyflow_py.model.generate import Session  # noqa: E402
 from rustyflow_py.model.gpt import GPT, GPTConfig  # noqa: E402
 from rustyflow_py.model.sampling import Sampling  # noqa: E402
+from rustyflow_py.training.outputs import write_atomically  # noqa: E402
 
 SHAPES = {  # vocabulary, positions, layers, heads, width
     "small (L6 H6 E384)": GPTConfig(33278, 512, 6, 6, 384),  # WikiText-2's word vocabulary
@@ -131,9 +132,8 @@ def main() -> None:
                              f"{theirs[1]} |")
                 print(lines[-1], flush=True)
     if args.out:
-        tmp = Path(args.out + ".tmp")
-        tmp.write_text("\n".join(lines) + "\n", encoding="utf-8")
-        tmp.replace(args.out)
+        text = "\n".join(lines) + "\n"
+        write_atomically(args.out, lambda f: f.write(text.encode()))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rustyflow_py.reporting.log_parser import read_log  # noqa: E402
+from rustyflow_py.training.outputs import write_atomically  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,9 +164,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     text = head + table(results, args.variant)
     print(text)
     if args.out:
-        tmp = args.out.with_name(f".{args.out.name}.tmp")
-        tmp.write_text(text)
-        tmp.replace(args.out)
+        write_atomically(args.out, lambda f: f.write(text.encode()))
     return 0 if all(r.status == "completed" for r in results) else 1
 
 

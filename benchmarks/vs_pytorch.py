@@ -43,7 +43,6 @@ import shlex
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -67,6 +66,7 @@ from rustyflow_py.engine.tensor import Tensor  # noqa: E402
 from rustyflow_py.model.gpt import GPT, GPTConfig, init_weights  # noqa: E402
 from rustyflow_py.model.loss_scale import INIT_SCALE, LossScaler  # noqa: E402
 from rustyflow_py.model.optim import AdamW, Schedule  # noqa: E402
+from rustyflow_py.training.outputs import write_atomically  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))  # its sibling modules, when loaded by path
 import mfu  # noqa: E402
@@ -774,9 +774,7 @@ def render_curves(curves: list[dict[str, Any] | str], plot_note: str) -> list[st
 
 def write_atomic(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-        f.write(text)
-    os.replace(f.name, path)
+    write_atomically(path, lambda f: f.write(text.encode()))
 
 
 # ---- command line --------------------------------------------------------------------------------
