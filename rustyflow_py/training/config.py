@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ..errors import ConfigError
 from .config_file import no_settings, read_file
-from .config_key import Key, escape_controls, key
+from .config_key import Key, config_error, escape_controls, key
 
 __all__ = ["BUILTIN_DATASETS", "KEYS", "OPTIMIZERS", "Config", "ConfigError", "Key",
            "dataset_stem", "escape_controls", "load_config", "markdown_table"]
@@ -40,11 +40,6 @@ BUILTIN_DATASETS = ("wikitext-2", "tinyshakespeare")
 OPTIMIZERS = ("adamw", "adam", "sgd", "lamb", "rmsprop", "adagrad", "adadelta", "muon")
 MODEL_PATH_TEMPLATE = "models/${DATASET}-L${NUM_LAYERS}-H${NUM_HEADS}-E${EMBED_DIM}.npz"
 _REF = re.compile(r"\$\{([^}:]*)(:-[^}]*)?\}")  # the ${NAME} / ${NAME:-default} syntax of dotenv
-
-
-def _error(message: str) -> ConfigError:
-    """A ConfigError whose quoted keys and values cannot carry control characters."""
-    return ConfigError(escape_controls(message))
 
 
 def _where(origin: str, key: str) -> str:
@@ -75,7 +70,7 @@ class _Rules:
             try:
                 setattr(self, k.attr, k.parse(value))
             except ValueError:
-                raise _error(f"{_where(origin, k.name)}: {k.name}='{value}' is not "
+                raise config_error(f"{_where(origin, k.name)}: {k.name}='{value}' is not "
                              f"valid: expected {k.expect}") from None
         self._check_heads()
         self._check_cross_keys()
@@ -89,7 +84,7 @@ class _Rules:
         near = range(max(1, h - 1024), min(e, h + 1024) + 1)
         heads = sorted({1, *(d for d in near if e % d == 0)}, key=lambda d: (abs(d - h), d))
         dims = sorted({m for m in (e - e % h, e - e % h + h) if m > 0})
-        raise _error(
+        raise config_error(
             f"EMBED_DIM={e} ({_where(self.source['EMBED_DIM'], 'EMBED_DIM')}) is not divisible "
             f"by NUM_HEADS={h} ({_where(self.source['NUM_HEADS'], 'NUM_HEADS')}): expected "
             f"EMBED_DIM to be a multiple of NUM_HEADS (each head gets EMBED_DIM/NUM_HEADS "
@@ -170,7 +165,7 @@ class _Rules:
         def value_of(match: re.Match[str]) -> str:
             name = match.group(1)
             if name not in KEYS:
-                raise _error(f"{where}: MODEL_PATH='{path}' is not valid: ${{{name}}} is "
+                raise config_error(f"{where}: MODEL_PATH='{path}' is not valid: ${{{name}}} is "
                              f"not a config key; expected only {', '.join(KEYS)}")
             if name == "DATASET":
                 return dataset_stem(self.dataset)
@@ -178,7 +173,7 @@ class _Rules:
 
         expanded = _REF.sub(value_of, path)
         if not expanded.endswith(".npz"):
-            raise _error(f"{where}: MODEL_PATH='{path}' is not valid: expected a path "
+            raise config_error(f"{where}: MODEL_PATH='{path}' is not valid: expected a path "
                          f"ending in .npz")
         return expanded
 
@@ -417,7 +412,7 @@ def load_config(
     if path is not None:
         label = os.fspath(path)
         if not Path(path).is_file():
-            raise _error(f"{label}: config file not found (looked for "
+            raise config_error(f"{label}: config file not found (looked for "
                          f"{Path(path).absolute()}): expected a file of KEY=VALUE lines")
         values, file_raw, warnings = read_file(Path(path), label)
         if not file_raw:
@@ -430,7 +425,7 @@ def load_config(
             raw_values[k], source[k] = environ[k], "env"
     for k, value in (overrides or {}).items():
         if k not in KEYS:
-            raise _error(f"command line: unknown key '{k}': expected one of "
+            raise config_error(f"command line: unknown key '{k}': expected one of "
                          f"{', '.join(KEYS)}")
         if value is not None:
             raw_values[k], source[k] = value, "cli"
@@ -448,6 +443,6 @@ def _check_dataset(config: Config) -> None:
         return
     hint = difflib.get_close_matches(dataset, BUILTIN_DATASETS, n=1)
     tip = f" (did you mean {hint[0]}?)" if hint else ""
-    raise _error(f"{_where(config.source['DATASET'], 'DATASET')}: DATASET='{dataset}' is not "
+    raise config_error(f"{_where(config.source['DATASET'], 'DATASET')}: DATASET='{dataset}' is not "
                  f"valid: expected {' or '.join(BUILTIN_DATASETS)}, or the path of an "
                  f"existing UTF-8 text file{tip}")

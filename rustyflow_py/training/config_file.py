@@ -12,11 +12,7 @@ from pathlib import Path
 from dotenv import dotenv_values
 
 from ..errors import ConfigError
-from .config_key import escape_controls
-
-
-def _error(message: str) -> ConfigError:
-    return ConfigError(escape_controls(message))
+from .config_key import config_error
 
 
 class _Collect(logging.Handler):
@@ -39,7 +35,7 @@ def read_file(path: Path, label: str) -> tuple[dict[str, str], dict[str, str], l
         values = dotenv_values(path, interpolate=True, encoding="utf-8")
         raw = dotenv_values(path, interpolate=False, encoding="utf-8")
     except UnicodeDecodeError as err:
-        raise _error(f"{label}: not valid UTF-8 at byte {err.start}: expected a text file "
+        raise config_error(f"{label}: not valid UTF-8 at byte {err.start}: expected a text file "
                      f"of KEY=VALUE lines") from None
     finally:
         logger.removeHandler(collect)
@@ -60,6 +56,6 @@ def no_settings(path: Path, label: str) -> ConfigError:
         what = f"line {content[0][0]} {content[0][1][:60]!r} is not KEY=VALUE"
     else:
         what = "it holds only comments" if any(line.strip() for line in lines) else "it is empty"
-    return _error(f"{label}: no KEY=VALUE setting found ({what}): expected lines such as "
+    return config_error(f"{label}: no KEY=VALUE setting found ({what}): expected lines such as "
                   f"BATCH_SIZE=16. A config file that sets nothing is an error, not a run on "
                   f"the built-in defaults; to run on those, use no config file at all")

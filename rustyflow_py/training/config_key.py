@@ -15,6 +15,8 @@ import re
 from dataclasses import Field, dataclass, field
 from typing import Any
 
+from ..errors import ConfigError
+
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")
 _TYPES = ("int", "float", "bool", "str")
@@ -29,6 +31,11 @@ def escape_controls(text: str) -> str:
     if text.isprintable():
         return text
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+
+
+def config_error(message: str) -> ConfigError:
+    """A ConfigError whose quoted keys and values cannot carry control characters."""
+    return ConfigError(escape_controls(message))
 
 
 def _num(x: float) -> str:
