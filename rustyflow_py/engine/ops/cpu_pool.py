@@ -82,7 +82,7 @@ def _blocks(start: int, stop: int, size: int) -> Blocks:
 
 
 class CpuPool(KernelSet):
-    """The CPU kernel set's state, which its op families share: threads, pool, JIT module
+    """The CPU kernel set's state, which its op families share: threads, pools, JIT module
     and buffers.
 
     Threads and CPU_JIT come from the run's policy, read when the set (or a view of it for
@@ -93,6 +93,9 @@ class CpuPool(KernelSet):
     def __init__(self, backend: Any) -> None:
         self._spare: dict[tuple[tuple[int, ...], Any], np.ndarray] = {}  # see _workspace
         self._ones: dict[tuple[int, Any], np.ndarray] = {}
+        # worker threads by THREADS, made on first use and shared by the device's views (a
+        # view for each run policy would otherwise start, and keep, a pool of its own)
+        self._pools: dict[int, ThreadPoolExecutor] = {}
         super().__init__(backend)
         _keep_freed_memory()
 
@@ -104,7 +107,6 @@ class CpuPool(KernelSet):
         self.threads = policy.cpu_threads
         self.split_gemms = self.threads > 1 and _blas_single_thread()
         self.jit = load_jit(policy.cpu_jit)
-        self._pool: ThreadPoolExecutor | None = None  # this view's, made on first use
 
     def _jit_for(self, *arrays: np.ndarray) -> ModuleType | None:
         """The numba kernels for float32 work; float64 (gradient checks, PRECISION=fp64)
@@ -121,9 +123,11 @@ class CpuPool(KernelSet):
         shared = iter(blocks)
         if k == 1:
             return [worker(shared)]
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix="rustyflow")
-        futures = [self._pool.submit(worker, shared) for _ in range(k - 1)]
+        pool = self._pools.get(self.threads)
+        if pool is None:
+            pool = self._pools[self.threads] = ThreadPoolExecutor(
+                self.threads - 1, thread_name_prefix="rustyflow")
+        futures = [pool.submit(worker, shared) for _ in range(k - 1)]
         first = worker(shared)
         return [first, *(f.result() for f in futures)]
 
