@@ -112,7 +112,9 @@ class SubwordTokenizer:
         already there with this content; its path."""
         path = Path(checkpoint).with_name(self.file_name)
         with contextlib.suppress(OSError, ValueError, DataError):
-            if identity(path.read_text(encoding="utf-8"), str(path)) == self.sha256:
+            text = path.read_text(encoding="utf-8")
+            # the text this tokenizer writes (every save after the first) needs no parsing
+            if text == self.json or identity(text, str(path)) == self.sha256:
                 return path
         return self.save(path)
 
