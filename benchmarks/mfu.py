@@ -23,12 +23,6 @@ import dataclasses
 from rustyflow_py.engine import peaks
 from rustyflow_py.model.gpt import GPTConfig
 
-# the GEMMs' input type at each benchmark precision: mixed precision multiplies 16-bit copies
-PEAK_TYPE = {"fp32": "fp32", "tf32": "tf32", "bf16": "bf16", "fp16": "fp16"}
-# parts the table's fragments would match but whose peaks differ from the row they match (the
-# H100/H200 rows are the SXM parts; NVL cards run lower clocks and power)
-NOT_IN_TABLE = ("NVL",)
-
 
 def nanogpt_params(cfg: GPTConfig) -> int:
     """N of nanoGPT's count for rustyflow's GPT (biases everywhere, tied head): the token
@@ -62,8 +56,8 @@ class Peak:
 def peak_for(device_name: str, precision: str) -> Peak | None:
     """The published dense peak of GPU `device_name` for the GEMMs of `precision`; None for a
     device the table does not know (no MFU is better than a guessed one)."""
-    known = None if any(f in device_name for f in NOT_IN_TABLE) else peaks.lookup(device_name)
-    compute = PEAK_TYPE[precision]
+    known = peaks.lookup(device_name)  # an NVL part is not in it: no guessed peak
+    compute = precision  # the GEMMs' input type: mixed precision multiplies 16-bit copies
     if known is None or compute not in known["tflops"]:
         return None
     return Peak(known["tflops"][compute], compute, f"{device_name}: {known['source']}")

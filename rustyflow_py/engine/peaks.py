@@ -36,8 +36,15 @@ def compute_type(dtype: str, precision: str) -> str:
     return "tf32" if precision == "tf32" else "fp32"
 
 
+# parts the fragments would match but whose peaks differ from the row they match (the H100
+# and H200 rows are the SXM parts; NVL cards run lower clocks and power): measured instead
+NOT_IN_TABLE = ("NVL",)
+
+
 def lookup(name: str) -> dict[str, Any] | None:
     """The table's entry for a GPU name (None if it is not in the table)."""
+    if any(fragment in name for fragment in NOT_IN_TABLE):
+        return None
     for fragment, tflops, gbs in KNOWN_GPUS:
         if fragment in name:
             return {"source": f"table ({fragment}, dense)", "tflops": dict(tflops),
