@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from rustyflow_py.reporting.log_parser import read_log  # noqa: E402
+from rustyflow_py.reporting.text import markdown  # noqa: E402
 from rustyflow_py.training.outputs import write_atomically  # noqa: E402
 
 
@@ -99,27 +100,25 @@ def spread(values: Sequence[float]) -> str:
 def table(results: Sequence[Result], variants: Sequence[Variant]) -> str:
     """One row per variant (means over its completed seeds), the best validation in bold,
     then one row per run."""
-    lines = ["| variant | flags | seeds completed | val ppl | test ppl | train min |",
-             "|---|---|---:|---:|---:|---:|"]
     done = {v.name: [r for r in results if r.variant == v and r.status == "completed"
                      and r.val is not None] for v in variants}
     means = {n: statistics.fmean(r.val for r in rs) for n, rs in done.items() if rs}
     best = min(means, key=means.__getitem__) if means else None
+    rows = []
     for v in variants:
         rs, total = done[v.name], sum(r.variant == v for r in results)
         val = spread([r.val for r in rs])
-        lines.append(
-            f"| {v.name} | `{shlex.join(v.flags) or '(recipe)'}` | {len(rs)} of {total} | "
-            f"{f'**{val}**' if v.name == best else val} | "
-            f"{spread([r.test for r in rs if r.test is not None])} | "
-            f"{spread([r.train_s / 60 for r in rs if r.train_s is not None])} |")
-    lines += ["", "| run | seed | status | best val ppl | test ppl | train s | wall s |",
-              "|---|---:|---|---:|---:|---:|---:|"]
-    for r in results:
-        lines.append(f"| {r.variant.name} | {r.seed} | {r.status} | "
-                     + " | ".join("—" if x is None else f"{x:.2f}"
-                                  for x in (r.val, r.test, r.train_s))
-                     + f" | {r.wall_s:.0f} |")
+        rows.append([v.name, f"`{shlex.join(v.flags) or '(recipe)'}`", f"{len(rs)} of {total}",
+                     f"**{val}**" if v.name == best else val,
+                     spread([r.test for r in rs if r.test is not None]),
+                     spread([r.train_s / 60 for r in rs if r.train_s is not None])])
+    runs = [[r.variant.name, str(r.seed), r.status,
+             *("—" if x is None else f"{x:.2f}" for x in (r.val, r.test, r.train_s)),
+             f"{r.wall_s:.0f}"] for r in results]
+    lines = [*markdown(["variant", "flags", "seeds completed", "val ppl", "test ppl",
+                        "train min"], rows, {2, 3, 4, 5}), "",
+             *markdown(["run", "seed", "status", "best val ppl", "test ppl", "train s",
+                        "wall s"], runs, {1, 3, 4, 5, 6})]
     return "\n".join(lines) + "\n"
 
 
