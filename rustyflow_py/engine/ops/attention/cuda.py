@@ -2,11 +2,13 @@
 per row), the flash-style fused attention (flash.py) where it applies, and generation's
 one-position attention over the KV cache in one kernel (decode_attention.cu).
 
-Why a kernel of its own for decoding: the reference formulation is about fourteen launches
+Why kernels of their own for decoding: the reference formulation is about fourteen launches
 per layer (two cache writes, two batched GEMMs, the masked softmax's elementwise passes),
 each over all SEQ_LEN cached positions when the step is a captured graph; at batch 1 those
-launches, not arithmetic, are the time of a token. The kernel is one launch per layer that
-reads the position from device memory and touches only the positions filled so far."""
+launches, not arithmetic, are the time of a token. decode_attention.cu is two launches per
+layer that read the position from device memory and touch only the positions filled so far,
+split over chunks of positions so that batch 1 still fills the GPU (a block per sequence and
+head alone took more GPU time than the reference formulation)."""
 
 from __future__ import annotations
 
@@ -21,10 +23,11 @@ from . import flash
 from .reference import AttentionReference
 
 _SOFTMAX = cuda_build.source(__file__, "softmax.cu", cuda_build.dtype_defines(np.float32))
+DECODE_CHUNK = 16  # positions per decode_chunk block: the fastest of 16, 32, 64 on the H100
+_DECODE_DEFINES = (f"-DCHUNK={DECODE_CHUNK}",)
 _DECODE = cuda_build.source(__file__, "decode_attention.cu",
-                            cuda_build.dtype_defines(np.float32))
-DECODE_THREADS = 256  # a block per (sequence, head); head_dim <= this
-DECODE_SHARED_LIMIT = 48 * 1024  # the default dynamic shared memory of a block
+                            cuda_build.dtype_defines(np.float32) + _DECODE_DEFINES)
+DECODE_THREADS = 128  # a block per (sequence, head, chunk); head_dim <= this
 
 
 def _drop(dropout: tuple[float, int, int, Any] | None) -> flash.Dropout | None:
@@ -87,19 +90,25 @@ class CudaAttention(AttentionReference):
 
     def decode_attention(self, qkv: Any, keys: Any, values: Any, pos: Any, scale: float,
                          n: int) -> Any:
-        """decode_attention.cu: one block per (sequence, head) attends over positions
-        0..pos (read on the device; `n` is the reference's window and is not needed).
-        Falls back to the reference where the kernel does not apply."""
+        """decode_attention.cu: a block per (sequence, head, chunk of DECODE_CHUNK positions)
+        attends over its share of positions 0..pos (read on the device; `n` is the
+        reference's window and is not needed), then one block per (sequence, head) combines
+        the chunks. Falls back to the reference where the kernels do not apply."""
         b, heads, s_len, d = keys.shape
         acc = accumulate_dtype(qkv.dtype)
         slices = DECODE_THREADS // d if d else 0
-        shared = (d + s_len + slices * d) * acc.itemsize
-        if (not slices or shared > DECODE_SHARED_LIMIT or not qkv.flags.c_contiguous
-                or not keys.flags.c_contiguous or not values.flags.c_contiguous):
+        if (not slices or not qkv.flags.c_contiguous or not keys.flags.c_contiguous
+                or not values.flags.c_contiguous):
             return super().decode_attention(qkv, keys, values, pos, scale, n)
+        chunks = -(-s_len // DECODE_CHUNK)
+        ws = self.xp.empty((b * heads, chunks, d + 2), dtype=acc)  # outputs, maxima, sums
         y = self.xp.empty((b, heads * d), dtype=qkv.dtype)  # (B, E)
-        _DECODE.typed("decode_attention", qkv.dtype, keys, values)(
-            (b * heads,), (DECODE_THREADS,),
-            (qkv, keys, values, y, pos, np.int32(heads), np.int32(s_len), np.int32(d),
-             acc.type(scale)), shared_mem=shared)
+        defines = _DECODE_DEFINES
+        _DECODE.typed("decode_chunk", qkv.dtype, keys, values, defines=defines)(
+            (b * heads, chunks), (DECODE_THREADS,),
+            (qkv, keys, values, ws, pos, np.int32(heads), np.int32(s_len), np.int32(d),
+             acc.type(scale)), shared_mem=(d + DECODE_CHUNK + slices * d) * acc.itemsize)
+        _DECODE.typed("decode_combine", qkv.dtype, y, defines=defines)(
+            (b * heads,), (-(-d // 32) * 32,),
+            (ws, y, np.int32(heads), np.int32(d), np.int32(chunks)))
         return y

@@ -1,6 +1,8 @@
-// One generated token's attention over the KV cache: the new key and value are written at
-// the position, then the query attends over positions 0..pos. pos is read from device
-// memory, so one captured graph serves every position and reads only what is filled.
+// One generated token's attention over the KV cache, split over the cached positions the way
+// flash-decoding does: at batch 1 a block per (sequence, head) would leave most of the GPU idle
+// (12 blocks for GPT-2), so each block takes one chunk of CHUNK positions and a second kernel
+// combines the chunks. pos is read from device memory, so one captured graph serves every
+// position and only chunks holding filled positions do any work.
 #include "types.cuh"
 #include "warp_reduce.cuh"
 
@@ -17,32 +19,45 @@ __device__ __forceinline__ acc block_reduce(acc v, acc* red) {
     return is_max ? warp_max(v) : warp_sum(v);
 }
 
-// Block (b, h) of B*H blocks. qkv (B, 3E) this token's projections; keys, values
-// (B, H, S, D) the cache; y (B, E) the heads' outputs. Dynamic shared memory: D + S acc
-// (the scaled query, then the scores) plus slices * D acc for the weighted sums.
-extern "C" __global__ void decode_attention(const real* qkv, real* keys, real* values,
-                                            real* y, const long long* pos_ptr, int heads,
-                                            int s_len, int d, acc scale) {
+// Block (b*heads + h, c): positions c*CHUNK.. of sequence b, head h, up to pos. qkv (B, 3E)
+// this token's projections; keys, values (B, H, S, D) the cache, where the block holding pos
+// first writes the new key and value. ws (B*H, chunks, D + 2): the chunk's unnormalised
+// output, its score maximum and its sum of exp(score - maximum). Dynamic shared memory:
+// D + CHUNK + slices * D acc (the scaled query, the chunk's scores, the partial sums).
+extern "C" __global__ void decode_chunk(const real* qkv, real* keys, real* values, acc* ws,
+                                        const long long* pos_ptr, int heads, int s_len, int d,
+                                        acc scale) {
     extern __shared__ unsigned char smem[];
-    acc* q = (acc*)smem;         // (D,)
-    acc* score = q + d;          // (S,)
-    acc* part = score + s_len;   // (slices, D)
+    acc* q = (acc*)smem;           // (D,)
+    acc* score = q + d;            // (CHUNK,)
+    acc* part = score + CHUNK;     // (slices, D)
     __shared__ acc red[32];
-    int b = blockIdx.x / heads, h = blockIdx.x % heads, e = heads * d;
-    long long pos = *pos_ptr;
+    const int bh = blockIdx.x, c = blockIdx.y, chunks = gridDim.y, e = heads * d;
+    const int b = bh / heads, h = bh % heads;
+    const long long pos = *pos_ptr;
+    const int start = c * CHUNK;
+    acc* out = ws + ((long long)bh * chunks + c) * (d + 2);
+    if (start > pos) {  // an empty chunk: nothing to add (decode_combine reads every chunk)
+        for (int i = threadIdx.x; i < d + 2; i += blockDim.x) out[i] = i == d ? NEG_INF : 0;
+        return;
+    }
+    const int n = (int)min(pos + 1 - start, (long long)CHUNK);
     const real* row = qkv + (long long)b * 3 * e + h * d;
-    long long base = ((long long)b * heads + h) * s_len * d;
+    const long long base = (long long)bh * s_len * d;
     real* k_cache = keys + base;
     real* v_cache = values + base;
+    const bool owner = pos < start + CHUNK;  // this chunk holds the new position
     for (int i = threadIdx.x; i < d; i += blockDim.x) {
         q[i] = (acc)row[i] * scale;
-        k_cache[pos * d + i] = row[e + i];
-        v_cache[pos * d + i] = row[2 * e + i];
+        if (owner) {
+            k_cache[pos * d + i] = row[e + i];
+            v_cache[pos * d + i] = row[2 * e + i];
+        }
     }
-    __syncthreads();
-    int n = (int)pos + 1, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+    __syncthreads();  // the query, and the new key and value, for the whole block
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     for (int j = warp; j < n; j += blockDim.x / 32) {  // a warp per cached position
-        const real* kr = k_cache + (long long)j * d;
+        const real* kr = k_cache + (long long)(start + j) * d;
         acc s = 0;
         for (int i = lane; i < d; i += 32) s += q[i] * (acc)kr[i];
         s = warp_sum(s);
@@ -54,21 +69,47 @@ extern "C" __global__ void decode_attention(const real* qkv, real* keys, real* v
     m = block_reduce<true>(m, red);
     acc z = 0;
     for (int j = threadIdx.x; j < n; j += blockDim.x) {
-        acc p = exp(score[j] - m);
+        const acc p = exp(score[j] - m);
         score[j] = p;
         z += p;
     }
     z = block_reduce<false>(z, red);  // its barriers also publish the probabilities
-    int slices = blockDim.x / d, slice = threadIdx.x / d, i = threadIdx.x % d;
+    const int slices = blockDim.x / d, slice = threadIdx.x / d, i = threadIdx.x % d;
     if (slice < slices) {  // thread (slice, i): positions slice, slice + slices, ...
         acc o = 0;
-        for (int j = slice; j < n; j += slices) o += score[j] * (acc)v_cache[(long long)j * d + i];
+        for (int j = slice; j < n; j += slices)
+            o += score[j] * (acc)v_cache[(long long)(start + j) * d + i];
         part[slice * d + i] = o;
     }
     __syncthreads();
     if (threadIdx.x < d) {
         acc o = 0;
         for (int k = 0; k < slices; k++) o += part[k * d + threadIdx.x];
-        y[(long long)b * e + h * d + threadIdx.x] = (real)(o / z);
+        out[threadIdx.x] = o;
     }
+    if (threadIdx.x == 0) {
+        out[d] = m;
+        out[d + 1] = z;
+    }
+}
+
+// Block b*heads + h, a thread per output element i < D: the chunks of ws rescaled to their
+// common maximum (an empty chunk adds nothing), y (B, E) = sum of outputs / sum of exp sums.
+// It reads only ws, never pos: what it combines is exactly what decode_chunk wrote.
+extern "C" __global__ void decode_combine(const acc* ws, real* y, int heads, int d,
+                                          int chunks) {
+    const int bh = blockIdx.x, i = threadIdx.x;
+    if (i >= d) return;
+    const acc* w = ws + (long long)bh * chunks * (d + 2);
+    acc m = NEG_INF;
+    for (int c = 0; c < chunks; c++) m = max(m, w[c * (d + 2) + d]);
+    acc o = 0, z = 0;
+    for (int c = 0; c < chunks; c++) {
+        const acc* part = w + c * (d + 2);
+        const acc f = exp(part[d] - m);
+        o += f * part[i];
+        z += f * part[d + 1];
+    }
+    const int b = bh / heads, h = bh % heads;
+    y[(long long)b * heads * d + h * d + i] = (real)(o / z);
 }
