@@ -33,16 +33,27 @@ class Sampling:
 
 
 def token_probs(xp: Any, logits: Any, s: Sampling) -> Any:
-    """The distributions sampled from (B, V) float64, for logits (B, V) and temperature > 0."""
+    """The distributions sampled from (B, V) float64, for logits (B, V) and temperature > 0.
+
+    Top-k finds the k largest logits by a partition, not a sort, and zeroes the rest after the
+    exp (the exp of a finite number is cheaper than of -inf). With top-k on, top-p then orders
+    only the k largest probabilities: every other one is 0 or tied with the k-th, and the cut
+    keeps or drops those alike, so the nucleus is the one a full sort gives."""
     z = logits.astype(np.float64) / s.temperature  # (B, V)
     v = z.shape[-1]
+    top = z.max(axis=-1, keepdims=True)  # (B, 1)
+    largest = None
     if 0 < s.top_k < v:
-        kth = xp.sort(z, axis=-1)[:, v - s.top_k : v - s.top_k + 1]  # (B, 1)
-        z = xp.where(z < kth, -xp.inf, z)
-    probs = xp.exp(z - z.max(axis=-1, keepdims=True))
-    probs /= probs.sum(axis=-1, keepdims=True)
+        largest = xp.partition(z, v - s.top_k, axis=-1)[:, v - s.top_k :]  # (B, k) unordered
+        kth = largest.min(axis=-1, keepdims=True)  # (B, 1)
+        probs = xp.where(z < kth, 0.0, xp.exp(z - top))
+    else:
+        probs = xp.exp(z - top)
+    total = probs.sum(axis=-1, keepdims=True)
+    probs /= total
     if s.top_p < 1.0:
-        ordered = xp.sort(probs, axis=-1)[:, ::-1]  # (B, V) most likely first
+        head = probs if largest is None else xp.exp(largest - top) / total  # the same values
+        ordered = xp.sort(head, axis=-1)[:, ::-1]  # (B, k or V) most likely first
         before = xp.cumsum(ordered, axis=-1)[:, :-1]  # mass of the tokens before the next
         kept = 1 + (before < s.top_p).sum(axis=-1, keepdims=True)  # (B, 1)
         smallest = xp.take_along_axis(ordered, kept - 1, axis=-1)  # (B, 1)
