@@ -183,6 +183,49 @@ def test_matmul(pair: Pair, dtype: Any, case: str, into_out: bool) -> None:
     pair.close(*results, dtype, tol=1e-3)  # float32: up to 4096 products summed in any order
 
 
+SAMPLINGS = {  # temperature, top_k, top_p
+    "softmax": (1.0, 0, 1.0), "top_k": (0.7, 50, 1.0), "top_k_and_top_p": (1.0, 50, 0.95),
+    "top_k_one": (2.0, 1, 1.0), "top_k_all_but_one": (1.0, -1, 0.5),
+    "top_k_at_the_sorting_limit": (1.5, 1024, 0.3), "top_p_alone": (1.3, 0, 0.9),
+}
+
+
+def next_token_logits(pair: Pair, vocab: int, dtype: Any) -> Any:
+    """Rows (4, vocab): continuous; rounded to integers (ties everywhere, at every cut);
+    one peaked row; and one with a run of -inf."""
+    host = pair.rng.standard_normal((4, vocab)) * 3
+    host[1] = np.round(host[1])
+    host[2, 7] = 40.0
+    host[3, : vocab // 2] = -np.inf
+    return pair.dev(host.astype(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", [300, 50257])
+def test_argmax_rows(pair: Pair, dtype: Any, vocab: int) -> None:
+    logits = next_token_logits(pair, vocab, dtype)
+    got = pair.backend.to_host(pair.mine.argmax_rows(logits))
+    assert got.dtype == np.int64
+    assert got.tolist() == pair.backend.to_host(pair.ref.argmax_rows(logits)).tolist()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("vocab", [300, 50257])
+@pytest.mark.parametrize("setting", SAMPLINGS)
+def test_sample_rows(pair: Pair, dtype: Any, vocab: int, setting: str) -> None:
+    """The same tokens as the reference for 40 uniforms per row (0 among them): the kernel's
+    float64 sums differ from the reference's only in rounding."""
+    temperature, top_k, top_p = SAMPLINGS[setting]
+    top_k = vocab - 1 if top_k == -1 else top_k
+    logits = next_token_logits(pair, vocab, dtype)
+    for i, u in enumerate(np.concatenate([np.zeros((1, 4)), pair.rng.random((39, 4))])):
+        ids = [k.sample_rows(logits, pair.dev(u), temperature, top_k, top_p)
+               for k in (pair.mine, pair.ref)]
+        got, want = (pair.backend.to_host(x) for x in ids)
+        assert got.dtype == np.int64
+        assert got.tolist() == want.tolist(), (i, u)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_sum_rows(pair: Pair, dtype: Any) -> None:
     x = pair.randn(37, 24, dtype=dtype)

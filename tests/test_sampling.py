@@ -1,4 +1,5 @@
-"""Device sampling (model/sampling.py): its rules against the host sampler it replaced."""
+"""Device sampling (model/sampling.py and the reference rules of engine/ops/sampling): the
+rules against the host sampler they replaced."""
 
 from __future__ import annotations
 
@@ -6,7 +7,8 @@ import numpy as np
 import pytest
 
 from rustyflow_py.engine.backend import get_backend
-from rustyflow_py.model.sampling import CHUNK, Sampler, Sampling, token_probs
+from rustyflow_py.engine.ops.sampling.reference import token_probs
+from rustyflow_py.model.sampling import CHUNK, Sampler, Sampling
 
 
 def host_probs(logits: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
@@ -38,7 +40,7 @@ def host_sample(logits: np.ndarray, s: Sampling, rng: np.random.Generator) -> in
 
 
 def probs_of(logits: np.ndarray, s: Sampling) -> np.ndarray:
-    return token_probs(np, logits[None], s)[0]
+    return token_probs(np, logits[None], s.temperature, s.top_k, s.top_p)[0]
 
 
 SETTINGS = [Sampling(1.0), Sampling(0.7, top_k=5), Sampling(1.3, top_p=0.9),

@@ -13,6 +13,8 @@ from .gelu import kernels as gelu
 from .gemm import kernels as gemm
 from .layernorm import kernels as layernorm
 from .optim import kernels as optim
+from .sampling import kernels as sampling
 from .softmax_xent import kernels as softmax_xent
 
-FAMILIES = (attention, batch, dropout, embedding, gelu, gemm, layernorm, optim, softmax_xent)
+FAMILIES = (attention, batch, dropout, embedding, gelu, gemm, layernorm, optim, sampling,
+            softmax_xent)

@@ -28,6 +28,7 @@ _DECODE_DEFINES = (f"-DCHUNK={DECODE_CHUNK}",)
 _DECODE = cuda_build.source(__file__, "decode_attention.cu",
                             cuda_build.dtype_defines(np.float32) + _DECODE_DEFINES)
 DECODE_THREADS = 128  # a block per (sequence, head, chunk); head_dim <= this
+DECODE_COMBINE_THREADS = 256  # a block per (sequence, head)
 
 
 def _drop(dropout: tuple[float, int, int, Any] | None) -> flash.Dropout | None:
@@ -109,6 +110,7 @@ class CudaAttention(AttentionReference):
             (qkv, keys, values, ws, pos, np.int32(heads), np.int32(s_len), np.int32(d),
              acc.type(scale)), shared_mem=(d + DECODE_CHUNK + slices * d) * acc.itemsize)
         _DECODE.typed("decode_combine", qkv.dtype, y, defines=defines)(
-            (b * heads,), (-(-d // 32) * 32,),
-            (ws, y, np.int32(heads), np.int32(d), np.int32(chunks)))
+            (b * heads,), (DECODE_COMBINE_THREADS,),
+            (ws, y, np.int32(heads), np.int32(d), np.int32(chunks)),
+            shared_mem=(chunks + DECODE_COMBINE_THREADS // d * d) * acc.itemsize)
         return y

@@ -24,9 +24,10 @@ __device__ __forceinline__ acc block_reduce(acc v, acc* red) {
 // first writes the new key and value. ws (B*H, chunks, D + 2): the chunk's unnormalised
 // output, its score maximum and its sum of exp(score - maximum). Dynamic shared memory:
 // D + CHUNK + slices * D acc (the scaled query, the chunk's scores, the partial sums).
-extern "C" __global__ void decode_chunk(const real* qkv, real* keys, real* values, acc* ws,
-                                        const long long* pos_ptr, int heads, int s_len, int d,
-                                        acc scale) {
+extern "C" __global__ void decode_chunk(const real* __restrict__ qkv, real* __restrict__ keys,
+                                        real* __restrict__ values, acc* __restrict__ ws,
+                                        const long long* __restrict__ pos_ptr, int heads,
+                                        int s_len, int d, acc scale) {
     extern __shared__ unsigned char smem[];
     acc* q = (acc*)smem;           // (D,)
     acc* score = q + d;            // (CHUNK,)
@@ -56,6 +57,7 @@ extern "C" __global__ void decode_chunk(const real* qkv, real* keys, real* value
     }
     __syncthreads();  // the query, and the new key and value, for the whole block
     const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+#pragma unroll 4
     for (int j = warp; j < n; j += blockDim.x / 32) {  // a warp per cached position
         const real* kr = k_cache + (long long)(start + j) * d;
         acc s = 0;
@@ -77,6 +79,7 @@ extern "C" __global__ void decode_chunk(const real* qkv, real* keys, real* value
     const int slices = blockDim.x / d, slice = threadIdx.x / d, i = threadIdx.x % d;
     if (slice < slices) {  // thread (slice, i): positions slice, slice + slices, ...
         acc o = 0;
+#pragma unroll 8
         for (int j = slice; j < n; j += slices)
             o += score[j] * (acc)v_cache[(long long)(start + j) * d + i];
         part[slice * d + i] = o;
@@ -93,23 +96,43 @@ extern "C" __global__ void decode_chunk(const real* qkv, real* keys, real* value
     }
 }
 
-// Block b*heads + h, a thread per output element i < D: the chunks of ws rescaled to their
-// common maximum (an empty chunk adds nothing), y (B, E) = sum of outputs / sum of exp sums.
-// It reads only ws, never pos: what it combines is exactly what decode_chunk wrote.
-extern "C" __global__ void decode_combine(const acc* ws, real* y, int heads, int d,
-                                          int chunks) {
-    const int bh = blockIdx.x, i = threadIdx.x;
-    if (i >= d) return;
-    const acc* w = ws + (long long)bh * chunks * (d + 2);
+// Block b*heads + h: the chunks of ws rescaled to their common maximum, y (B, E) = sum of
+// outputs / sum of exp sums. Its threads first take a chunk each (maxima, factors), then
+// (slice, i) pairs sum output element i over chunks slice, slice + slices, ... skipping the
+// empty ones (factor 0), so no thread walks all chunks in a chain of dependent loads. It reads
+// only ws, never pos: what it combines is exactly what decode_chunk wrote. Dynamic shared
+// memory: chunks + slices * D acc (the factors, the partial sums).
+extern "C" __global__ void decode_combine(const acc* __restrict__ ws, real* __restrict__ y,
+                                          int heads, int d, int chunks) {
+    extern __shared__ unsigned char smem[];
+    acc* factor = (acc*)smem;      // (chunks,)
+    acc* part = factor + chunks;   // (slices, D)
+    __shared__ acc red[32];
+    const int bh = blockIdx.x, stride = d + 2;
+    const acc* w = ws + (long long)bh * chunks * stride;
     acc m = NEG_INF;
-    for (int c = 0; c < chunks; c++) m = max(m, w[c * (d + 2) + d]);
-    acc o = 0, z = 0;
-    for (int c = 0; c < chunks; c++) {
-        const acc* part = w + c * (d + 2);
-        const acc f = exp(part[d] - m);
-        o += f * part[i];
-        z += f * part[d + 1];
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) m = max(m, w[c * stride + d]);
+    m = block_reduce<true>(m, red);
+    acc z = 0;
+    for (int c = threadIdx.x; c < chunks; c += blockDim.x) {
+        const acc f = exp(w[c * stride + d] - m);  // 0 for an empty chunk (maximum -inf)
+        factor[c] = f;
+        z += f * w[c * stride + d + 1];
     }
-    const int b = bh / heads, h = bh % heads;
-    y[(long long)b * heads * d + h * d + i] = (real)(o / z);
+    z = block_reduce<false>(z, red);  // its barriers also publish the factors
+    const int slices = blockDim.x / d, slice = threadIdx.x / d, i = threadIdx.x % d;
+    if (slice < slices) {
+        acc o = 0;
+#pragma unroll 4
+        for (int c = slice; c < chunks; c += slices)
+            if (factor[c] != 0) o += factor[c] * w[c * stride + i];
+        part[slice * d + i] = o;
+    }
+    __syncthreads();
+    if (threadIdx.x < d) {
+        acc o = 0;
+        for (int k = 0; k < slices; k++) o += part[k * d + threadIdx.x];
+        const int b = bh / heads, h = bh % heads;
+        y[(long long)b * heads * d + h * d + threadIdx.x] = (real)(o / z);
+    }
 }

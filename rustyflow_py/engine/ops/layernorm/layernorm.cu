@@ -5,8 +5,10 @@
 #include "warp_reduce.cuh"
 
 // LayerNorm forward, one warp per row of C features.
-extern "C" __global__ void ln_fwd(const real* x, const real* w, const real* b, real* y,
-                                  acc* mean, acc* rstd, int n, int c, acc eps) {
+extern "C" __global__ void ln_fwd(const real* __restrict__ x, const real* __restrict__ w,
+                                  const real* __restrict__ b, real* __restrict__ y,
+                                  acc* __restrict__ mean, acc* __restrict__ rstd, int n, int c,
+                                  acc eps) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= n) return;
     const real* xr = x + (long long)row * c;
@@ -22,8 +24,10 @@ extern "C" __global__ void ln_fwd(const real* x, const real* w, const real* b, r
 }
 
 // LayerNorm backward for dx, one warp per row.
-extern "C" __global__ void ln_bwd_dx(const real* g, const real* x, const real* w,
-                                     const acc* mean, const acc* rstd, real* dx, int n, int c) {
+extern "C" __global__ void ln_bwd_dx(const real* __restrict__ g, const real* __restrict__ x,
+                                     const real* __restrict__ w, const acc* __restrict__ mean,
+                                     const acc* __restrict__ rstd, real* __restrict__ dx, int n,
+                                     int c) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= n) return;
     long long off = (long long)row * c;
@@ -42,8 +46,9 @@ extern "C" __global__ void ln_bwd_dx(const real* g, const real* x, const real* w
 }
 
 // LayerNorm backward for dw, db: per-chunk column partial sums in acc (summed afterwards).
-extern "C" __global__ void ln_bwd_dwdb(const real* g, const real* x, const acc* mean,
-                                       const acc* rstd, acc* pdw, acc* pdb, int n, int c,
+extern "C" __global__ void ln_bwd_dwdb(const real* __restrict__ g, const real* __restrict__ x,
+                                       const acc* __restrict__ mean, const acc* __restrict__ rstd,
+                                       acc* __restrict__ pdw, acc* __restrict__ pdb, int n, int c,
                                        int rows_per_chunk) {
     int col = blockIdx.x * blockDim.x + threadIdx.x, chunk = blockIdx.y;
     if (col >= c) return;

@@ -5,8 +5,10 @@
 
 // LayerNorm forward with the row held in registers (lane l keeps columns l, l + 32, ...: CPL of
 // them, CPL = ceil(c / 32) fixed at compile time): x is read from memory once.
-extern "C" __global__ void ln_fwd_rows(const real* x, const real* w, const real* b, real* y,
-                                       acc* mean, acc* rstd, int n, int c, acc eps) {
+extern "C" __global__ void ln_fwd_rows(const real* __restrict__ x, const real* __restrict__ w,
+                                       const real* __restrict__ b, real* __restrict__ y,
+                                       acc* __restrict__ mean, acc* __restrict__ rstd, int n,
+                                       int c, acc eps) {
     int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     if (row >= n) return;
     long long off = (long long)row * c;
@@ -36,9 +38,11 @@ extern "C" __global__ void ln_fwd_rows(const real* x, const real* w, const real*
 // `rows` consecutive rows, writes their dx, and sums its columns of g * xhat (dw) and g
 // (db) over them in registers, then writes those as its row of the partial sums (summed
 // afterwards): no atomics, so the sums are the same bits every run.
-extern "C" __global__ void ln_bwd_rows(const real* g, const real* x, const real* w,
-                                       const acc* mean, const acc* rstd, real* dx, acc* pdw,
-                                       acc* pdb, int n, int c, int rows) {
+extern "C" __global__ void ln_bwd_rows(const real* __restrict__ g, const real* __restrict__ x,
+                                       const real* __restrict__ w, const acc* __restrict__ mean,
+                                       const acc* __restrict__ rstd, real* __restrict__ dx,
+                                       acc* __restrict__ pdw, acc* __restrict__ pdb, int n, int c,
+                                       int rows) {
     int warp = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
     int start = warp * rows;
     if (start >= n) return;
