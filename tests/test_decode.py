@@ -109,6 +109,28 @@ def test_graph_replayed_decode_equals_eager_decode(batch: int) -> None:
     assert replayed[0].tolist() == greedy_reference(model, prompt, 50)
 
 
+@pytest.mark.gpu
+def test_the_backend_stream_stays_current_after_a_capture() -> None:
+    """After the decode step's capture, CuPy's current stream is still the backend's: the
+    sampler and the next token's inputs are ordered with the replays. (CuPy's `with stream:`
+    used to leave the legacy default stream current, and a sampled token could then read
+    logits a replay was still writing.)"""
+    from rustyflow_py.engine.backend import gpu_unavailable_reason
+
+    if gpu_unavailable_reason() is not None:
+        pytest.skip(str(gpu_unavailable_reason()))
+    import cupy
+
+    model = model_of("gpu")
+    backend = model.buffer.backend
+    backend.make_current()
+    decoder = Decoder(model, warn=pytest.fail)
+    decoder.feed_rows([[3, 4]])
+    decoder.feed_rows([[5]])  # the first single token: the capture
+    assert decoder.run_step.graph is not None
+    assert cupy.cuda.get_current_stream() == backend.stream
+
+
 class BodyAsGraph:
     """CapturedStep's stand-in on the CPU: 'replay' runs the captured body (the step over the
     full window, keys after the position masked), so the replay path is checked here too."""

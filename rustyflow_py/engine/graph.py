@@ -28,11 +28,16 @@ class CapturedStep:
         import cupy
 
         stream = self.backend.stream
-        # The stream is made current too: CuPy launches its kernels on the current stream
-        # (cuBLAS calls name the backend's), and another backend made since (another GPU, a
-        # second instance) may have left its own current; a kernel launched elsewhere would
-        # run once now and be missing from every replay.
-        with cupy.cuda.using_allocator(self.pool.malloc), stream:
+        # The backend's stream is made current (CuPy launches its kernels on the current
+        # stream; cuBLAS calls name the backend's): another backend made since may have left
+        # its own current, and a kernel launched elsewhere would run once now and be missing
+        # from every replay. By use(), not `with stream:`: on leaving a `with`, CuPy makes
+        # current the stream below on its own stack, which is the legacy default stream when
+        # the backend's was made current by use(), so everything launched afterwards (a
+        # sampler, the next token's inputs) ran there, unordered with the replays on this
+        # non-blocking stream.
+        self.backend.make_current()
+        with cupy.cuda.using_allocator(self.pool.malloc):
             stream.begin_capture()
             try:
                 self.body()
