@@ -1,72 +1,116 @@
-"""The eager GPU training step of `vs_pytorch.py`, timed in one process per tree, for A/B runs
-of two checkouts whose host-side code differs (the engine refactor's before and after).
+"""The eager GPU training step of `vs_pytorch.py` in two trees, timed in ONE process with their
+windows interleaved, for A/B runs of checkouts whose host-side code differs (the engine
+refactor's before and after).
 
-Why a separate script: an eager step on the GPU is bound by the host (Python and kernel
-launches), and on a shared host one process can run 1.5-2x slower than the next for the same
-code. A single `vs_pytorch.py` run per tree then compares two draws of that noise; this script
-is cheap enough to alternate the trees many times and compare the distributions. Run it with
-the tree to time as the working directory, e.g. (before = a `git archive` of the old commit):
+Why one process: an eager step on the GPU is bound by the host (Python and kernel launches),
+and on a shared host one process can run 1.5-2x slower than the next for the same code, so
+separate runs per tree compare draws of that noise. Here both trees' models live in one
+process, and each pair of windows (one per tree, the order alternating) runs under the same
+conditions; the ratio of each pair's times is what is summarised. Run it from the tree to time
+("after"), with a `git archive` of the other ("before"):
 
-    for r in $(seq 10); do
-      (cd before && python ../benchmarks/eager_ab.py) >> ab.txt
-      python benchmarks/eager_ab.py >> ab.txt
-    done
+    mkdir before && git archive 69e3bf1 | tar -x -C before
+    python benchmarks/eager_ab.py before
 
-Each run prints one line per shape and precision: the best and the median of 7 windows of 15
-steps (after 8 warm-up steps), in ms. The tree is "before" when its `rustyflow_training`
-still takes a device name (the API before the run policy), "after" otherwise.
+The before tree's package is loaded under another name (`rustyflow_before`, a copy in a
+temporary folder), and its `benchmarks/vs_pytorch.py` with the name replaced, so both import
+side by side. A tree is "before" when its `rustyflow_training` still takes a device name (the
+API before the run policy). Prints one line per shape and precision: each tree's median and
+best window (ms per step) and the median and quartiles of the paired after/before ratios.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
+import shutil
 import statistics
 import sys
+import tempfile
 import time
+import types
+from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, os.getcwd())  # the tree being timed, not an installed package
 
-import benchmarks.vs_pytorch as vp  # noqa: E402
-from rustyflow_py.engine.precision import Precision  # noqa: E402
+import benchmarks.vs_pytorch as after  # noqa: E402
 
-WARMUP, WINDOWS, STEPS = 8, 7, 15
+WARMUP = 8
 
 
-def training(shape: str, precision: str) -> tuple[object, object, object]:
-    """The step function, and a batch, on either tree's API."""
+def load_before(tree: Path, into: Path) -> types.ModuleType:
+    """The before tree's vs_pytorch module, its package imported as rustyflow_before."""
+    shutil.copytree(tree / "rustyflow_py", into / "rustyflow_before",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    sys.path.insert(0, str(into))
+    source = (tree / "benchmarks" / "vs_pytorch.py").read_text()
+    module = types.ModuleType("vs_pytorch_before")
+    module.__file__ = str(into / "vs_pytorch_before.py")
+    sys.modules[module.__name__] = module
+    exec(compile(source.replace("rustyflow_py", "rustyflow_before"), module.__file__, "exec"),
+         module.__dict__)
+    return module
+
+
+def training(vp: types.ModuleType, shape: str, precision: str) -> tuple[Any, Any]:
+    """One eager step (a closure over its batch) and its backend, on either tree's API."""
+    package = vp.GPT.__module__.split(".")[0]
+    precisions = sys.modules[f"{package}.engine.precision"].Precision
     cfg, batch = vp.gpt_config(shape)
     if "backend" in vp.rustyflow_training.__code__.co_varnames:  # after: a run policy
-        from rustyflow_py.engine.policy import RunPolicy
-
-        backend = vp.get_backend("gpu", RunPolicy(Precision.of(precision)))
+        policy = sys.modules[f"{package}.engine.policy"].RunPolicy
+        backend = vp.get_backend("gpu", policy(precisions.of(precision)))
         model, opt, scaler = vp.rustyflow_training(cfg, backend, 10**6)
     else:  # before: settings on the shared backend
         backend = vp.get_backend("gpu")
-        backend.set_precision(Precision.of(precision))
+        backend.set_precision(precisions.of(precision))
         model, opt, scaler = vp.rustyflow_training(cfg, "gpu", precision, 10**6)
     x, y = (backend.from_host(a) for a in vp.synthetic_batch(cfg, batch))
-    return vp.rustyflow_step_fn(model, opt, "eager", scaler), (x, y), backend
+    step = vp.rustyflow_step_fn(model, opt, "eager", scaler)
+    return (lambda: step(x, y)), backend
+
+
+def window(run: Any, backend: Any, steps: int) -> float:
+    """ms per step over `steps` steps."""
+    backend.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        run()
+    backend.synchronize()
+    return (time.perf_counter() - start) / steps * 1e3
 
 
 def main() -> None:
-    tree = "after" if "backend" in vp.rustyflow_training.__code__.co_varnames else "before"
-    for shape in ("seed", "small"):
-        for precision in ("tf32", "bf16"):
-            step, (x, y), backend = training(shape, precision)
-            for _ in range(WARMUP):
-                step(x, y)
-            backend.synchronize()
-            times = []
-            for _ in range(WINDOWS):
-                start = time.perf_counter()
-                for _ in range(STEPS):
-                    step(x, y)
-                backend.synchronize()
-                times.append((time.perf_counter() - start) / STEPS * 1e3)
-            print(f"{tree} {shape} {precision} min {min(times):.3f} "
-                  f"med {statistics.median(times):.3f} ms", flush=True)
-            del step
-            vp.free_gpu_memory()
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("before", type=Path, help="the other tree (a git archive of its commit)")
+    ap.add_argument("--shapes", default="seed,small")
+    ap.add_argument("--precisions", default="tf32,bf16")
+    ap.add_argument("--pairs", type=int, default=24, help="window pairs per configuration")
+    ap.add_argument("--steps", type=int, default=10, help="steps per window")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory() as tmp:
+        trees = {"before": load_before(args.before.resolve(), Path(tmp)), "after": after}
+        for shape in args.shapes.split(","):
+            for precision in args.precisions.split(","):
+                runs = {name: training(vp, shape, precision) for name, vp in trees.items()}
+                for run, backend in runs.values():
+                    for _ in range(WARMUP):
+                        run()
+                times: dict[str, list[float]] = {"before": [], "after": []}
+                for pair in range(args.pairs):
+                    for name in ("before", "after") if pair % 2 == 0 else ("after", "before"):
+                        times[name].append(window(*runs[name], args.steps))
+                ratios = [a / b for a, b in zip(times["after"], times["before"], strict=True)]
+                q1, _, q3 = statistics.quantiles(ratios, n=4)
+                print(f"{shape} {precision}: " + " | ".join(
+                    f"{name} median {statistics.median(t):.3f} best {min(t):.3f} ms"
+                    for name, t in times.items())
+                    + f" | after/before median {statistics.median(ratios):.3f} (quartiles "
+                    f"{q1:.3f}, {q3:.3f}) over {args.pairs} pairs of {args.steps}-step windows",
+                    flush=True)
+                del runs
+                after.free_gpu_memory()
 
 
 if __name__ == "__main__":
