@@ -94,7 +94,7 @@ def main() -> None:
         for shape in args.shapes.split(","):
             for precision in args.precisions.split(","):
                 runs = {name: training(vp, shape, precision) for name, vp in trees.items()}
-                for run, backend in runs.values():
+                for run, _ in runs.values():
                     for _ in range(WARMUP):
                         run()
                 times: dict[str, list[float]] = {"before": [], "after": []}
