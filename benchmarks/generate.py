@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rustyflow_py.data import Vocab  # noqa: E402
 from rustyflow_py.engine.backend import get_backend  # noqa: E402
+from rustyflow_py.engine.policy import RunPolicy  # noqa: E402
 from rustyflow_py.interop.hf_export import hf_name  # noqa: E402
 from rustyflow_py.model.generate import Session  # noqa: E402
 from rustyflow_py.model.gpt import GPT, GPTConfig  # noqa: E402
@@ -108,9 +109,11 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, default=256, help="new tokens timed per run")
     ap.add_argument("--batches", default="1,8")
     ap.add_argument("--shapes", default=",".join(SHAPES), help="comma-separated names")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="CPU threads of rustyflow's kernel pool (THREADS; 0 = every core)")
     ap.add_argument("--out", help="also write the table to this Markdown file")
     args = ap.parse_args()
-    backend = get_backend(args.device)
+    backend = get_backend(args.device, RunPolicy(threads=args.threads))
     lines = [f"Generation speed on {backend.describe()} ({os.cpu_count()} cores visible, "
              f"python {platform.python_version()}): {args.tokens} new tokens after "
              f"{PROMPT}, tokens/s over all sequences of the batch; random weights; fp32.", "",
@@ -118,7 +121,7 @@ def main() -> None:
              "transformers (static cache) |", "|---|---:|---|---:|---:|---:|"]
     print("\n".join(lines), flush=True)
     for name in args.shapes.split(","):
-        model = GPT(SHAPES[name], args.device, seed=0)
+        model = GPT(SHAPES[name], backend, seed=0)
         model.training = False
         hf = transformers_model(model, args.device)
         for batch in (int(b) for b in args.batches.split(",")):

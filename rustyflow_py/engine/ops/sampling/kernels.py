@@ -16,8 +16,9 @@ table.py's common ones); tests/test_kernel_contract.py holds each to the referen
 from __future__ import annotations
 
 from ..table import ANY, declare
+from .cpu import CpuSampling
 from .cuda import CudaSampling
 from .reference import SamplingReference
 
 declare(("argmax_rows", "sample_rows"), reference={ANY: SamplingReference},
-        cpu={ANY: SamplingReference}, gpu={ANY: CudaSampling})
+        cpu={ANY: CpuSampling}, gpu={ANY: CudaSampling})
