@@ -167,20 +167,15 @@ def test_graph_decode_replay_and_fallback_on_the_cpu(monkeypatch: pytest.MonkeyP
     assert all("decoding eagerly" in w for w in warnings)
 
 
-@pytest.mark.gpu
-@pytest.mark.skipif(gpu_unavailable_reason() is not None, reason=str(gpu_unavailable_reason()))
-@pytest.mark.parametrize(("dtype_name", "heads", "s_len", "d"),
-                         [("float32", 4, 64, 8), ("bfloat16", 12, 1024, 64),
-                          ("float16", 2, 300, 128), ("float64", 3, 40, 16)])
-def test_the_decode_attention_kernel_equals_the_reference(dtype_name: str, heads: int,
-                                                         s_len: int, d: int) -> None:
-    """decode_attention.cu against the reference formulation on the same GPU, at the first,
-    a middle and the last position: the outputs, and the caches the two wrote."""
+def check_decode_kernel(device: str, dtype_name: str, heads: int, s_len: int, d: int) -> None:
+    """A device's decode_attention against the reference formulation on the same device, at
+    the first, a middle and the last position: the outputs, and the caches the two wrote."""
     from rustyflow_py.engine.backend import get_backend
     from rustyflow_py.engine.ops.attention.reference import AttentionReference
     from rustyflow_py.engine.precision import bfloat16
 
-    kernels, xp = get_backend("gpu").kernels, get_backend("gpu").xp
+    backend = get_backend(device)
+    kernels, xp = backend.kernels, backend.xp
     dtype = bfloat16() if dtype_name == "bfloat16" else np.dtype(dtype_name)
     rng = np.random.default_rng(3)
     b, e = 2, heads * d
@@ -195,5 +190,25 @@ def test_the_decode_attention_kernel_equals_the_reference(dtype_name: str, heads
                                                   0.125, pos + 1)
         assert xp.array_equal(keys, ref_keys) and xp.array_equal(values, ref_values)
         tol = {"float64": 1e-12, "float32": 1e-5}.get(dtype_name, 2e-2)
-        np.testing.assert_allclose(xp.asnumpy(ours.astype(np.float32)),
-                                   xp.asnumpy(ref.astype(np.float32)), rtol=tol, atol=tol)
+        np.testing.assert_allclose(backend.to_host(ours.astype(np.float32)),
+                                   backend.to_host(ref.astype(np.float32)), rtol=tol, atol=tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(gpu_unavailable_reason() is not None, reason=str(gpu_unavailable_reason()))
+@pytest.mark.parametrize(("dtype_name", "heads", "s_len", "d"),
+                         [("float32", 4, 64, 8), ("bfloat16", 12, 1024, 64),
+                          ("float16", 2, 300, 128), ("float64", 3, 40, 16)])
+def test_the_decode_attention_kernel_equals_the_reference(dtype_name: str, heads: int,
+                                                         s_len: int, d: int) -> None:
+    """decode_attention.cu (split over chunks of positions, then combined)."""
+    check_decode_kernel("gpu", dtype_name, heads, s_len, d)
+
+
+@pytest.mark.parametrize(("dtype_name", "heads", "s_len", "d"),
+                         [("float32", 4, 64, 8), ("float32", 6, 300, 64), ("float64", 3, 40, 16)])
+def test_the_cpu_decode_attention_equals_the_reference(dtype_name: str, heads: int, s_len: int,
+                                                       d: int) -> None:
+    """The CPU's: cpu_jit.decode_attention for float32 where numba is installed (the
+    reference formulation without it, and for float64)."""
+    check_decode_kernel("cpu", dtype_name, heads, s_len, d)

@@ -270,6 +270,38 @@ def adam_l2(p: Any, g: Any, m: Any, v: Any, decay_until: int, l2: float, c1: flo
         v[i] = vi
         p[i] = p[i] - lr * mi / (np.sqrt(vi) * rb2 + e)
 
+@jit
+def decode_attention(qkv: Any, keys: Any, values: Any, pos: int, scale: float, y: Any) -> None:
+    """One new position per sequence: its key and value from qkv (B, 3E) written at `pos`
+    into keys/values (B, H, S, D), then its query over positions 0..pos into y (B, E): the
+    reference's dozen NumPy calls a layer cost more than this arithmetic at batch 1."""
+    n_b, heads, _, d = keys.shape
+    e = heads * d
+    scores = np.empty(pos + 1, f32)
+    for b in range(n_b):
+        for h in range(heads):
+            q = qkv[b, h * d:(h + 1) * d]
+            keys[b, h, pos, :] = qkv[b, e + h * d:e + (h + 1) * d]
+            values[b, h, pos, :] = qkv[b, 2 * e + h * d:2 * e + (h + 1) * d]
+            top = f32(-np.inf)
+            for j in range(pos + 1):
+                s = f32(0.0)
+                for i in range(d):
+                    s += q[i] * keys[b, h, j, i]
+                scores[j] = s * f32(scale)
+                top = max(top, scores[j])
+            total = f32(0.0)
+            for j in range(pos + 1):
+                scores[j] = fexp(scores[j] - top)
+                total += scores[j]
+            out = y[b, h * d:(h + 1) * d]
+            out[:] = f32(0.0)
+            for j in range(pos + 1):
+                w = scores[j] / total
+                for i in range(d):
+                    out[i] += w * values[b, h, j, i]
+
+
 def warm_up() -> None:
     """Compile every kernel (or load it from numba's cache) for the array types training
     passes, so no training step, and no op in the profile, pays for compilation (slow on a
@@ -291,3 +323,5 @@ def warm_up() -> None:
     causal_softmax_backward(cube, cube, 1.0, cube)
     adamw(row, row, row, row, 0, 1.0, 0.1, 0.05, 1e-3, 1.0, 1e-8, 1.0)
     adam_l2(row, row, row, row, 0, 0.1, 0.1, 0.05, 1e-3, 1.0, 1e-8, 1.0)
+    decode_attention(np.zeros((1, 3), f32), np.zeros((1, 1, 2, 1), f32),
+                     np.zeros((1, 1, 2, 1), f32), 1, 1.0, np.zeros((1, 1), f32))

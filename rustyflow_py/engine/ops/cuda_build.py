@@ -64,7 +64,7 @@ class CudaSource:
         for a in same:
             if a.dtype != dtype:
                 raise TypeError(f"{name}: {a.dtype} array where the kernel takes {dtype}")
-        return self.kernel(name, dtype_defines(dtype) + defines)
+        return _typed(self, name, dtype, defines)
 
 
 def source(launcher: str, name: str, sample: tuple[str, ...] = ()) -> CudaSource:
@@ -101,6 +101,14 @@ def dtype_defines(dtype: Any) -> tuple[str, ...]:
     real, header = _REAL[dtype.name]
     acc = "double" if accumulate_dtype(dtype) == np.float64 else "float"
     return (f"-DRF_REAL={real}", f"-DRF_ACC={acc}") + ((f"-D{header}=1",) if header else ())
+
+
+@functools.cache
+def _typed(src: CudaSource, name: str, dtype: Any, defines: tuple[str, ...]) -> Any:
+    """`CudaSource.typed`'s kernel, kept per key: it is looked up on every launch, and
+    building its options (two tuple concatenations) and hashing them each time is host work
+    an eager step repeats a hundred times."""
+    return src.kernel(name, dtype_defines(dtype) + defines)
 
 
 @functools.cache

@@ -106,3 +106,15 @@ class CpuAttention(AttentionReference):
         self._causal_pass((ds, p3, g3), block, jit and (lambda mats: jit.causal_softmax_backward(
             g3[mats], p3[mats], scale, ds[mats])))
         return ds.reshape(probs.shape)
+
+    def decode_attention(self, qkv: Any, keys: Any, values: Any, pos: Any, scale: float,
+                         n: int) -> Any:
+        """cpu_jit.decode_attention for float32 (positions 0..pos only: `n`, the reference's
+        window, is not needed); the reference formulation otherwise."""
+        jit = self._jit_for(qkv, keys, values)
+        if jit is None or not (qkv.flags.c_contiguous and keys.flags.c_contiguous
+                               and values.flags.c_contiguous):
+            return super().decode_attention(qkv, keys, values, pos, scale, n)
+        y = np.empty((qkv.shape[0], qkv.shape[1] // 3), dtype=qkv.dtype)  # (B, E)
+        jit.decode_attention(qkv, keys, values, int(pos[0]), scale, y)
+        return y

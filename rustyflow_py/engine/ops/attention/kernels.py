@@ -59,4 +59,4 @@ declare("fused_attention", reference={ANY: AttentionReference}, cpu={ANY: Attent
         gpu={ANY: CudaAttention})
 declare(("attention_forward", "attention_backward"), gpu={FLOATS: CudaAttention})
 declare("decode_attention", reference={ANY: AttentionReference},
-        cpu={FLOATS: AttentionReference}, gpu={FLOATS: CudaAttention})
+        cpu={(F32, F64): CpuAttention, SIXTEEN: AttentionReference}, gpu={FLOATS: CudaAttention})
