@@ -72,7 +72,9 @@ def training(vp: types.ModuleType, shape: str, precision: str) -> tuple[Any, Any
 
 
 def window(run: Any, backend: Any, steps: int) -> float:
-    """ms per step over `steps` steps."""
+    """ms per step over `steps` steps, with `backend`'s stream current: each tree's CuPy
+    kernels must run on the stream its own cuBLAS calls and synchronize() use."""
+    backend.make_current()
     backend.synchronize()
     start = time.perf_counter()
     for _ in range(steps):
@@ -89,14 +91,18 @@ def main() -> None:
     ap.add_argument("--pairs", type=int, default=24, help="window pairs per configuration")
     ap.add_argument("--steps", type=int, default=10, help="steps per window")
     args = ap.parse_args()
+    if args.pairs < 2:
+        ap.error("--pairs must be at least 2 (the quartiles of the pairs' ratios are reported)")
     with tempfile.TemporaryDirectory() as tmp:
         trees = {"before": load_before(args.before.resolve(), Path(tmp)), "after": after}
         for shape in args.shapes.split(","):
             for precision in args.precisions.split(","):
                 runs = {name: training(vp, shape, precision) for name, vp in trees.items()}
-                for run, _ in runs.values():
+                for run, backend in runs.values():
+                    backend.make_current()
                     for _ in range(WARMUP):
                         run()
+                    backend.synchronize()
                 times: dict[str, list[float]] = {"before": [], "after": []}
                 for pair in range(args.pairs):
                     for name in ("before", "after") if pair % 2 == 0 else ("after", "before"):

@@ -187,6 +187,7 @@ SAMPLINGS = {  # temperature, top_k, top_p
     "softmax": (1.0, 0, 1.0), "top_k": (0.7, 50, 1.0), "top_k_and_top_p": (1.0, 50, 0.95),
     "top_k_one": (2.0, 1, 1.0), "top_k_all_but_one": (1.0, -1, 0.5),
     "top_k_at_the_sorting_limit": (1.5, 1024, 0.3), "top_p_alone": (1.3, 0, 0.9),
+    "top_k_one_and_top_p": (1.0, 1, 0.5), "top_k_two_and_top_p": (0.9, 2, 0.6),
 }
 
 

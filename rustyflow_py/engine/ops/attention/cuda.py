@@ -27,8 +27,9 @@ DECODE_CHUNK = 16  # positions per decode_chunk block: the fastest of 16, 32, 64
 _DECODE_DEFINES = (f"-DCHUNK={DECODE_CHUNK}",)
 _DECODE = cuda_build.source(__file__, "decode_attention.cu",
                             cuda_build.dtype_defines(np.float32) + _DECODE_DEFINES)
-DECODE_THREADS = 128  # a block per (sequence, head, chunk); head_dim <= this
+DECODE_THREADS = 128  # a block per (sequence, head, chunk); head_dim <= this (else the reference)
 DECODE_COMBINE_THREADS = 256  # a block per (sequence, head)
+DECODE_SHARED_LIMIT = 48 * 1024  # the default dynamic shared memory of a block
 
 
 def _drop(dropout: tuple[float, int, int, Any] | None) -> flash.Dropout | None:
@@ -98,10 +99,11 @@ class CudaAttention(AttentionReference):
         b, heads, s_len, d = keys.shape
         acc = accumulate_dtype(qkv.dtype)
         slices = DECODE_THREADS // d if d else 0
-        if (not slices or not qkv.flags.c_contiguous or not keys.flags.c_contiguous
-                or not values.flags.c_contiguous):
-            return super().decode_attention(qkv, keys, values, pos, scale, n)
         chunks = -(-s_len // DECODE_CHUNK)
+        combine_shared = (chunks + DECODE_COMBINE_THREADS // max(d, 1) * d) * acc.itemsize
+        if (not slices or combine_shared > DECODE_SHARED_LIMIT or not qkv.flags.c_contiguous
+                or not keys.flags.c_contiguous or not values.flags.c_contiguous):
+            return super().decode_attention(qkv, keys, values, pos, scale, n)
         ws = self.xp.empty((b * heads, chunks, d + 2), dtype=acc)  # outputs, maxima, sums
         y = self.xp.empty((b, heads * d), dtype=qkv.dtype)  # (B, E)
         defines = _DECODE_DEFINES
@@ -112,5 +114,5 @@ class CudaAttention(AttentionReference):
         _DECODE.typed("decode_combine", qkv.dtype, y, defines=defines)(
             (b * heads,), (DECODE_COMBINE_THREADS,),
             (ws, y, np.int32(heads), np.int32(d), np.int32(chunks)),
-            shared_mem=(chunks + DECODE_COMBINE_THREADS // d * d) * acc.itemsize)
+            shared_mem=combine_shared)
         return y

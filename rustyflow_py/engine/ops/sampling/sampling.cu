@@ -173,9 +173,10 @@ extern "C" __global__ void sample_rows(const real* __restrict__ logits,
                                        double temperature, int top_k, double top_p) {
     __shared__ acc red_a[WARPS];
     __shared__ double red_d[WARPS];
-    __shared__ double work[KEPT_MAX + 1];  // top-p's sorted entries, then the draw's bounds
+    __shared__ double work[KEPT_MAX];  // top-p's sorted entries, then the segments' starts
     __shared__ int count;
     __shared__ long long drawn;
+    __shared__ int walker;  // the thread whose segment holds the draw
     const real* row = logits + (long long)blockIdx.x * v;
 
     acc hi = NEG_INF;
@@ -229,9 +230,11 @@ extern "C" __global__ void sample_rows(const real* __restrict__ logits,
         __syncthreads();  // red_d and work are reused below
     }
 
-    // the inverse CDF in vocabulary order: thread t's contiguous segment of the row spans
-    // [work[t], work[t + 1]) of the kept mass; the token drawn is the first whose cumulative
-    // mass exceeds u * total
+    // the inverse CDF in vocabulary order: thread t's contiguous segment of the row starts at
+    // work[t] of the kept mass (the scan's sums, in its tree order, are not exactly monotone:
+    // so the segment walked is the last one holding kept mass that starts at or below
+    // u * total, chosen once by atomicMax); the token drawn is the first there whose
+    // cumulative mass exceeds u * total
     auto kept = [&](acc x) { const double w = weight(x); return w >= smallest ? w : 0.0; };
     const int seg = (v + THREADS - 1) / THREADS, start = min(v, (int)threadIdx.x * seg),
               stop = min(v, start + seg);
@@ -254,14 +257,16 @@ extern "C" __global__ void sample_rows(const real* __restrict__ logits,
         red_d[lane] = w;
     }
     __syncthreads();
-    work[threadIdx.x + 1] = (warp ? red_d[warp - 1] : 0.0) + incl;
+    work[threadIdx.x] = (warp ? red_d[warp - 1] : 0.0) + incl - s;  // where this segment starts
     if (threadIdx.x == 0) {
-        work[0] = 0.0;
-        drawn = v - 1;  // where u * total reaches the total (the reference's clip)
+        walker = -1;
+        drawn = v - 1;  // no segment chosen: the reference's clip
     }
     __syncthreads();
-    const double target = u[blockIdx.x] * work[THREADS];
-    if (work[threadIdx.x] <= target && target < work[threadIdx.x + 1]) {
+    const double target = u[blockIdx.x] * red_d[WARPS - 1];  // u * the kept mass
+    if (s > 0 && work[threadIdx.x] <= target) atomicMax(&walker, (int)threadIdx.x);
+    __syncthreads();
+    if ((int)threadIdx.x == walker) {
         double c = work[threadIdx.x];
         long long last = -1;  // the step, or the segment's last kept token if rounding misses
         for_each(row, start, stop, 1, [&](int i, acc x) {
@@ -269,7 +274,7 @@ extern "C" __global__ void sample_rows(const real* __restrict__ logits,
             if (w > 0 && c <= target) last = i;
             c += w;
         });
-        drawn = last;
+        drawn = last;  // >= 0: the segment holds kept mass
     }
     __syncthreads();
     if (threadIdx.x == 0) ids[blockIdx.x] = drawn;
