@@ -231,9 +231,10 @@ extern "C" __global__ void sample_rows(const real* __restrict__ logits,
     }
 
     // the inverse CDF in vocabulary order: thread t's contiguous segment of the row starts at
-    // work[t] of the kept mass (the scan's sums, in its tree order, are not exactly monotone:
-    // so the segment walked is the last one holding kept mass that starts at or below
-    // u * total, chosen once by atomicMax); the token drawn is the first there whose
+    // work[t], the kept mass of the segments before it (a sum of positive terms, so 0 only
+    // where all of them are 0; the scan adds in tree order, so the starts are not exactly
+    // monotone, and the segment walked is the last one holding kept mass that starts at or
+    // below u * total, chosen once by atomicMax); the token drawn is the first there whose
     // cumulative mass exceeds u * total
     auto kept = [&](acc x) { const double w = weight(x); return w >= smallest ? w : 0.0; };
     const int seg = (v + THREADS - 1) / THREADS, start = min(v, (int)threadIdx.x * seg),
@@ -257,7 +258,9 @@ extern "C" __global__ void sample_rows(const real* __restrict__ logits,
         red_d[lane] = w;
     }
     __syncthreads();
-    work[threadIdx.x] = (warp ? red_d[warp - 1] : 0.0) + incl - s;  // where this segment starts
+    double before = __shfl_up_sync(FULL, incl, 1);  // the mass of this warp's earlier lanes
+    if (lane == 0) before = 0.0;
+    work[threadIdx.x] = (warp ? red_d[warp - 1] : 0.0) + before;  // where this segment starts
     if (threadIdx.x == 0) {
         walker = -1;
         drawn = v - 1;  // no segment chosen: the reference's clip
