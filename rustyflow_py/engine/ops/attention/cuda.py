@@ -106,12 +106,11 @@ class CudaAttention(AttentionReference):
             return super().decode_attention(qkv, keys, values, pos, scale, n)
         ws = self.xp.empty((b * heads, chunks, d + 2), dtype=acc)  # outputs, maxima, sums
         y = self.xp.empty((b, heads * d), dtype=qkv.dtype)  # (B, E)
-        defines = _DECODE_DEFINES
-        _DECODE.typed("decode_chunk", qkv.dtype, keys, values, defines=defines)(
+        _DECODE.typed("decode_chunk", qkv.dtype, keys, values, defines=_DECODE_DEFINES)(
             (b * heads, chunks), (DECODE_THREADS,),
             (qkv, keys, values, ws, pos, np.int32(heads), np.int32(s_len), np.int32(d),
              acc.type(scale)), shared_mem=(d + DECODE_CHUNK + slices * d) * acc.itemsize)
-        _DECODE.typed("decode_combine", qkv.dtype, y, defines=defines)(
+        _DECODE.typed("decode_combine", qkv.dtype, y, defines=_DECODE_DEFINES)(
             (b * heads,), (DECODE_COMBINE_THREADS,),
             (ws, y, np.int32(heads), np.int32(d), np.int32(chunks)),
             shared_mem=combine_shared)

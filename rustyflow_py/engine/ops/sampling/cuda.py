@@ -17,9 +17,11 @@ import numpy as np
 from .. import cuda_build
 from .reference import SamplingReference
 
-_SAMPLING = cuda_build.source(__file__, "sampling.cu", cuda_build.dtype_defines(np.float32))
-THREADS = 1024  # sampling.cu's block size
+THREADS = 1024  # sampling.cu's block size (it needs exactly 32 warps)
 KEPT_MAX = 1024  # top-p with top-k sorts fewer than top_k <= this many entries
+_DEFINES = (f"-DTHREADS={THREADS}", f"-DKEPT_MAX={KEPT_MAX}")
+_SAMPLING = cuda_build.source(__file__, "sampling.cu",
+                              cuda_build.dtype_defines(np.float32) + _DEFINES)
 
 
 class CudaSampling(SamplingReference):
@@ -28,8 +30,8 @@ class CudaSampling(SamplingReference):
         logits = self.xp.ascontiguousarray(logits)
         b, v = logits.shape
         ids = self.xp.empty(b, dtype=np.int64)
-        _SAMPLING.typed("argmax_rows", logits.dtype)((b,), (THREADS,), (logits, ids,
-                                                                         np.int32(v)))
+        _SAMPLING.typed("argmax_rows", logits.dtype, defines=_DEFINES)(
+            (b,), (THREADS,), (logits, ids, np.int32(v)))
         return ids
 
     def sample_rows(self, logits: Any, u: Any, temperature: float, top_k: int,
@@ -42,7 +44,7 @@ class CudaSampling(SamplingReference):
         logits = self.xp.ascontiguousarray(logits)
         u = self.xp.ascontiguousarray(u, dtype=np.float64)
         ids = self.xp.empty(b, dtype=np.int64)
-        _SAMPLING.typed("sample_rows", logits.dtype)(
+        _SAMPLING.typed("sample_rows", logits.dtype, defines=_DEFINES)(
             (b,), (THREADS,), (logits, u, ids, np.int32(v), np.float64(temperature),
                                np.int32(top_k), np.float64(top_p)))
         return ids

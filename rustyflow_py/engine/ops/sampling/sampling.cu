@@ -6,10 +6,12 @@
 #include "types.cuh"
 #include "warp_reduce.cuh"
 
-#define THREADS 1024
-#define WARPS (THREADS / 32)  // 32: a warp's lanes hold one value per warp
-#define UNROLL 8              // row loads issued before any is used
-#define KEPT_MAX 1024         // top-p sorts fewer than top_k <= KEPT_MAX entries
+// THREADS (the block size) and KEPT_MAX (top-p sorts fewer than top_k <= KEPT_MAX entries)
+// come from the launcher (cuda.py) as -D options.
+static_assert(THREADS == 1024, "block_all needs 32 warps: a warp's lanes hold one per warp");
+static_assert(KEPT_MAX >= THREADS, "the draw keeps one segment start per thread in `work`");
+#define WARPS (THREADS / 32)
+#define UNROLL 8  // row loads issued before any is used
 #define FULL 0xffffffffu
 
 // Order-preserving keys of acc values: a larger value has a larger unsigned key. A value's
