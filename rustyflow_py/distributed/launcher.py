@@ -3,9 +3,10 @@
 Clusters start the ranks themselves (`mpiexec`, `srun`); on a workstation `--gpus N` does it
 for the user. MPI's launcher does the work (starting, forwarding signals, killing every rank
 when one dies); this module finds it, forwards our stop signals to it once each, and turns
-its verdict into one line that names the rank: the rank's own error when it left one (in
-$RUSTYFLOW_ERROR_DIR/rank-<r>.txt), else the signal that killed it, read from mpiexec's
-report of the process id and mapped to the rank by the pid files the ranks leave there.
+its verdict into one line that names the rank that ended the job: the first to exit
+abnormally (the ranks' pid files, left in $RUSTYFLOW_ERROR_DIR, are watched: exits.py). The
+line is that rank's own error when it left one (rank-<r>.txt there), else how it ended, read
+from mpiexec's report (MPICH's Hydra is asked for every rank's exit status).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from ..errors import DistributedError
+from .exits import ExitOrder
 from .mpi import EXTRA_HINT
 
 ERROR_DIR = "RUSTYFLOW_ERROR_DIR"
@@ -29,9 +31,11 @@ _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 _HINTS = {signal.SIGKILL: "out of host memory? killed by hand?",
           signal.SIGSEGV: "a crash in native code?", signal.SIGBUS: "a crash in native code?",
           signal.SIGABRT: "a crash in native code?"}
-# MPICH's Hydra: "=   PID 9579 RUNNING AT host", later "... EXIT STRING: Killed (signal 9)"
+# MPICH's Hydra: "=   PID 9579 RUNNING AT host", later "... EXIT STRING: Killed (signal 9)";
+# with -print-all-exitcodes, "[mpiexec@host] Exit codes: [host] 9,11" (wait statuses by rank)
 _HYDRA_PID = re.compile(r"PID (\d+) RUNNING AT")
 _HYDRA_CODE = re.compile(r"EXIT STRING: .*\(signal (\d+)\)")
+_HYDRA_ALL = re.compile(r"Exit codes: \[[^\]]*\] ([\d,]+)[ \t]*$", re.MULTILINE)
 # Open MPI: "... process rank 1 with PID 123 on node x exited on signal 9 (Killed)."
 _OMPI = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
 
@@ -70,7 +74,9 @@ def leave_pid(rank: int) -> None:
     folder = os.environ.get(ERROR_DIR)
     if folder:
         try:
-            Path(folder, f"rank-{rank}.pid").write_text(str(os.getpid()))
+            part = Path(folder, f".rank-{rank}.pid.part")
+            part.write_text(str(os.getpid()))
+            os.replace(part, Path(folder, f"rank-{rank}.pid"))  # whole when seen
         except OSError:
             pass
 
@@ -78,14 +84,17 @@ def leave_pid(rank: int) -> None:
 def launch(command: list[str], ranks: int, warn: Callable[[str], None]) -> int:
     """Run `command` as `ranks` MPI processes on this machine; the job's exit status."""
     mpiexec = find_mpiexec()
+    args = [mpiexec, *_report_options(mpiexec), "-n", str(ranks), *command]
     with tempfile.TemporaryDirectory(prefix="rustyflow-ranks-") as folder:
         env = {**os.environ, ERROR_DIR: folder}
-        warn(f"starting {ranks} processes: {shlex.join([mpiexec, '-n', str(ranks), *command])}")
+        warn(f"starting {ranks} processes: {shlex.join(args)}")
+        exits = ExitOrder(Path(folder))
         try:
-            proc = subprocess.Popen([mpiexec, "-n", str(ranks), *command], env=env,
+            proc = subprocess.Popen(args, env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                     start_new_session=True, preexec_fn=_stop_with_parent)
         except OSError as exc:
+            exits.stop()
             raise DistributedError(f"cannot start {mpiexec}: {exc.strerror or exc}: "
                                    f"{EXTRA_HINT}") from None
         forward = {s: signal.signal(s, lambda signum, _f: proc.send_signal(signum))
@@ -99,8 +108,9 @@ def launch(command: list[str], ranks: int, warn: Callable[[str], None]) -> int:
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
+            order = exits.stop()
         if status not in (0, *(128 + s for s in _STOP_SIGNALS)):
-            warn(f"Error: {_reason(Path(folder), report, status)}")
+            warn(f"Error: {_reason(Path(folder), report, status, order)}")
     return status
 
 
@@ -112,31 +122,68 @@ def _relay(proc: subprocess.Popen[bytes]) -> list[str]:
         line = raw.decode(errors="replace")
         sys.stdout.write(line)
         sys.stdout.flush()
-        if _HYDRA_PID.search(line) or _HYDRA_CODE.search(line) or _OMPI.search(line):
+        if any(p.search(line) for p in (_HYDRA_PID, _HYDRA_CODE, _HYDRA_ALL, _OMPI)):
             report.append(line)
     return report
 
 
-def _reason(folder: Path, report: list[str], status: int) -> str:
+def _report_options(mpiexec: str) -> list[str]:
+    """Hydra's flag for every rank's exit status (the default report names one process,
+    not always the one that ended the job); Open MPI's report names the rank already."""
+    try:
+        version = subprocess.run([mpiexec, "--version"], capture_output=True, text=True,
+                                 timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []  # Popen will say what is wrong with it
+    return ["-print-all-exitcodes"] if "HYDRA" in version else []
+
+
+def _reason(folder: Path, report: list[str], status: int,
+            order: list[tuple[int, ...]]) -> str:
     """One line naming the rank that ended the job, and why."""
-    errors = sorted(folder.glob("rank-*.txt"))
-    if errors:
-        return errors[0].read_text(errors="replace").strip()
+    errors = {int(p.stem.split("-")[1]): p for p in folder.glob("rank-*.txt")}
     text = "".join(report)
-    rank, signum = None, None
-    if (match := _OMPI.search(text)) is not None:
-        rank, signum = int(match[1]), int(match[2])
-    elif (pid := _HYDRA_PID.search(text)) is not None:
-        pids = {p.read_text().strip(): int(p.stem.split("-")[1])
-                for p in folder.glob("rank-*.pid")}
-        rank = pids.get(pid[1])
-        code = _HYDRA_CODE.search(text)
-        signum = int(code[1]) if code else None
+    statuses = _hydra_statuses(text)
+    ompi = _OMPI.search(text)
+    pids = {p.read_text().strip(): int(p.stem.split("-")[1])
+            for p in folder.glob("rank-*.pid")}
+    hydra = _HYDRA_PID.search(text)
+    reported = int(ompi[1]) if ompi else pids.get(hydra[1]) if hydra else None
+    rank = _first_abnormal(order, statuses)
+    if rank is None:
+        rank = reported if reported is not None or not errors else min(errors)
+    if errors:
+        return errors.get(rank, errors[min(errors)]).read_text(errors="replace").strip()
+    signum = code = None
+    if rank in statuses:
+        signum, code = (statuses[rank] & 0x7F) or None, statuses[rank] >> 8
+    elif rank == reported and ompi:
+        signum = int(ompi[2])
+    elif rank == reported and (match := _HYDRA_CODE.search(text)):
+        signum = int(match[1])
     who = f"rank {rank}" if rank is not None else "a rank"
     if signum is not None:
         hint = _HINTS.get(signum)
         return f"{who} was killed by {_signal_name(signum)}" + (f" ({hint})" if hint else "")
+    if code:
+        return f"{who} exited with status {code} without saying why; see the output above"
     return f"{who} failed: mpiexec exited with status {status}; see the output above"
+
+
+def _hydra_statuses(text: str) -> dict[int, int]:
+    """Hydra's wait status of every rank (-print-all-exitcodes, one host), by rank."""
+    match = _HYDRA_ALL.search(text)
+    return dict(enumerate(int(s) for s in match[1].split(","))) if match else {}
+
+
+def _first_abnormal(order: list[tuple[int, ...]], statuses: dict[int, int]) -> int | None:
+    """The first rank to exit other than cleanly (a status of 0; unknown counts as not
+    clean); None when the first such exit is shared by several ranks or none was seen."""
+    for place in order:
+        abnormal = [r for r in place if statuses.get(r, 1) != 0]
+        if abnormal:
+            return abnormal[0] if len(abnormal) == 1 else None
+    return None
 
 
 def _signal_name(signum: int) -> str:
