@@ -12,6 +12,7 @@ Every measurement runs the real trainer (`training.loop.Trainer`) in MPI process
 - ZeRO-1: the same losses as plain data parallel, and each rank's optimizer-state bytes.
 
     python benchmarks/scaling.py --gpus 2 --out benchmarks/results/scaling-h200x2.md
+    python benchmarks/scaling.py --gpus 2,4 --out benchmarks/results/scaling-h100x4.md
 """
 
 from __future__ import annotations
@@ -140,10 +141,85 @@ def max_rel(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) / abs(y) for x, y in zip(a, b, strict=True))
 
 
+def throughput(shapes: list[str], counts: list[int], precision: str, steps: int, repeats: int,
+               tmp: Path, results: dict[str, Any]) -> list[str]:
+    """Rows of step time and speed-up: each shape on 1 GPU, then on each count in `counts`."""
+    lines = ["## Throughput (same per-GPU batch; best of the repeats, graph replay)", "",
+             "| shape | precision | GPUs | step ms | tokens/s | speed-up | efficiency "
+             "| all-reduce of the gradient (ms) | peak GPU memory (GiB) |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for shape in shapes:
+        cfg = shape_config(shape, precision)
+        one = measure(1, cfg, 3, steps, repeats, tmp)
+        results[shape] = {"1": one}
+        for gpus in (1, *counts):
+            r = one if gpus == 1 else measure(gpus, cfg, 3, steps, repeats, tmp)
+            results[shape][str(gpus)] = r
+            tps = r["tokens_per_step"] / r["step_s"]
+            speed = tps / (one["tokens_per_step"] / one["step_s"])
+            ar = f"{r['allreduce_s'] * 1e3:.2f}" if r["allreduce_s"] else "-"
+            lines.append(f"| {shape} | {precision} | {gpus} | {r['step_s'] * 1e3:.2f} | "
+                         f"{tps:,.0f} | {speed:.2f}x | {speed / gpus:.1%} | {ar} | "
+                         f"{r['memory']['peak_bytes'] / 2**30:.2f} |")
+            print(lines[-1], flush=True)  # a cut-short run still shows what it measured
+    return lines
+
+
+def equivalence(n: int, curve_steps: int, tmp: Path, results: dict[str, Any]) -> list[str]:
+    """Per-step losses of n GPUs against one GPU with n times the batch (and accumulation)."""
+    base = {"NUM_LAYERS": 2, "NUM_HEADS": 4, "EMBED_DIM": 128, "SEQ_LEN": 64,
+            "PRECISION": "fp32", "DEVICE": "gpu", "PROFILE": False}
+    b = 8
+    ref_name = f"1 GPU x BATCH_SIZE {n * b}"
+    runs = {
+        f"{n} GPUs x BATCH_SIZE {b}": losses(n, {**base, "BATCH_SIZE": b}, curve_steps, tmp,
+                                             f"dp{n}"),
+        ref_name: losses(1, {**base, "BATCH_SIZE": n * b}, curve_steps, tmp, f"one{n}"),
+        f"1 GPU x BATCH_SIZE {b} x GRAD_ACCUM_STEPS {n}": losses(
+            1, {**base, "BATCH_SIZE": b, "GRAD_ACCUM_STEPS": n}, curve_steps, tmp, f"accum{n}"),
+        f"{n} GPUs x BATCH_SIZE {b}, SHARD_OPTIMIZER": losses(
+            n, {**base, "BATCH_SIZE": b, "SHARD_OPTIMIZER": True}, curve_steps, tmp,
+            f"zero{n}"),
+    }
+    results[f"curves-{n}"] = runs
+    lines = ["", f"## Loss equivalence on {n} GPUs (fp32, {curve_steps} steps, seed shape x "
+             "small batch: same initial weights, same global batches)", "",
+             "| run | loss at step 1 | loss at last step | max relative difference "
+             f"from `{ref_name}` |", "|---|---:|---:|---:|"]
+    for name, curve in runs.items():
+        lines.append(f"| {name} | {curve[0]:.6f} | {curve[-1]:.6f} | "
+                     f"{max_rel(curve, runs[ref_name]):.2e} |")
+    print("\n".join(lines), flush=True)
+    return lines
+
+
+def zero_state(n: int, precision: str, tmp: Path, results: dict[str, Any]) -> list[str]:
+    """ZeRO-1's optimizer state per GPU against plain data parallel, small shape."""
+    zero = measure(n, {**shape_config("small", precision), "SHARD_OPTIMIZER": "true"},
+                   3, 5, 1, tmp)
+    plain = results.get("small", {}).get(str(n)) or measure(
+        n, shape_config("small", precision), 3, 5, 1, tmp)
+    results[f"zero-{n}"] = zero
+    return ["", f"## ZeRO-1 optimizer state per GPU on {n} GPUs (small shape, AdamW m and v)",
+            "",
+            f"- plain data parallel: {plain['optimizer_state_bytes'] / 2**20:.1f} MiB per GPU",
+            f"- SHARD_OPTIMIZER=true: {zero['optimizer_state_bytes'] / 2**20:.1f} MiB per GPU "
+            f"({zero['optimizer_state_bytes'] / plain['optimizer_state_bytes']:.3f} of it; "
+            f"1/{n} = {1 / n:.3f}), step {zero['step_s'] * 1e3:.2f} ms vs "
+            f"{plain['step_s'] * 1e3:.2f} ms"]
+
+
+def gpu_counts(text: str) -> list[int]:
+    counts = sorted({int(c) for c in text.split(",") if c.strip()})
+    if not counts or counts[0] < 2:
+        raise SystemExit(f"--gpus takes GPU counts of 2 or more, like 2 or 2,4 (got {text!r})")
+    return counts
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--worker", help=argparse.SUPPRESS)
-    ap.add_argument("--gpus", type=int, default=2)
+    ap.add_argument("--gpus", default="2", help="GPU counts to compare with one, like 2 or 2,4")
     ap.add_argument("--shapes", default="small,medium")
     ap.add_argument("--precision", default="tf32")
     ap.add_argument("--steps", type=int, default=30, help="timed steps per repeat")
@@ -154,66 +230,19 @@ def main() -> None:
     if args.worker:
         worker(json.loads(args.worker))
         return
-    n, lines, results = args.gpus, [], {}
+    counts = gpu_counts(args.gpus)
+    results: dict[str, Any] = {}
+    lines = [f"# Data-parallel scaling: 1 vs {args.gpus} GPUs", "",
+             f"Command: `python benchmarks/scaling.py --gpus {args.gpus} --shapes {args.shapes} "
+             f"--precision {args.precision} --steps {args.steps} --repeats {args.repeats} "
+             f"--curve-steps {args.curve_steps}`", ""]
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
-        lines += [f"# Data-parallel scaling: 1 vs {n} GPUs", "",
-                  f"Command: `python benchmarks/scaling.py --gpus {n} --shapes {args.shapes} "
-                  f"--precision {args.precision} --steps {args.steps} --repeats "
-                  f"{args.repeats} --curve-steps {args.curve_steps}`", "",
-                  "## Throughput (same per-GPU batch; best of the repeats, graph replay)", "",
-                  "| shape | precision | GPUs | step ms | tokens/s | speed-up | efficiency "
-                  "| all-reduce of the gradient (ms) | peak GPU memory (GiB) |",
-                  "|---|---|---:|---:|---:|---:|---:|---:|---:|"]
-        for shape in filter(None, args.shapes.split(",")):
-            cfg = shape_config(shape, args.precision)
-            one = measure(1, cfg, 3, args.steps, args.repeats, tmp)
-            many = measure(n, cfg, 3, args.steps, args.repeats, tmp)
-            results[shape] = {"1": one, str(n): many}
-            for gpus, r in ((1, one), (n, many)):
-                tps = r["tokens_per_step"] / r["step_s"]
-                speed = tps / (one["tokens_per_step"] / one["step_s"])
-                ar = f"{r['allreduce_s'] * 1e3:.2f}" if r["allreduce_s"] else "-"
-                lines.append(f"| {shape} | {args.precision} | {gpus} | {r['step_s'] * 1e3:.2f} | "
-                             f"{tps:,.0f} | {speed:.2f}x | {speed / gpus:.1%} | {ar} | "
-                             f"{r['memory']['peak_bytes'] / 2**30:.2f} |")
-                print(lines[-1], flush=True)  # a cut-short run still shows what it measured
-        lines += ["", f"## Loss equivalence (fp32, {args.curve_steps} steps, seed shape x "
-                  "small batch: same initial weights, same global batches)", ""]
-        base = {"NUM_LAYERS": 2, "NUM_HEADS": 4, "EMBED_DIM": 128, "SEQ_LEN": 64,
-                "PRECISION": "fp32", "DEVICE": "gpu", "PROFILE": False}
-        b = 8
-        runs = {
-            f"{n} GPUs x BATCH_SIZE {b}": losses(n, {**base, "BATCH_SIZE": b},
-                                                 args.curve_steps, tmp, "dp"),
-            f"1 GPU x BATCH_SIZE {n * b}": losses(1, {**base, "BATCH_SIZE": n * b},
-                                                  args.curve_steps, tmp, "one"),
-            f"1 GPU x BATCH_SIZE {b} x GRAD_ACCUM_STEPS {n}": losses(
-                1, {**base, "BATCH_SIZE": b, "GRAD_ACCUM_STEPS": n}, args.curve_steps, tmp,
-                "accum"),
-            f"{n} GPUs x BATCH_SIZE {b}, SHARD_OPTIMIZER": losses(
-                n, {**base, "BATCH_SIZE": b, "SHARD_OPTIMIZER": True}, args.curve_steps, tmp,
-                "zero"),
-        }
-        ref_name = f"1 GPU x BATCH_SIZE {n * b}"
-        lines += ["| run | loss at step 1 | loss at last step | max relative difference "
-                  f"from `{ref_name}` |", "|---|---:|---:|---:|"]
-        for name, curve in runs.items():
-            lines.append(f"| {name} | {curve[0]:.6f} | {curve[-1]:.6f} | "
-                         f"{max_rel(curve, runs[ref_name]):.2e} |")
-        results["curves"] = runs
-        zero = measure(n, {**shape_config("small", args.precision), "SHARD_OPTIMIZER": "true"},
-                       3, 5, 1, tmp)
-        plain = results.get("small", {}).get(str(n)) or measure(
-            n, shape_config("small", args.precision), 3, 5, 1, tmp)
-        lines += ["", "## ZeRO-1 optimizer state per GPU (small shape, AdamW m and v)", "",
-                  f"- plain data parallel: {plain['optimizer_state_bytes'] / 2**20:.1f} MiB "
-                  "per GPU",
-                  f"- SHARD_OPTIMIZER=true: {zero['optimizer_state_bytes'] / 2**20:.1f} MiB "
-                  f"per GPU ({zero['optimizer_state_bytes'] / plain['optimizer_state_bytes']:.3f}"
-                  f" of it; 1/{n} = {1 / n:.3f}), step {zero['step_s'] * 1e3:.2f} ms vs "
-                  f"{plain['step_s'] * 1e3:.2f} ms"]
-        results["zero"] = zero
+        lines += throughput(list(filter(None, args.shapes.split(","))), counts, args.precision,
+                            args.steps, args.repeats, tmp, results)
+        for n in counts:
+            lines += equivalence(n, args.curve_steps, tmp, results)
+            lines += zero_state(n, args.precision, tmp, results)
     text = "\n".join(lines) + "\n"
     Path(args.out).write_text(text)
     Path(args.out).with_suffix(".json").write_text(json.dumps(results, indent=1))

@@ -87,3 +87,29 @@ def test_mpi_world_and_cpu_collectives_on_three_ranks() -> None:
     # (mpiexec relays each rank's lines as they come: they may interleave)
     assert sorted(re.findall(r"rank \d ok", result.stdout)) == ["rank 0 ok", "rank 1 ok",
                                                                  "rank 2 ok"]
+
+
+HUNG_ABORT = """
+import threading, time
+from rustyflow_py.distributed import group
+
+class HungComm:  # MPI_Abort stuck in exit()'s CUDA teardown, as seen on H100s
+    def Abort(self, code):
+        threading.Event().wait()  # for ever
+
+group.abort(HungComm(), 0, "rank 1 has been silent for 9.0 s")
+"""
+
+
+def test_an_abort_whose_mpi_abort_never_returns_still_ends_the_process(tmp_path: Path) -> None:
+    """The watchdog in C ends the process with status 1 a few seconds after MPI_Abort was
+    called, having said why on stderr and in the launcher's error file."""
+    from rustyflow_py.distributed.group import ABORT_EXIT_S, ABORT_GRACE_S
+
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RUSTYFLOW_ERROR_DIR": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", HUNG_ABORT], env=env, capture_output=True,
+                            text=True, timeout=ABORT_GRACE_S + ABORT_EXIT_S + 60,
+                            stdin=subprocess.DEVNULL)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip() == "Error: rank 1 has been silent for 9.0 s"  # no traceback
+    assert (tmp_path / "rank-0.txt").read_text().strip() == "rank 1 has been silent for 9.0 s"

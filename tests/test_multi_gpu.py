@@ -106,7 +106,10 @@ def test_a_dead_or_stopped_rank_ends_the_gpu_job_naming_it(tmp_path: Path, signu
                    "step 2", 120)
         [rank1] = marked_pids(mark, rank=1)
         os.kill(rank1, signum)
-        status = proc.wait(timeout=40)
+        try:
+            status = proc.wait(timeout=40)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the job outlived its rank 1 by 40 s:\n{out.read_text()[-4000:]}")
         output = out.read_text()
         assert status != 0, output
         want = ("Error: rank 1 was killed by SIGKILL" if signum == signal.SIGKILL

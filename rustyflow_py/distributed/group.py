@@ -9,6 +9,7 @@ failure: every rank stops at the same step and leaves in order.
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import json
 import os
 import sys
@@ -25,6 +26,7 @@ from .mpi import launched_size, load_mpi
 from .world import World
 
 ABORT_GRACE_S = 1.0  # between a failing rank's last line and MPI_Abort
+ABORT_EXIT_S = 5.0  # how long MPI_Abort may take before this process ends itself
 
 
 def abort(comm: Any, rank: int, message: str) -> NoReturn:
@@ -32,10 +34,20 @@ def abort(comm: Any, rank: int, message: str) -> NoReturn:
     that MPI_Abort brings can overtake mpiexec's relay of our last line, so the line gets a
     moment's start (a failing job can spare it); MPI_Abort may return before the kill arrives:
     this process then exits at once, so that nothing more (a second report, a traceback)
-    comes from it."""
+    comes from it.
+
+    MPI_Abort may also never return: MPICH tells the launcher, then calls exit(), whose
+    handlers tear the CUDA context down, and with an NCCL kernel still waiting on the GPU for
+    a stopped peer that teardown waits for ever (seen on H100s: Hydra then waits for this
+    process for ever too). So a watchdog that needs no GIL (faulthandler's, in C) ends the
+    process with _exit(1) if it is still here ABORT_EXIT_S later; the launcher then ends the
+    other ranks as for any rank that died, and names this one's message."""
     leave_error(rank, message)
     print(f"Error: {message}", file=sys.stderr, flush=True)
     time.sleep(ABORT_GRACE_S)
+    # faulthandler keeps its own reference to the file until the watchdog fires
+    faulthandler.dump_traceback_later(ABORT_EXIT_S, exit=True,
+                                      file=open(os.devnull, "w"))
     comm.Abort(1)
     os._exit(1)
 

@@ -33,6 +33,8 @@ def pause(point: str) -> None:
     if _reached[point] != int(nth or 1):
         return
     marker = Path(os.environ["RUSTYFLOW_PAUSE_MARKER"])
-    marker.write_text(f"{os.getpid()}\n")
+    part = marker.with_name(f".{marker.name}.part")
+    part.write_text(f"{os.getpid()}\n")
+    os.replace(part, marker)  # whole when seen: a test snapshots the folder as soon as it is
     while marker.exists():
         time.sleep(0.005)  # a signal's handler runs here, between two sleeps
