@@ -1,5 +1,5 @@
 """cuBLASLt epilogue GEMMs (ops/gemm/cublaslt.py): bias, bias + GELU (with the pre-activation),
-dGELU (with its bias gradient) and the weight gradient with the bias gradient (BGRADA).
+and the weight gradient with the bias gradient (BGRADA).
 
 GPU checks compare against float64 references computed on the host from the same (16-bit
 rounded) inputs, holding max|ours - ref| / max|ref| to a per-dtype tolerance, and replay the
@@ -38,18 +38,13 @@ MODES = {
     "fp16": ("float16", "fp32", 1e-2),
     "bf16": ("bfloat16", "fp32", 4e-2),
 }
-# The GELU/dGELU values in fp32: cuBLASLt may evaluate tanh with a fast approximation, so
+# The GELU values in fp32: cuBLASLt may evaluate tanh with a fast approximation, so
 # the activation outputs are held to this (the GEMM part, e.g. pre_gelu_out, to 1e-5).
 ACT_TOL_FP32 = 2e-3
 
 
 def gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1.0 + np.tanh(GELU_C * (x + GELU_K * x**3)))
-
-
-def dgelu(x: np.ndarray) -> np.ndarray:
-    t = np.tanh(GELU_C * (x + GELU_K * x**3))
-    return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * GELU_C * (1.0 + 3.0 * GELU_K * x * x)
 
 
 def rel_max(ours: Any, ref: np.ndarray) -> float:
@@ -93,12 +88,10 @@ def test_imports_without_cupy() -> None:
 def test_enum_table_matches_header_definitions() -> None:
     m = lt_mod
     # cublasLtEpilogue_t as cublasLt.h composes it from bit flags
-    relu, aux, bias, gelu_, bgrad = 2, 128, 4, 32, 16
+    relu, aux, bias, gelu_ = 2, 128, 4, 32
     assert m.EPILOGUE_DEFAULT == 1 and m.EPILOGUE_BIAS == bias
     assert m.EPILOGUE_GELU_BIAS == (gelu_ | bias) == 36
     assert m.EPILOGUE_GELU_AUX_BIAS == ((gelu_ | aux) | bias) == 164
-    assert m.EPILOGUE_DGELU == (64 | 128) == 192
-    assert m.EPILOGUE_DGELU_BGRAD == (m.EPILOGUE_DGELU | bgrad) == 208
     assert (m.EPILOGUE_BGRADA, m.EPILOGUE_BGRADB) == (256, 512)
     assert relu not in (m.EPILOGUE_BIAS, m.EPILOGUE_GELU)
     # cublasLtMatmulDescAttributes_t / cublasLtMatmulPreferenceAttributes_t values and types
@@ -281,13 +274,10 @@ class FakeLt:
             aux()[...] = acc
         if epilogue in (36, 164):
             acc = gelu(acc)
-        if epilogue == 208:
-            acc = acc * dgelu(aux().astype(np.float64))
-            vec(m)[...] = acc.sum(axis=1)
         if epilogue == 256:
             assert attrs.get(3, 0) == 0, "BGRADA needs A untransposed"
             vec(m)[...] = op_a.astype(np.float64).sum(axis=1)
-        assert epilogue in (1, 4, 36, 164, 208, 256)
+        assert epilogue in (1, 4, 36, 164, 256)
         self.matrix(d_ptr, ld["type"], m, n, ld["ld"])[...] = acc
         return 0
 
@@ -329,12 +319,7 @@ def test_binding_against_emulation(fake: tuple[FakeLt, CublasLt], dtype: str) ->
     assert rel_max(dW, f64(x).T @ f64(g)) < tol and rel_max(dB, f64(g).sum(axis=0)) < tol
     dW, dB = lt.matmul_bgrad(lib.register(np.ascontiguousarray(x.T)), dg.T.copy().T)
     assert rel_max(dW, f64(x).T @ f64(g)) < tol and rel_max(dB, f64(g).sum(axis=0)) < tol
-    # dGELU through the transposed weight: (M, N) @ (N, K) * gelu'(pre (M, K))
-    pre_k = lib.register(host(rng, np.dtype(dtype), m, k))
-    ref_d = (f64(g) @ f64(w).T) * dgelu(f64(pre_k))
-    dpre, dbias = lt.matmul_dgelu_bgrad(dg, dw.T, pre_k)
-    assert rel_max(dpre, ref_d) < tol and rel_max(dbias, ref_d.sum(axis=0)) < tol
-    assert set(lib.epilogues) == {4, 164, 36, 256, 208}
+    assert set(lib.epilogues) == {4, 164, 36, 256}
 
 
 def test_plans_are_cached_and_refusals_remembered(fake: tuple[FakeLt, CublasLt]) -> None:
@@ -479,23 +464,6 @@ def test_matmul_bgrad_float32_outputs(gpu: SimpleNamespace, mode: str) -> None:
     assert dw.dtype == db.dtype == np.float32
     assert rel_max(down(gpu, dw), f64(x).T @ f64(g)) < 1e-4
     assert rel_max(down(gpu, db), f64(g).sum(axis=0)) < 1e-4
-
-
-@pytest.mark.gpu
-@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
-@pytest.mark.parametrize("mode", list(MODES))
-def test_matmul_dgelu_bgrad(gpu: SimpleNamespace, mode: str, shape: tuple[int, int, int]) -> None:
-    """c_proj's input gradient through c_fc's GELU: (g (M, N) @ W.T (N, K)) * gelu'(pre)."""
-    dtype, tol, act_tol = setup_mode(gpu, mode)
-    m, k, n = shape
-    rng = np.random.default_rng(14)
-    g, w, pre = host(rng, dtype, m, n), host(rng, dtype, k, n, scale=n**-0.5), \
-        host(rng, dtype, m, k)
-    ref = (f64(g) @ f64(w).T) * dgelu(f64(pre))
-    dg, dw, dpre = up(gpu, g), up(gpu, w), up(gpu, pre)
-    dpre_grad, db = gpu.lt.matmul_dgelu_bgrad(dg, dw.T, dpre)
-    assert dpre_grad.shape == (m, k) and rel_max(down(gpu, dpre_grad), ref) < act_tol
-    assert rel_max(down(gpu, db), ref.sum(axis=0)) < act_tol
 
 
 @pytest.mark.gpu

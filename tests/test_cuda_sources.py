@@ -3,7 +3,7 @@
 On the CPU: no Python string in the package holds CUDA C; every .cu file is declared by a
 launcher and every declared file exists; every header a source includes exists and every
 header is used; every kernel and device function the launchers name is defined in the CUDA
-C; and gelu.cu's constants are the reference's. On a GPU: every .cu file compiles through
+C; and gelu.cuh's constants are the reference's. On a GPU: every .cu file compiles through
 cupy.RawModule with its launcher's options.
 """
 
@@ -126,8 +126,8 @@ def test_every_kernel_and_device_function_a_launcher_names_is_defined() -> None:
     assert checked > 20
 
 
-def test_gelu_cu_constants_are_the_references() -> None:
-    text = (OPS / "gelu" / "gelu.cu").read_text()
+def test_gelu_cuh_constants_are_the_references() -> None:
+    text = (cuda_build.INCLUDE_DIR / "gelu.cuh").read_text()
     assert set(re.findall(r"\(A\)(0\.\d+)", text)) == {repr(GELU_C), repr(GELU_K), "0.5"}
     assert GELU_C == math.sqrt(2.0 / math.pi)
 

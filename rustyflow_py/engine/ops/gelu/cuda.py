@@ -1,14 +1,24 @@
-"""GELU on the GPU: CuPy ElementwiseKernels calling gelu.cu's device functions."""
+"""GELU on the GPU: CuPy ElementwiseKernels calling gelu.cu's device functions, and the
+backward over 16-byte vectors (gelu_vec.cu) where the arrays allow it.
+
+Why a kernel of its own for the backward: it is the MLP's one element-wise pass in backward
+(at GPT-2's shape, three 100 MB arrays a layer), and CuPy's ElementwiseKernel loads one value
+per thread; gelu_vec.cu loads 16 bytes a thread (benchmarks/results/mlp-dgelu-h100.md)."""
 
 from __future__ import annotations
 
 import functools
 from typing import Any
 
+import numpy as np
+
 from .. import cuda_build
 from .reference import GeluReference
 
 _GELU = cuda_build.source(__file__, "gelu.cu")
+_VEC = cuda_build.source(__file__, "gelu_vec.cu", cuda_build.dtype_defines(np.float32))
+VEC_BYTES = 16  # gelu_vec.cu's vector
+THREADS = 256
 
 
 @functools.cache
@@ -22,11 +32,32 @@ def _kernels() -> dict[str, Any]:
     }
 
 
+def _vectors(g: Any, x: Any, bias: Any | None) -> int:
+    """How many 16-byte vectors gelu_vec.cu may take g and x as (0: it may not): equal
+    C-contiguous arrays, 16-byte aligned, of whole vectors, and rows of whole vectors when
+    there is a bias."""
+    per = VEC_BYTES // x.itemsize
+    arrays = (g, x) if bias is None else (g, x, bias)
+    if (g.shape != x.shape or g.dtype != x.dtype or x.size % per
+            or (bias is not None and (bias.dtype != x.dtype or x.shape[-1] % per))
+            or any(not a.flags.c_contiguous or a.data.ptr % VEC_BYTES for a in arrays)):
+        return 0
+    return x.size // per
+
+
 class CudaGelu(GeluReference):
     def gelu_forward(self, x: Any, bias: Any | None) -> Any:
         b = bias if bias is not None else x.dtype.type(0)
         return _kernels()["gelu_fwd"](x, b)
 
     def gelu_backward(self, g: Any, x: Any, bias: Any | None) -> Any:
-        b = bias if bias is not None else x.dtype.type(0)
-        return _kernels()["gelu_bwd"](g, x, b)
+        vecs = _vectors(g, x, bias)
+        if not vecs:
+            b = bias if bias is not None else x.dtype.type(0)
+            return _kernels()["gelu_bwd"](g, x, b)
+        dx = self.xp.empty_like(x)
+        _VEC.typed("gelu_bwd_vec", x.dtype)(
+            (-(-vecs // THREADS),), (THREADS,),
+            (g, x, np.uint64(0) if bias is None else bias, dx, np.int64(vecs),
+             np.int32(x.shape[-1])))
+        return dx

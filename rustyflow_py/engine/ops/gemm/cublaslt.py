@@ -8,8 +8,6 @@ epilogue while the tile is still in registers:
 - BIAS:           y = x @ w + b
 - GELU_AUX_BIAS:  y = gelu_tanh(x @ w + b), the pre-activation x @ w + b also written (for
                   backward); GELU_BIAS when no pre-activation is wanted (no grad)
-- DGELU(_BGRAD):  dpre = (g @ w.T) * gelu'(pre), optionally with its column sums (the bias
-                  gradient of the layer that produced `pre`)
 - BGRADA:         dW = x.T @ g together with db = the column sums of g
 
 CuPy refuses cuBLAS calls while a stream is being captured, and has no cuBLASLt epilogue API,
@@ -71,7 +69,7 @@ DESC_TRANSA = 3  # int32_t (cublasOperation_t)
 DESC_TRANSB = 4  # int32_t (cublasOperation_t)
 DESC_EPILOGUE = 7  # uint32_t (cublasLtEpilogue_t)
 DESC_BIAS_POINTER = 8  # void*: the bias (BIAS*) or where the bias gradient goes (*BGRAD*)
-DESC_EPILOGUE_AUX_POINTER = 11  # void*: the GELU input, written (GELU_AUX*) or read (DGELU*)
+DESC_EPILOGUE_AUX_POINTER = 11  # void*: the GELU input, written (GELU_AUX*)
 DESC_EPILOGUE_AUX_LD = 12  # int64_t: its leading dimension, a multiple of 8, >= D's rows
 # CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE (26) and _EPILOGUE_AUX_DATA_TYPE (22) are left at their
 # default (-1), which means "the type of D" for non-fp8 GEMMs: bias, bias gradient and GELU
@@ -82,11 +80,8 @@ EPILOGUE_DEFAULT = 1
 EPILOGUE_BIAS = 4
 EPILOGUE_GELU = 32
 EPILOGUE_AUX = 128  # "also write/read the auxiliary matrix" bit
-EPILOGUE_BGRAD = 16  # "also the bias gradient" bit of the D* epilogues
 EPILOGUE_GELU_BIAS = EPILOGUE_GELU | EPILOGUE_BIAS  # 36
 EPILOGUE_GELU_AUX_BIAS = EPILOGUE_GELU | EPILOGUE_AUX | EPILOGUE_BIAS  # 164
-EPILOGUE_DGELU = 64 | EPILOGUE_AUX  # 192
-EPILOGUE_DGELU_BGRAD = EPILOGUE_DGELU | EPILOGUE_BGRAD  # 208
 EPILOGUE_BGRADA = 256  # bias gradient of cuBLASLt's A: its rows summed over k
 EPILOGUE_BGRADB = 512  # bias gradient of cuBLASLt's B: its columns summed over k (unused)
 
@@ -457,16 +452,6 @@ class CublasLt:
                           bias=_Alloc((n,), dtype) if bias_grad_out is None else bias_grad_out,
                           lt_a_untransposed=True)
 
-    def matmul_dgelu_bgrad(self, g: Any, w_t: Any, pre_gelu: Any, *, out: Any = None,
-                           bias_grad_out: Any = None) -> tuple[Any, Any]:
-        """(dpre, db): dpre = (g @ w_t) * gelu_tanh'(pre_gelu), the gradient through a GEMM
-        back into the GELU before it, and db its column sums (epilogue DGELU_BGRAD), the bias
-        gradient of the layer whose pre-activation `pre_gelu` is (c_fc's). g (..., N), w_t
-        (N, K) (typically W.T, a view, of the (K, N) weight), pre_gelu (..., K) C-contiguous
-        with K % 8 == 0; dpre (..., K), db (K,). cuBLASLt's D is dpre^T (K x M); the bias
-        gradient has D's rows count K, summed over M."""
-        return self._dgelu("matmul_dgelu_bgrad", g, w_t, pre_gelu, out, bias_grad_out)
-
     def close(self) -> None:
         """Destroy the plans, the preference and the handle (the object is unusable after)."""
         for plan in self._plans.values():
@@ -480,28 +465,6 @@ class CublasLt:
             self.handle = ctypes.c_void_p()
 
     # ---- internals ------------------------------------------------------------------------
-    def _dgelu(self, what: str, g: Any, w_t: Any, pre_gelu: Any, out: Any,
-               bias_grad_out: Any) -> tuple[Any, Any]:
-        g2 = _rows(g, "g")
-        n = g2.shape[1]
-        if w_t.ndim != 2 or w_t.shape[0] != n:
-            raise CublasLtUnsupported(f"{what}: w_t {w_t.shape} does not fit g {g.shape}")
-        k = w_t.shape[1]
-        dtype = _dtype(what, g, w_t, pre_gelu)
-        shape = (*g.shape[:-1], k)
-        if pre_gelu.shape != shape or not pre_gelu.flags.c_contiguous:
-            raise CublasLtUnsupported(f"{what}: pre_gelu must be C-contiguous {shape}, not "
-                                      f"{pre_gelu.shape}")
-        if k % AUX_LD_MULTIPLE:
-            raise CublasLtUnsupported(f"{what}: DGELU needs K % 8 == 0, K = {k}")
-        _check_out(out, shape, dtype, what, "out")
-        _check_out(bias_grad_out, (k,), dtype, what, "bias_grad_out")
-        db = _Alloc((k,), dtype) if bias_grad_out is None else bias_grad_out
-        dpre, db = self._gemm(g2, w_t, _Alloc((g2.shape[0], k), dtype) if out is None
-                              else out.reshape(-1, k), EPILOGUE_DGELU_BGRAD,
-                              bias=db, aux=pre_gelu.reshape(-1, k))
-        return (dpre.reshape(shape) if out is None else out), db
-
     def _gemm(self, a: Any, b: Any, out: Any, epilogue: int, *, bias: Any = None,
               aux: Any = None, lt_a_untransposed: bool = False) -> tuple[Any, Any]:
         """out (M, N) = a (M, K) @ b (K, N) with `epilogue`, row-major; returns (out, bias).

@@ -1,6 +1,7 @@
 """The GEMM family on the GPU: matmul through cuBLAS (so products can be captured in a CUDA
 graph), the bias gradients' column sums as a GEMM, and the Linear layers through cuBLASLt's
-epilogues (bias, bias + GELU, dGELU and bias gradients fused into the GEMM)."""
+epilogues (bias, bias + GELU and bias gradients fused into the GEMM). The GELU's backward is
+the shared formulation (a GEMM, then gelu_backward): see MLP's docstring for why."""
 
 from __future__ import annotations
 
@@ -66,14 +67,3 @@ class CudaGemm(GemmReference):
             except CublasLtUnsupported:
                 pass
         return super().linear_grads(x, g, gemm)
-
-    def linear_dgelu(self, g: Any, w: Any, state: Any,
-                     gemm: Callable[..., Any]) -> tuple[Any, Any]:
-        """Epilogue DGELU_BGRAD on g @ w.T, given the state of the fused forward."""
-        pre, bias = state
-        if self.epilogues and bias is None:
-            try:
-                return gemm(self._lt().matmul_dgelu_bgrad, g, w.T, pre)
-            except CublasLtUnsupported:
-                pass
-        return super().linear_dgelu(g, w, state, gemm)

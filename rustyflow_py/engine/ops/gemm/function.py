@@ -63,9 +63,12 @@ class Linear(Function):
 
 class MLP(Function):
     """The transformer MLP, gelu(x @ W1 + b1) @ W2 + b2, as one op, so the GELU fuses into
-    the GEMMs on both sides: forward writes the activation and its input from W1's GEMM, and
-    backward gets d(pre-activation) and b1's gradient from the epilogue of the GEMM that
-    multiplies by W2.T (cuBLASLt's GELU_AUX_BIAS and DGELU_BGRAD on the GPU)."""
+    the GEMMs: forward writes the activation and its input from W1's GEMM (cuBLASLt's
+    GELU_AUX_BIAS on the GPU); backward multiplies by W2.T, applies the GELU's derivative in
+    one element-wise pass, and gets b1's gradient from the epilogue of W1's weight-gradient
+    GEMM, as a Linear does. (cuBLASLt's DGELU_BGRAD epilogue would do the derivative and b1's
+    gradient in the first GEMM, but at GPT-2's shapes in bf16 on an H100 it ran them as a
+    separate pass of its own, slower than this: benchmarks/results/mlp-dgelu-h100.md.)"""
 
     name = "mlp"
 
@@ -78,10 +81,9 @@ class MLP(Function):
     def backward(self, grad: Any) -> Sequence[Any]:
         gemm = self.gemm("backward")
         dw2, db2 = self.kernels.linear_grads(self.f, grad, gemm)
-        dpre, db1 = self.kernels.linear_dgelu(grad, self.w2, self.state, gemm)  # (..., 4E)
-        x2 = self.x.reshape(-1, self.x.shape[-1])
-        dw1 = self.matmul(x2.T, dpre.reshape(-1, dpre.shape[-1]), "backward")
-        dx = self.matmul(dpre, self.w1, "backward", transpose_b=True)
+        dpre = self.kernels.linear_dgelu(grad, self.w2, self.state, gemm)  # (..., 4E)
+        dw1, db1 = self.kernels.linear_grads(self.x, dpre, gemm)
+        dx = self.matmul(dpre, self.w1, "backward", transpose_b=True)  # (..., E)
         return dx, dw1, db1, dw2, db2
 
 

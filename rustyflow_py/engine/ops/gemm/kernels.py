@@ -26,10 +26,11 @@ with a fused epilogue) through it.
         sums of g), over all leading axes. For 16-bit inputs both may be float32 (the
         gradient buffer's type).
 
-    linear_dgelu(g, w, state, gemm) -> tuple[Any, Any]
+    linear_dgelu(g, w, state, gemm) -> Any
         For y = gelu(pre) @ w with pre = x @ w1 + b1 (`state`, from linear(..., gelu=True)):
-        (dpre, db1) = ((g @ w.T) * gelu'(pre), the column sums of dpre) for the gradient g
-        of y: the gradient into the GELU's input and the bias gradient of the layer before.
+        dpre = (g @ w.T) * gelu'(pre) for the gradient g of y, the gradient into the GELU's
+        input (linear_grads(x, dpre) then gives the layer before's weight and bias
+        gradients).
 """
 
 from __future__ import annotations

@@ -35,8 +35,6 @@ class GemmReference(Family):
         g2 = g.reshape(-1, g.shape[-1])  # (rows, N)
         return gemm(self.matmul, x.reshape(-1, x.shape[-1]).T, g2), self.sum_rows(g2)
 
-    def linear_dgelu(self, g: Any, w: Any, state: Any,
-                     gemm: Callable[..., Any]) -> tuple[Any, Any]:
+    def linear_dgelu(self, g: Any, w: Any, state: Any, gemm: Callable[..., Any]) -> Any:
         pre, bias = state  # bias None: pre already has it (a fused backend's state)
-        dpre = self.gelu_backward(gemm(self.matmul, g, w, transpose_b=True), pre, bias)
-        return dpre, self.sum_rows(dpre.reshape(-1, dpre.shape[-1]))
+        return self.gelu_backward(gemm(self.matmul, g, w, transpose_b=True), pre, bias)
