@@ -85,10 +85,6 @@ def _add_into(dst: Any, g: Any) -> None:
     dst += g
 
 
-def _sum(a: Any, b: Any) -> Any:
-    return a + b
-
-
 class Function:
     """One op. Subclasses set `name`/`category` and implement forward/backward on raw arrays.
 
@@ -334,8 +330,8 @@ class Tensor:
                 if isinstance(ig, RowGrad):
                     ig = ig.dense()
                 key = id(parent)
-                grads[key] = ig if key not in grads else run_op(
-                    "grad_sum", "other", "backward", _sum, grads[key], ig)  # branches join
+                grads[key] = ig if key not in grads else run_op(  # branches join
+                    "grad_sum", "other", "backward", self.backend.kernels.add, grads[key], ig)
             fn.release()
 
     def _accumulate(self, g: Any) -> None:

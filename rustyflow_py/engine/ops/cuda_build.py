@@ -37,6 +37,8 @@ _REAL = {"float32": ("float", ""), "float64": ("double", ""), "float16": ("__hal
          "bfloat16": ("__nv_bfloat16", "RF_BF16")}
 SOURCES: list[CudaSource] = []  # every declared file (tests compile them all)
 WARPS_PER_BLOCK = 8  # blocks of the one-warp-per-row kernels
+VEC_BYTES = 16  # cuda_include/vec.cuh's vector
+VEC_THREADS = 256  # blocks of the kernels over vectors, one vector a thread
 
 
 @dataclasses.dataclass(frozen=True)
@@ -141,6 +143,25 @@ def acc_scalar(value: float, dtype: Any) -> Any:
 def warp_grid(rows: int) -> tuple[tuple[int], tuple[int]]:
     """(grid, block) of a kernel that runs one warp per row."""
     return ((rows + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK,), (32 * WARPS_PER_BLOCK,)
+
+
+def vectors(*arrays: Any) -> int:
+    """How many 16-byte vectors (vec.cuh) a kernel over whole vectors may take `arrays` as,
+    or 0 when it may not: arrays of one float dtype and one shape, C-contiguous, 16-byte
+    aligned, a whole number of vectors long."""
+    first = arrays[0]
+    dtype = np.dtype(first.dtype)
+    per = VEC_BYTES // dtype.itemsize
+    if (dtype.name not in _REAL or first.size % per
+            or any(a.dtype != dtype or a.shape != first.shape or not a.flags.c_contiguous
+                   or a.data.ptr % VEC_BYTES for a in arrays)):
+        return 0
+    return first.size // per
+
+
+def vector_grid(vecs: int) -> tuple[tuple[int], tuple[int]]:
+    """(grid, block) of a kernel over `vecs` vectors, one a thread."""
+    return (-(-vecs // VEC_THREADS),), (VEC_THREADS,)
 
 
 def _options(src: CudaSource) -> dict[str, Any]:

@@ -1,1 +1,2 @@
-"""Elementwise arithmetic with broadcasting, and unbroadcast for its gradients."""
+"""Elementwise arithmetic with broadcasting, and unbroadcast for its gradients; the add
+kernel (a vector kernel on the GPU)."""

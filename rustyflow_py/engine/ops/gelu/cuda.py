@@ -17,8 +17,6 @@ from .reference import GeluReference
 
 _GELU = cuda_build.source(__file__, "gelu.cu")
 _VEC = cuda_build.source(__file__, "gelu_vec.cu", cuda_build.dtype_defines(np.float32))
-VEC_BYTES = 16  # gelu_vec.cu's vector
-THREADS = 256
 
 
 @functools.cache
@@ -33,16 +31,13 @@ def _kernels() -> dict[str, Any]:
 
 
 def _vectors(g: Any, x: Any, bias: Any | None) -> int:
-    """How many 16-byte vectors gelu_vec.cu may take g and x as (0: it may not): equal
-    C-contiguous arrays, 16-byte aligned, of whole vectors, and rows of whole vectors when
-    there is a bias."""
-    per = VEC_BYTES // x.itemsize
-    arrays = (g, x) if bias is None else (g, x, bias)
-    if (g.shape != x.shape or g.dtype != x.dtype or x.size % per
-            or (bias is not None and (bias.dtype != x.dtype or x.shape[-1] % per))
-            or any(not a.flags.c_contiguous or a.data.ptr % VEC_BYTES for a in arrays)):
+    """cuda_build.vectors of g and x, and with a bias, rows of whole vectors (so that a
+    vector never straddles two rows) and a bias that is whole vectors too."""
+    if bias is None:
+        return cuda_build.vectors(g, x)
+    if bias.ndim != 1 or x.shape[-1] != bias.shape[0] or not cuda_build.vectors(bias):
         return 0
-    return x.size // per
+    return cuda_build.vectors(g, x) if bias.dtype == x.dtype else 0
 
 
 class CudaGelu(GeluReference):
@@ -57,7 +52,7 @@ class CudaGelu(GeluReference):
             return _kernels()["gelu_bwd"](g, x, b)
         dx = self.xp.empty_like(x)
         _VEC.typed("gelu_bwd_vec", x.dtype)(
-            (-(-vecs // THREADS),), (THREADS,),
+            *cuda_build.vector_grid(vecs),
             (g, x, np.uint64(0) if bias is None else bias, dx, np.int64(vecs),
              np.int32(x.shape[-1])))
         return dx

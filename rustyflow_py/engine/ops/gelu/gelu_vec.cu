@@ -4,13 +4,8 @@
 // bias b (c,) is optional (a null pointer: none); with one, c is a multiple of the vector,
 // so a vector never straddles two rows.
 #include "types.cuh"
+#include "vec.cuh"
 #include "gelu.cuh"
-
-#define RF_VEC ((int)(16 / sizeof(real)))
-
-struct __align__(16) rf_vec {
-    real v[RF_VEC];
-};
 
 extern "C" __global__ void gelu_bwd_vec(const rf_vec* __restrict__ g,
                                         const rf_vec* __restrict__ x,

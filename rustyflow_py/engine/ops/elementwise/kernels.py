@@ -1,0 +1,17 @@
+"""The element-wise kernels: their contract, and their entries in the kernel table.
+
+Every device's kernel for an op takes exactly these arguments and keeps these rules (and
+table.py's common ones); tests/test_kernel_contract.py holds each to the reference.
+
+    add(a, b) -> Any
+        a + b with NumPy's broadcasting and type promotion, a fresh array.
+"""
+
+from __future__ import annotations
+
+from ..table import ANY, declare
+from .cuda import CudaElementwise
+from .reference import ElementwiseReference
+
+declare(("add",), reference={ANY: ElementwiseReference}, cpu={ANY: ElementwiseReference},
+        gpu={ANY: CudaElementwise})
