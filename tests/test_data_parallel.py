@@ -165,6 +165,27 @@ def launch_run(command: list[str], workers: int, *, timeout: float = RUN_TIMEOUT
     return proc.returncode, output, time.monotonic() - start
 
 
+def signal_rank_1(proc: subprocess.Popen[Any], mark: str, signum: int, out: Path,
+                  timeout: float) -> tuple[int, str, float]:
+    """Send `signum` to rank 1 of the job marked `mark` and wait up to `timeout` s for the
+    job's launcher `proc` to end: (its status, the output it wrote to `out`, seconds from the
+    signal). A job still running then fails the test, showing its output; `proc` is killed
+    either way."""
+    try:
+        [rank1] = marked_pids(mark, rank=1)
+        os.kill(rank1, signum)
+        sent = time.monotonic()
+        try:
+            status = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"the job outlived its rank 1 by {timeout:g} s:\n"
+                        f"{out.read_text()[-4000:]}")
+        return status, out.read_text(), time.monotonic() - sent
+    finally:
+        proc.kill()
+        proc.wait()
+
+
 def wait_until(done: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not done():
@@ -517,18 +538,8 @@ def test_a_sigkilled_rank_ends_the_job_naming_it_through_gpus(runs: Runs, mark: 
     """`rustyflow train --gpus 2` (DEVICE=auto, no GPU: both ranks on the CPU): mpiexec kills
     the job when rank 1 dies, and --gpus turns its report into one line naming the rank."""
     proc, ckpt, out = start_training(runs, "sigkill", mark, "checkpoint", via_gpus=True)
-    try:
-        [rank1] = marked_pids(mark, rank=1)
-        os.kill(rank1, signal.SIGKILL)
-        killed = time.monotonic()
-        status = proc.wait(timeout=30)
-        seconds = time.monotonic() - killed
-    finally:
-        proc.kill()
-        proc.wait()
-    output = out.read_text()
+    status, output, _ = signal_rank_1(proc, mark, signal.SIGKILL, out, 30)
     assert status != 0, output
-    assert seconds < 30, output
     assert "Error: rank 1 was killed by SIGKILL" in output, output
     assert not marked_pids(mark), "a rank was left behind"
     saved = Checkpoint(ckpt)  # atomically written: whole, whenever the kill landed
@@ -557,16 +568,7 @@ def test_a_stopped_rank_ends_the_job_within_the_timeout_naming_it(runs: Runs,
     timeout = 5.0
     proc, ckpt, out = start_training(runs, "sigstop", mark, "checkpoint",
                                      COMM_TIMEOUT=timeout)
-    try:
-        [rank1] = marked_pids(mark, rank=1)
-        os.kill(rank1, signal.SIGSTOP)
-        stopped = time.monotonic()
-        status = proc.wait(timeout=timeout + 30)
-        seconds = time.monotonic() - stopped
-    finally:
-        proc.kill()
-        proc.wait()
-    output = out.read_text()
+    status, output, seconds = signal_rank_1(proc, mark, signal.SIGSTOP, out, timeout + 30)
     assert status != 0, output
     assert seconds < timeout + 10, output  # found within COMM_TIMEOUT, then the teardown
     assert re.search(r"Error: rank 1 has been silent for [\d.]+ s \(COMM_TIMEOUT=5\)", output), \

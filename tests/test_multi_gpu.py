@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from conftest import real_data_dir
-from test_data_parallel import MARK, kill_marked, marked_pids, wait_until
+from test_data_parallel import MARK, kill_marked, marked_pids, signal_rank_1, wait_until
 
 from rustyflow_py.distributed.launcher import launch
 from rustyflow_py.engine.devices import gpu_count
@@ -104,13 +104,7 @@ def test_a_dead_or_stopped_rank_ends_the_gpu_job_naming_it(tmp_path: Path, signu
     try:
         wait_until(lambda: "  step 2 (" in out.read_text() or proc.poll() is not None,
                    "step 2", 120)
-        [rank1] = marked_pids(mark, rank=1)
-        os.kill(rank1, signum)
-        try:
-            status = proc.wait(timeout=40)
-        except subprocess.TimeoutExpired:
-            pytest.fail(f"the job outlived its rank 1 by 40 s:\n{out.read_text()[-4000:]}")
-        output = out.read_text()
+        status, output, _ = signal_rank_1(proc, mark, signum, out, 40)
         assert status != 0, output
         want = ("Error: rank 1 was killed by SIGKILL" if signum == signal.SIGKILL
                 else "Error: rank 1 has been silent for")
