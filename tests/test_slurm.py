@@ -64,15 +64,12 @@ def test_the_local_slurm_is_there_where_it_is_required() -> None:
 
 def srun(command: list[str], tasks: int, mark: str, out: Path) -> subprocess.Popen[bytes]:
     """`srun -n tasks --kill-on-bad-exit=1 command` (PMI2 is the local cluster's default), its
-    output to `out`. The MPICH wheel's UCX netmod fails about one MPI_Init in two under
-    Slurm's PMI2 ("UCX ERROR failed to unpack address", as in pmodels/mpich#7417) and never
-    did under mpiexec, so its OFI netmod is chosen, as docs/distributed.md advises."""
+    output to `out`."""
     assert CONF is not None
-    env = child_env(mark, SLURM_CONF=CONF, MPIR_CVAR_CH4_NETMOD="ofi")
     with open(out, "w") as stream:  # the child keeps its own copy
         return subprocess.Popen(["srun", "-n", str(tasks), "--kill-on-bad-exit=1", *command],
                                 stdin=subprocess.DEVNULL, stdout=stream,
-                                stderr=subprocess.STDOUT, env=env)
+                                stderr=subprocess.STDOUT, env=child_env(mark, SLURM_CONF=CONF))
 
 
 @pytest.fixture(scope="module")

@@ -35,6 +35,10 @@ start)
     host=$(hostname -s)
     mkdir -p "$dir/state" "$dir/spool" "$dir/munge"
     rm -rf "${dir:?}/state/"*  # a fresh controller: no jobs of an earlier start
+    # Job ids that no earlier start used: MPICH names its shared-memory segments after the
+    # job and step (PMI2's KVS name), and a killed job leaves its segment in /dev/shm, where
+    # a later job of the same id would find it and hang or fail in MPI_Init.
+    first_job=$(( $(date +%s) % 6000000 * 10 + 1 ))
     cat > "$conf" <<CONF
 ClusterName=rustyflow-local
 SlurmctldHost=$host(127.0.0.1)
@@ -57,6 +61,7 @@ SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
 MpiDefault=pmi2
 ReturnToService=2
+FirstJobId=$first_job
 NodeName=$host NodeAddr=127.0.0.1 CPUs=$(nproc) State=UNKNOWN
 PartitionName=local Nodes=$host Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE
 CONF
