@@ -34,6 +34,7 @@ from test_data_parallel import (
 )
 
 from rustyflow_py.reporting.log_parser import read_log
+from rustyflow_py.training.checkpoint import Checkpoint
 
 LOCAL_CLUSTER = "ClusterName=rustyflow-local"  # what local-cluster.sh writes
 
@@ -97,8 +98,6 @@ def srun_train(runs: Runs, name: str, tasks: int, **keys: object) -> Path:
 ])
 def test_two_srun_tasks_equal_one_process_of_the_whole_batch(runs: Runs, name: str,
                                                              keys: dict[str, object]) -> None:
-    from rustyflow_py.training.checkpoint import Checkpoint
-
     got, single8 = Checkpoint(srun_train(runs, name, 2, **keys)), runs["single8"]
     assert len(losses(got)) == STEPS and losses(got)[0] != losses(got)[-1]
     assert_same_losses(got, single8)

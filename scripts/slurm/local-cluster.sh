@@ -7,7 +7,8 @@
 #   scripts/slurm/local-cluster.sh stop DIR
 #
 # Needs root and Debian's slurmd, slurmctld, slurm-client and munge packages (CI installs
-# them: .ci/run). It writes nothing outside DIR; the node is this machine (hostname -s) with
+# them: .ci/run). It writes nothing outside DIR, and takes only a new or empty DIR or one it
+# made before; the node is this machine (hostname -s) with
 # its CPUs, one partition `local`, PMI2 as srun's default (the `mpi` extra's MPICH speaks it).
 set -euo pipefail
 
@@ -17,10 +18,20 @@ action=$1
 dir=$(mkdir -p "$2" && cd "$2" && pwd)
 conf=$dir/slurm.conf
 
-stop() {
-    for pid in slurmd.pid slurmctld.pid munge/munged.pid; do
-        if [[ -s $dir/$pid ]]; then kill "$(cat "$dir/$pid")" 2>/dev/null || true; fi
+stop() {  # SIGTERM to the daemons of DIR, then up to 20 s for them to be gone
+    local pids=() file pid
+    for file in slurmd.pid slurmctld.pid munge/munged.pid; do
+        if [[ -s $dir/$file ]]; then pids+=("$(cat "$dir/$file")"); fi
     done
+    for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done
+    for _ in $(seq 100); do
+        for pid in "${pids[@]}"; do
+            if kill -0 "$pid" 2>/dev/null; then sleep 0.2; continue 2; fi
+        done
+        return 0
+    done
+    echo "the local Slurm daemons of $dir did not stop: ${pids[*]}" >&2
+    return 1
 }
 
 case $action in
@@ -31,6 +42,11 @@ start)
             exit 1
         }
     done
+    if [[ -n $(ls -A "$dir") ]] && ! grep -qx "ClusterName=rustyflow-local" "$conf" 2>/dev/null
+    then
+        echo "$dir holds files that are not a local cluster's: pass a new or empty folder" >&2
+        exit 1
+    fi
     stop
     host=$(hostname -s)
     mkdir -p "$dir/state" "$dir/spool" "$dir/munge"
