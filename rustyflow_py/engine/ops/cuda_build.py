@@ -150,13 +150,20 @@ def vectors(*arrays: Any) -> int:
     or 0 when it may not: arrays of one float dtype and one shape, C-contiguous, 16-byte
     aligned, a whole number of vectors long."""
     first = arrays[0]
-    dtype = np.dtype(first.dtype)
-    per = VEC_BYTES // dtype.itemsize
-    if (dtype.name not in _REAL or first.size % per
-            or any(a.dtype != dtype or a.shape != first.shape or not a.flags.c_contiguous
+    per = _per_vector(first.dtype)
+    if (not per or first.size % per
+            or any(a.dtype != first.dtype or a.shape != first.shape or not a.flags.c_contiguous
                    or a.data.ptr % VEC_BYTES for a in arrays)):
         return 0
     return first.size // per
+
+
+@functools.cache
+def _per_vector(dtype: Any) -> int:
+    """Values of `dtype` in a vector, 0 for a dtype the kernels are not compiled for. Cached:
+    `vectors` asks on every add and GELU backward, and a dtype's name is a slow property."""
+    dtype = np.dtype(dtype)
+    return VEC_BYTES // dtype.itemsize if dtype.name in _REAL else 0
 
 
 def vector_grid(vecs: int) -> tuple[tuple[int], tuple[int]]:
