@@ -15,6 +15,7 @@ import math
 import pkgutil
 import re
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -139,6 +140,29 @@ def test_dtype_defines() -> None:
     assert cuda_build.dtype_defines(np.float64) == ("-DRF_REAL=double", "-DRF_ACC=double")
     assert cuda_build.dtype_defines(np.float16) == ("-DRF_REAL=__half", "-DRF_ACC=float",
                                                     "-DRF_FP16=1")
+
+
+def test_which_arrays_the_vector_kernels_take() -> None:
+    """cuda_build.vectors on stand-ins for device arrays (what it reads of them: dtype, shape,
+    size, contiguity and the pointer): whole 16-byte vectors of one float dtype and shape,
+    aligned and contiguous, else 0 (the caller then takes CuPy's kernel)."""
+    import numpy as np
+
+    def arr(dtype: object, shape: tuple[int, ...], ptr: int = 256, contiguous: bool = True
+            ) -> SimpleNamespace:
+        return SimpleNamespace(dtype=np.dtype(dtype), shape=shape, size=math.prod(shape),
+                               flags=SimpleNamespace(c_contiguous=contiguous),
+                               data=SimpleNamespace(ptr=ptr))
+
+    vectors = cuda_build.vectors
+    assert vectors(arr(np.float32, (3, 40)), arr(np.float32, (3, 40))) == 30
+    assert vectors(arr(np.float64, (3, 40))) == 60 and vectors(arr(np.float16, (3, 40))) == 15
+    assert vectors(arr(np.float32, (3, 41))) == 0  # not whole vectors
+    assert vectors(arr(np.float32, (3, 40)), arr(np.float32, (40,))) == 0  # broadcasting
+    assert vectors(arr(np.float32, (3, 40)), arr(np.float64, (3, 40))) == 0  # mixed dtypes
+    assert vectors(arr(np.float32, (3, 40)), arr(np.float32, (3, 40), ptr=260)) == 0
+    assert vectors(arr(np.float32, (3, 40), contiguous=False)) == 0
+    assert vectors(arr(np.int32, (3, 40))) == 0  # no kernel compiled for it
 
 
 @pytest.mark.gpu
