@@ -500,3 +500,29 @@ def test_perplexity_of_a_too_short_split_is_a_data_error() -> None:
     message = str(err.value)
     assert "split of 40 tokens is too short for BATCH_SIZE=8 streams of SEQ_LEN+1=9" in message
     assert "at least 72" in message and "BATCH_SIZE=4 or less (at SEQ_LEN=8)" in message
+
+
+def test_check_layout_with_random_offsets_agrees_with_num_batches_and_its_advice_fits() -> None:
+    """RANDOM_OFFSETS: the training split must hold a window after the largest offset."""
+    vocab = data.Vocab.build(["a"])
+    for n, batch_size, seq_len in itertools.product(range(1, 40), range(1, 6), range(1, 9)):
+        train, other = np.zeros(n, np.int32), np.zeros(100, np.int32)
+        corpus = data.Corpus("x", vocab, train, other, other, "x")
+        try:
+            fits = data.num_batches(data.batchify(train, batch_size), seq_len,
+                                    shifted=True) >= 1
+        except DataError:
+            fits = False
+        try:
+            data.check_layout(corpus, batch_size, seq_len, shifted=True)
+        except DataError as err:
+            assert not fits, (n, batch_size, seq_len)
+            if "RANDOM_OFFSETS" in str(err):
+                b = int(re.search(r"BATCH_SIZE=(\d+) or less", str(err))[1])
+                s = int(re.search(r"SEQ_LEN=(\d+) or less", str(err))[1])
+                if n >= 2 * seq_len:
+                    data.check_layout(corpus, b, seq_len, shifted=True)
+                if n // batch_size >= 2:
+                    data.check_layout(corpus, batch_size, s, shifted=True)
+        else:
+            assert fits, (n, batch_size, seq_len)

@@ -19,8 +19,10 @@ from typing import Any
 import numpy as np
 import pytest
 
+from rustyflow_py import data
 from rustyflow_py.engine.backend import get_backend
 from rustyflow_py.engine.ops import table
+from rustyflow_py.engine.ops.batch.reference import epoch_offsets
 from rustyflow_py.engine.ops.cpu_set import CpuKernels
 from rustyflow_py.engine.ops.cuda_set import CudaKernels
 from rustyflow_py.engine.ops.reference_set import XpKernels
@@ -465,3 +467,58 @@ def test_gather_batch_rejects_a_stream_that_is_not_world_size_shards(pair: Pair)
     with pytest.raises(ValueError, match="rank 1 of 4"):
         pair.mine.gather_batch(stream, pair.dev(np.asarray(0, np.int32)), 4, x, x.copy(),
                                rank=1, world_size=4)
+
+
+def _lowbias32(shift: int, epoch: int, row: int) -> int:
+    """The offset hash in plain Python integers: the bits epoch_offsets and batch.cu share."""
+    m = 0xFFFFFFFF
+    h = (shift * 0x9E3779B1 & m) ^ (epoch * 0x85EBCA77 & m) ^ (row * 0xC2B2AE3D & m)
+    h ^= h >> 16
+    h = h * 0x7FEB352D & m
+    h ^= h >> 15
+    h = h * 0x846CA68B & m
+    return h ^ (h >> 16)
+
+
+def test_epoch_offsets_are_the_documented_hash() -> None:
+    for shift, epoch, t in ((1337, 0, 256), (0, 7, 13), (2**32 + 5, 3, 1), (99, 2**20, 64)):
+        want = [_lowbias32(shift & 0xFFFFFFFF, epoch, r) % t for r in range(40)]
+        assert epoch_offsets(shift, epoch, np.arange(40), t).tolist() == want
+
+
+@pytest.mark.parametrize("world", [1, 4])
+def test_gather_batch_with_random_offsets_moves_every_row_each_epoch(pair: Pair,
+                                                                     world: int) -> None:
+    """RANDOM_OFFSETS: within an epoch each row is read in consecutive windows from its own
+    offset in [0, T) (epoch_offsets of its global row number, whatever the world size); the
+    epoch has one window fewer; offsets differ between rows and epochs; y is x shifted by one;
+    and the device's kernel gathers exactly what the reference does."""
+    b, n, t, shift = 12 // world, 57, 8, 1337
+    host = np.arange(12 * n, dtype=np.int32).reshape(12, n)
+    stream, xp = pair.dev(host), pair.backend.xp
+    batches = data.num_batches(host, t, shifted=True)
+    assert batches == (n - 1) // t - 1 == 6
+    starts = {}
+    for epoch in range(3):
+        for i in range(batches):
+            step = pair.dev(np.asarray(epoch * batches + i, np.int32))
+            for rank in range(world):
+                got = []
+                for k in (pair.mine, pair.ref):
+                    x, y = xp.zeros((b, t), np.int32), xp.zeros((b, t), np.int32)
+                    k.gather_batch(stream, step, t, x, y, rank=rank, world_size=world,
+                                   shift=shift)
+                    got.append((pair.backend.to_host(x), pair.backend.to_host(y)))
+                (x, y), (rx, ry) = got
+                np.testing.assert_array_equal(x, rx)
+                np.testing.assert_array_equal(y, ry)
+                np.testing.assert_array_equal(y, x + 1)
+                rows = np.arange(rank * b, (rank + 1) * b)
+                offsets = epoch_offsets(shift, epoch, rows, t)
+                np.testing.assert_array_equal(x, host[rows[:, None], i * t + offsets[:, None]
+                                                      + np.arange(t)])
+                starts.update({(epoch, int(r)): int(o) for r, o in zip(rows, offsets,
+                                                                      strict=True)})
+    assert all(0 <= o < t for o in starts.values())
+    assert len({starts[0, r] for r in range(12)}) > 1  # rows differ within an epoch
+    assert any(starts[0, r] != starts[1, r] for r in range(12))  # and move between epochs

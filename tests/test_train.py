@@ -123,6 +123,25 @@ def test_resume_with_dropout_continues_exactly() -> None:
     assert resumed.losses == straight.losses
 
 
+def test_random_offsets_move_the_windows_and_resume_exactly() -> None:
+    """RANDOM_OFFSETS=true: one window an epoch fewer, other batches than without it, and a
+    run resumed mid-epoch-2 reads the windows the straight run read (the same losses)."""
+    fixed = Trainer(make_cfg(NUM_EPOCHS=2, MODEL_PATH="models/f.npz"), quiet)
+    fixed.run()
+    straight = Trainer(make_cfg(NUM_EPOCHS=2, RANDOM_OFFSETS=True, MODEL_PATH="models/a.npz"),
+                       quiet)
+    straight.run()
+    assert straight.steps_per_epoch == fixed.steps_per_epoch - 1
+    assert len(straight.losses) == 2 * straight.steps_per_epoch
+    assert all(map(math.isfinite, straight.losses))
+    assert straight.losses[0] != fixed.losses[0]  # the same weights on another window
+    cfg = make_cfg(NUM_EPOCHS=2, RANDOM_OFFSETS=True, MODEL_PATH="models/b.npz")
+    first = run_interrupted(cfg, straight.steps_per_epoch + 3)
+    resumed = Trainer(cfg, quiet, resume=first.checkpoint_path)
+    resumed.run()
+    assert resumed.losses == straight.losses
+
+
 def test_resume_refuses_a_checkpoint_of_another_shape() -> None:
     first = run_interrupted(make_cfg(), 3)
     with pytest.raises(TrainingError, match=r"EMBED_DIM=32 \(checkpoint\) vs 64"):

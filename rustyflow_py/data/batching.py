@@ -22,12 +22,14 @@ def batchify(tokens: Any, batch_size: int) -> Any:
     return tokens[: n * batch_size].reshape(batch_size, n)
 
 
-def num_batches(stream: Any, seq_len: int, partial: bool = False) -> int:
+def num_batches(stream: Any, seq_len: int, partial: bool = False, shifted: bool = False) -> int:
     """Windows per pass: full ones need seq_len + 1 tokens (inputs plus shifted targets).
 
     partial=True also counts a shorter last window, so evaluation covers every token.
+    shifted=True (RANDOM_OFFSETS) counts the windows that fit after an offset of up to
+    seq_len - 1 tokens, the most an epoch may start each row at.
     """
-    usable = stream.shape[1] - 1
+    usable = stream.shape[1] - 1 - (seq_len - 1 if shifted else 0)
     return -(-usable // seq_len) if partial else usable // seq_len
 
 
@@ -53,13 +55,23 @@ def layout_advice(tokens: int, batch_size: int, seq_len: int) -> str:
     return "use " + ", or ".join([*fixes, "more text"])
 
 
-def check_layout(corpus: Corpus, batch_size: int, seq_len: int) -> None:
+def check_layout(corpus: Corpus, batch_size: int, seq_len: int, shifted: bool = False) -> None:
     """DataError unless every split fills one window of seq_len + 1 tokens per stream.
 
     Each split is cut into `batch_size` contiguous streams (batchify) and read in windows of
     seq_len + 1 tokens (inputs plus shifted targets). Checking all splits before the first
     step turns a validation split that is too short into an error now, not after an epoch.
+    shifted (RANDOM_OFFSETS): the training split also needs room for an offset of up to
+    seq_len - 1 tokens before its first window.
     """
+    tokens = int(corpus.train.shape[0])
+    if shifted and tokens // batch_size < 2 * seq_len:
+        raise DataError(
+            f"{corpus.name}: RANDOM_OFFSETS=true needs at least 2*SEQ_LEN={2 * seq_len} "
+            f"training tokens per stream (a window after an offset of up to SEQ_LEN-1), but "
+            f"BATCH_SIZE={batch_size} streams have {tokens // batch_size} each; use "
+            f"RANDOM_OFFSETS=false, BATCH_SIZE={max(1, tokens // (2 * seq_len))} or less, or "
+            f"SEQ_LEN={max(1, tokens // batch_size // 2)} or less")
     need = batch_size * (seq_len + 1)
     sizes = {split: int(getattr(corpus, split).shape[0]) for split in SPLITS
              if not (split == "test" and corpus.test_is_valid)}

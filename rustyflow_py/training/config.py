@@ -240,6 +240,9 @@ class Config(_Rules):
         hi_open=True)
     locked_dropout: bool = key(False, "variational dropout: the embedding and residual "
         "dropout sites draw one mask per sequence, shared by all its positions")
+    random_offsets: bool = key(False, "each epoch reads every training stream from its own "
+        "random offset in [0, SEQ_LEN) (drawn from SEED and the epoch), so the windows' "
+        "boundaries move between epochs; an epoch has one window fewer")
     label_smoothing: float = key(0.0, "label smoothing of the training loss (0 = off); "
         "validation and test perplexity never include it", lo=0, hi=1, hi_open=True)
     ema_decay: float = key(0.0, "evaluate (and keep as the best checkpoint) an "

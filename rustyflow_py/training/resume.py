@@ -26,7 +26,8 @@ MATH_KEYS = ("NUM_EPOCHS", "LEARNING_RATE", "DROPOUT", "EMBD_DROPOUT", "ATTN_DRO
              "ADAM_EPS", "MOMENTUM", "NESTEROV", "GRAD_CLIP", "WARMUP_STEPS", "MIN_LR_RATIO",
              "SEED", "RMSPROP_ALPHA", "ADAGRAD_EPS", "RHO", "ADADELTA_EPS", "MUON_LR",
              "MUON_MOMENTUM", "MUON_NESTEROV", "NS_STEPS", "EMA_DECAY", "EMA_START",
-             "AVERAGE_LAST_K", "WD_SCHEDULE", "WD_FINAL", "LOCKED_DROPOUT", "LABEL_SMOOTHING")
+             "AVERAGE_LAST_K", "WD_SCHEDULE", "WD_FINAL", "LOCKED_DROPOUT", "LABEL_SMOOTHING",
+             "RANDOM_OFFSETS")
 # Only sets the state a run starts from: on a resume the saved state wins, so no warning.
 START_KEYS = ("INITIAL_ACCUMULATOR",)
 

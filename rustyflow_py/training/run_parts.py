@@ -91,7 +91,7 @@ class RunParts:
         if self.corpus.tokenizer is not None:
             self.say(f"Tokenizer: {self.corpus.tokenizer.describe()}")
         streams = cfg.batch_size * cfg.grad_accum_steps * world.size  # a step's global batch
-        data.check_layout(self.corpus, streams, cfg.seq_len)
+        data.check_layout(self.corpus, streams, cfg.seq_len, shifted=cfg.random_offsets)
         sizing.check_fits(cfg, len(self.corpus.vocab), self.backend,
                           world_size=world.size if sharded else 1)
         self.model = build_model(cfg, len(self.corpus.vocab), self.backend,
@@ -101,7 +101,8 @@ class RunParts:
             initialize(load_init(init_from), self.model.buffer, cfg.seq_len,
                        self.corpus.vocab.itos, f"{cfg.dataset}'s words", self.say)
         self.train_stream = upload_split(self.backend, self.corpus.train, streams)
-        self.steps_per_epoch = data.num_batches(self.train_stream, cfg.seq_len)
+        self.steps_per_epoch = data.num_batches(self.train_stream, cfg.seq_len,
+                                                shifted=cfg.random_offsets)
         self.total_steps = cfg.num_epochs * self.steps_per_epoch
         buffer = self.model.buffer
         sync: Any = None
@@ -142,7 +143,8 @@ class RunParts:
             log_interval=min(cfg.log_interval, self.limit),  # a ring no longer than the run
             profiler=self.profiler,
             profile_steps=cfg.profile_steps, graph=graph, warn=self.warn,
-            shards=self.shards, sampler=sampler, averager=self.averager)
+            shards=self.shards, sampler=sampler, averager=self.averager,
+            shift=cfg.seed if cfg.random_offsets else None)
         self.ledger = TransferLedger(self.backend)
         self.checkpoints = RunCheckpoints(
             cfg.model_path_for(self.device), cfg, self.device, self.model, self.optimizer,

@@ -65,8 +65,9 @@ class StepRunner:
                  log_interval: int, profiler: Profiler | None, profile_steps: int,
                  graph: bool, warn: Callable[[str], None],
                  shards: Shards | None = None, sampler: GraphSampler | None = None,
-                 averager: Any = None) -> None:
+                 averager: Any = None, shift: int | None = None) -> None:
         self.model, self.optimizer, self.stream, self.seq_len = model, optimizer, stream, seq_len
+        self.shift = shift  # RANDOM_OFFSETS: the seed of each epoch's row offsets, or None
         self.averager = averager  # folds each step's weights in (model/ema.py), or None
         self.shards = shards or Shards()
         self.backend = model.buffer.backend
@@ -119,7 +120,8 @@ class StepRunner:
             run_op("gather_batch", "other", "data",
                    lambda s=shard: kernels.gather_batch(self.stream, opt.step_count,
                                                          self.seq_len, self.x, self.y, rank=s,
-                                                         world_size=sh.count))
+                                                         world_size=sh.count,
+                                                         shift=self.shift))
             t1 = clock()
             if sh.count > 1:  # each shard of the global batch draws dropout masks of its own
                 self.model.rng = dataclasses.replace(self.model.rng, shard=shard)

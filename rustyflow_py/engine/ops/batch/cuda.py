@@ -7,6 +7,7 @@ from typing import Any
 
 import numpy as np
 
+from ....data.batching import num_batches
 from .. import cuda_build
 from .reference import BatchReference
 
@@ -15,16 +16,16 @@ _BATCH = cuda_build.source(__file__, "batch.cu", cuda_build.dtype_defines(np.flo
 
 class CudaBatch(BatchReference):
     def gather_batch(self, stream: Any, step: Any, seq_len: int, x: Any, y: Any, *,
-                     rank: int = 0, world_size: int = 1) -> None:
+                     rank: int = 0, world_size: int = 1, shift: int | None = None) -> None:
         """x, y <- the window of batch (step mod batches-per-epoch), without the host."""
         row0 = self._shard_start(stream, x, rank, world_size)
         b, n = x.shape[0], stream.shape[1]
-        nb = (n - 1) // seq_len
+        nb = num_batches(stream, seq_len, shifted=shift is not None)
         total = b * seq_len
         _BATCH.typed("gather_batch", np.dtype(np.float32))(
             ((total + 255) // 256,), (256,),
             (stream, step, x, y, np.int32(row0), np.int32(b), np.int32(n), np.int32(seq_len),
-             np.int32(nb)))
+             np.int32(nb), np.int32(shift is not None), np.uint32((shift or 0) & 0xFFFFFFFF)))
 
     def store_at_step(self, ring: Any, step: Any, value: Any) -> None:
         value = self.xp.ascontiguousarray(value, dtype=ring.dtype)

@@ -3,11 +3,14 @@
 Every device's kernel for an op takes exactly these arguments and keeps these rules (and
 table.py's common ones); tests/test_kernel_contract.py holds each to the reference.
 
-    gather_batch(stream, step, seq_len, x, y, *, rank: int = 0, world_size: int = 1) -> None
+    gather_batch(stream, step, seq_len, x, y, *, rank: int = 0, world_size: int = 1,
+                 shift: int | None = None) -> None
         Fill x, y (B, T=seq_len) in place with batch (step mod batches-per-epoch) of the
         (world_size * B, N) token stream: rows [rank * B, (rank + 1) * B) are this rank's
         streams, x the window of T tokens and y the same shifted by one. step is a 0-d int32
-        device counter.
+        device counter. With `shift` (a seed), row r of epoch e = step // batches-per-epoch
+        is read from offset epoch_offsets(shift, e, r) in [0, T) (reference.py), and an
+        epoch has data.num_batches(stream, T, shifted=True) batches.
 
     store_at_step(ring, step, value) -> None
         ring[(step - 1) mod len(ring)] = value in place, for a 0-d device counter `step` and

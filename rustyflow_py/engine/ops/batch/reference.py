@@ -5,18 +5,43 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
+from ....data.batching import num_batches
 from ..table import Family
+
+
+def epoch_offsets(shift: int, epoch: int, rows: Any, seq_len: int) -> Any:
+    """Each stream row's offset in [0, seq_len) for `epoch`: a 32-bit integer hash of (shift,
+    epoch, row) (Wellons' lowbias32 finaliser), the same bits as batch.cu's `row_offset`.
+    `rows` are global row numbers, so every world size reads the same windows."""
+    with np.errstate(over="ignore"):
+        h = (np.uint32(shift & 0xFFFFFFFF) * np.uint32(0x9E3779B1)
+             ^ np.uint32(epoch) * np.uint32(0x85EBCA77)
+             ^ np.asarray(rows, np.uint32) * np.uint32(0xC2B2AE3D))
+        h ^= h >> np.uint32(16)
+        h *= np.uint32(0x7FEB352D)
+        h ^= h >> np.uint32(15)
+        h *= np.uint32(0x846CA68B)
+        h ^= h >> np.uint32(16)
+    return (h % np.uint32(seq_len)).astype(np.int64)
 
 
 class BatchReference(Family):
 
     def gather_batch(self, stream: Any, step: Any, seq_len: int, x: Any, y: Any, *,
-                     rank: int = 0, world_size: int = 1) -> None:
+                     rank: int = 0, world_size: int = 1, shift: int | None = None) -> None:
         first = self._shard_start(stream, x, rank, world_size)
-        rows = stream[first : first + x.shape[0]]  # (B, N): this rank's streams
-        i = int(step) % ((stream.shape[1] - 1) // seq_len)
-        x[...] = rows[:, i * seq_len : (i + 1) * seq_len]
-        y[...] = rows[:, i * seq_len + 1 : (i + 1) * seq_len + 1]
+        nb = num_batches(stream, seq_len, shifted=shift is not None)
+        epoch, i = divmod(int(step), nb)
+        b = x.shape[0]
+        offsets = (np.zeros(b, np.int64) if shift is None else
+                   epoch_offsets(shift, epoch, np.arange(first, first + b), seq_len))
+        cols = i * seq_len + offsets[:, None] + np.arange(seq_len)  # (B, T)
+        rows = self.xp.asarray(np.arange(first, first + b)[:, None])
+        cols = self.xp.asarray(cols)
+        x[...] = stream[rows, cols]
+        y[...] = stream[rows, cols + 1]
 
     @staticmethod
     def _shard_start(stream: Any, x: Any, rank: int, world_size: int) -> int:
