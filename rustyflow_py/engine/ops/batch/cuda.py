@@ -7,9 +7,8 @@ from typing import Any
 
 import numpy as np
 
-from ....data.batching import num_batches
 from .. import cuda_build
-from .reference import BatchReference
+from .reference import BatchReference, windows
 
 _BATCH = cuda_build.source(__file__, "batch.cu", cuda_build.dtype_defines(np.float32))
 
@@ -20,7 +19,7 @@ class CudaBatch(BatchReference):
         """x, y <- the window of batch (step mod batches-per-epoch), without the host."""
         row0 = self._shard_start(stream, x, rank, world_size)
         b, n = x.shape[0], stream.shape[1]
-        nb = num_batches(stream, seq_len, shifted=shift is not None)
+        nb = windows(n, seq_len, shift is not None)
         total = b * seq_len
         _BATCH.typed("gather_batch", np.dtype(np.float32))(
             ((total + 255) // 256,), (256,),

@@ -9,8 +9,8 @@ table.py's common ones); tests/test_kernel_contract.py holds each to the referen
         (world_size * B, N) token stream: rows [rank * B, (rank + 1) * B) are this rank's
         streams, x the window of T tokens and y the same shifted by one. step is a 0-d int32
         device counter. With `shift` (a seed), row r of epoch e = step // batches-per-epoch
-        is read from offset epoch_offsets(shift, e, r) in [0, T) (reference.py), and an
-        epoch has data.num_batches(stream, T, shifted=True) batches.
+        is read from offset epoch_offsets(shift, e, r) in [0, T), and an epoch has
+        windows(N, T, shifted=True) batches (reference.py).
 
     store_at_step(ring, step, value) -> None
         ring[(step - 1) mod len(ring)] = value in place, for a 0-d device counter `step` and

@@ -7,8 +7,14 @@ from typing import Any
 
 import numpy as np
 
-from ....data.batching import num_batches
 from ..table import Family
+
+
+def windows(n: int, seq_len: int, shifted: bool) -> int:
+    """Batches an epoch in stream rows of n tokens (data.num_batches' count, which the engine
+    layer cannot import): each window takes seq_len + 1 tokens, after an offset of up to
+    seq_len - 1 when shifted."""
+    return (n - 1 - (seq_len - 1 if shifted else 0)) // seq_len
 
 
 def epoch_offsets(shift: int, epoch: int, rows: Any, seq_len: int) -> Any:
@@ -32,7 +38,7 @@ class BatchReference(Family):
     def gather_batch(self, stream: Any, step: Any, seq_len: int, x: Any, y: Any, *,
                      rank: int = 0, world_size: int = 1, shift: int | None = None) -> None:
         first = self._shard_start(stream, x, rank, world_size)
-        nb = num_batches(stream, seq_len, shifted=shift is not None)
+        nb = windows(stream.shape[1], seq_len, shift is not None)
         epoch, i = divmod(int(step), nb)
         b = x.shape[0]
         offsets = (np.zeros(b, np.int64) if shift is None else
