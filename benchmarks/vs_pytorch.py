@@ -60,6 +60,7 @@ from rustyflow_py.engine import backend, devices  # noqa: E402
 from rustyflow_py.engine.backend import Backend, get_backend, gpu_unavailable_reason  # noqa: E402
 from rustyflow_py.engine.graph import CapturedStep, GraphCaptureError  # noqa: E402
 from rustyflow_py.engine.memory import PeakMemory  # noqa: E402
+from rustyflow_py.engine.ops.attention import cudnn  # noqa: E402
 from rustyflow_py.engine.policy import RunPolicy  # noqa: E402
 from rustyflow_py.engine.precision import Precision  # noqa: E402
 from rustyflow_py.engine.tensor import Tensor  # noqa: E402
@@ -123,11 +124,13 @@ class Job:
     windows: int
     threads: int
     compile_mode: str = ""  # torch.compile's mode, for mode "compile"
+    attention: str = "auto"  # rustyflow's ATTENTION
 
     def label(self) -> str:
-        """`rustyflow graph`, `pytorch compile (default)`."""
+        """`rustyflow graph`, `rustyflow graph [cudnn]`, `pytorch compile (default)`."""
         mode = f"{self.mode} ({self.compile_mode})" if self.compile_mode else self.mode
-        return f"{self.framework} {mode}"
+        chosen = f" [{self.attention}]" if self.attention != "auto" else ""
+        return f"{self.framework} {mode}{chosen}"
 
 
 def gpt_config(shape: str, vocab: int | None = None) -> tuple[GPTConfig, int]:
@@ -375,7 +378,7 @@ def measure_rustyflow(job: Job, lister: KernelLister | None = None) -> dict[str,
     """RustyFlow's row; with a `lister`, a graph row also lists its step's kernels (sampled
     replays after the timed ones)."""
     backend = get_backend(job.device, RunPolicy(
-        Precision.of(job.precision), threads=job.threads,
+        Precision.of(job.precision), attention=job.attention, threads=job.threads,
         cpu_jit="off" if job.mode == "numpy" else "auto"))
     base = rss_bytes()
     cfg, batch = gpt_config(job.shape)
@@ -607,6 +610,8 @@ def versions(device: str) -> str:
         import cupy
 
         parts.insert(2, f"CuPy {cupy.__version__}")
+        if cudnn.available():
+            parts.insert(3, f"cuDNN {cudnn.version()}")
     git = ["git", "-C", str(ROOT)]
     commit = subprocess.run([*git, "rev-parse", "--short", "HEAD"], capture_output=True,
                             text=True, check=False).stdout.strip() or "unknown"
@@ -789,6 +794,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, help="timed steps per run (default per shape)")
     p.add_argument("--warmup", type=int, help="untimed steps first (default per shape)")
     p.add_argument("--windows", type=int, default=5, help="timed windows (median reported)")
+    p.add_argument("--attention", default="auto", help="comma-separated ATTENTION values for "
+                   "RustyFlow's rows, each a row of its own: auto, own, cudnn, materialized")
     p.add_argument("--curve-steps", type=int, default=200, help="0 skips the loss curves")
     bounds = ", ".join(f"{k} {v * 100:g}%%" for k, v in CURVE_BOUNDS.items())  # %% for argparse
     p.add_argument("--curve-precisions", help=f"comma-separated: fp32,bf16,fp16 (bounds: "
@@ -828,6 +835,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if name in GPU_SHAPES and not gpu:
             p.error(f"--shapes: {name} is GPU-only (use --device gpu): a CPU takes minutes a "
                     "step at GPT-2's size")
+    args.attention = args.attention.split(",")
+    for name in args.attention:
+        if name not in ("auto", "own", "cudnn", "materialized"):
+            p.error(f"--attention: unknown value {name!r}: expected auto, own, cudnn or "
+                    "materialized")
     args.compile_modes = args.compile_modes.split(",") if args.compile_modes else None
     for name in args.compile_modes or ():
         if name not in COMPILE_MODES:
@@ -865,8 +877,10 @@ def plan(args: argparse.Namespace) -> list[Job]:
         compiles = [("pytorch", "compile", m) for m in compile_modes(args, shape)]
         for precision in args.precisions:
             jobs += [Job(args.device, shape, precision, fw, mode, warmup, steps,
-                         max(1, min(args.windows, steps)), args.threads, compile_mode)
-                     for fw, mode, compile_mode in [(*m, "") for m in modes] + compiles]
+                         max(1, min(args.windows, steps)), args.threads, compile_mode,
+                         attention)
+                     for fw, mode, compile_mode in [(*m, "") for m in modes] + compiles
+                     for attention in (args.attention if fw == "rustyflow" else ["auto"])]
     return jobs
 
 

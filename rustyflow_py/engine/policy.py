@@ -21,7 +21,7 @@ from typing import Literal
 
 from .precision import MatmulCompute, Precision
 
-Attention = Literal["auto", "materialized"]
+Attention = Literal["auto", "own", "cudnn", "materialized"]
 Switch = Literal["auto", "on", "off"]
 
 
@@ -30,8 +30,9 @@ class RunPolicy:
     """How a run computes (hashable: a backend keeps one view per policy).
 
     - `precision`: the dtypes and the GEMM compute mode (PRECISION), engine/precision.py;
-    - `attention`: "auto" lets a backend's fused attention run where it can, "materialized"
-      keeps the batched GEMMs around the causal softmax (ATTENTION);
+    - `attention`: which fused attention runs where one can (ATTENTION): "own" (flash.py),
+      "cudnn" (cuDNN's SDPA), "auto" (cuDNN where installed and it applies, else own);
+      "materialized" keeps the batched GEMMs around the causal softmax;
     - `epilogues`: whether Linear layers may fuse bias, GELU and bias gradients into
       cuBLASLt's GEMM epilogues (GPU; off only to compare with the unfused formulation);
     - `graph`: whether the GPU step is replayed as a CUDA graph (GRAPH);

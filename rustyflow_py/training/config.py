@@ -120,6 +120,7 @@ class _Rules:
                 "SHARD_OPTIMIZER=false, or OPTIMIZER=adamw (or adam, sgd, rmsprop, adagrad, "
                 "adadelta)")
         self._check_quality_keys(where)
+        self._check_attention(where)
         if self.num_gpus > 1 and self.device == "cpu":
             raise ConfigError(
                 f"NUM_GPUS={self.num_gpus} ({where['NUM_GPUS']}) starts one process per GPU, "
@@ -157,6 +158,27 @@ class _Rules:
                 f"weight decay, which OPTIMIZER={self.optimizer} ({where['OPTIMIZER']}) does not "
                 "have (its decay is an L2 term, or inside LAMB's trust ratio): use "
                 "OPTIMIZER=adamw or muon, or WD_SCHEDULE=constant")
+
+    def _check_attention(self, where: dict[str, str]) -> None:
+        """ATTENTION=cudnn is cuDNN's SDPA: 16-bit inputs, no dropout of its own kind, head
+        dims that are multiples of 8 up to 128."""
+        if self.attention != "cudnn":
+            return
+        head = self.embed_dim // self.num_heads
+        p = self.attn_dropout if self.attn_dropout >= 0 else self.dropout
+        asked = f"ATTENTION=cudnn ({where['ATTENTION']}) runs cuDNN's fused attention"
+        if self.precision not in ("bf16", "fp16"):
+            raise ConfigError(f"{asked}, which takes 16-bit inputs, but PRECISION="
+                              f"{self.precision} ({where['PRECISION']}): set PRECISION=bf16 or "
+                              "fp16, or ATTENTION=auto")
+        if p > 0:
+            raise ConfigError(f"{asked}, which cannot draw RustyFlow's dropout masks, but the "
+                              f"attention dropout is {p:g} (ATTN_DROPOUT, else DROPOUT): set "
+                              "ATTN_DROPOUT=0, or ATTENTION=auto (the own kernel drops inside)")
+        if head % 8 or head > 128:
+            raise ConfigError(f"{asked}, which takes head dims that are multiples of 8 up to "
+                              f"128, but EMBED_DIM/NUM_HEADS = {head}: change EMBED_DIM or "
+                              "NUM_HEADS, or set ATTENTION=auto")
 
     def _expand_model_path(self, path: str) -> str:
         """Fill ${KEY} placeholders from the final values, so flags change the default path."""
@@ -302,9 +324,11 @@ class Config(_Rules):
     precision: str = key("fp32", "fp32, tf32 (GPU matmuls only), bf16 or fp16 (GPU "
         "mixed precision; fp16 with dynamic loss scaling) or fp64",
         choices=("fp32", "tf32", "bf16", "fp16", "fp64"))
-    attention: str = key("auto", "GPU attention: auto (the fused flash-style kernel for "
-        "tf32, bf16 and fp16 runs) or materialized (T x T scores and batched GEMMs)",
-        choices=("auto", "materialized"))
+    attention: str = key("auto", "GPU attention: own (the fused flash-style kernel for "
+        "tf32, bf16 and fp16 runs), cudnn (cuDNN's fused SDPA: bf16/fp16 without attention "
+        "dropout; the cudnn extra), auto (cudnn where installed and it applies, else own) or "
+        "materialized (T x T scores and batched GEMMs)",
+        choices=("auto", "own", "cudnn", "materialized"))
     device: str = key("auto", "auto (GPU 0 when usable), cpu, gpu or gpu:N", kind="device")
     strict_device: bool = key(False, "true: DEVICE=gpu without a usable GPU is an error, "
         "not a CPU fallback")

@@ -56,9 +56,11 @@ def load_model(path: str, device: str) -> tuple[GPT, Checkpoint, Config]:
 def load_policy(cfg: Config) -> RunPolicy:
     """How a loaded checkpoint computes: as it trained (its PRECISION and ATTENTION), with
     this machine's own CPU threads and kernels (THREADS and CPU_JIT were the training
-    machine's)."""
+    machine's). ATTENTION=cudnn becomes auto: the same attention, from cuDNN where this
+    machine has it."""
+    attention = "auto" if cfg.attention == "cudnn" else cfg.attention
     return dataclasses.replace(DEFAULT, precision=Precision.of(cfg.precision),
-                               attention=cfg.attention)
+                               attention=attention)
 
 
 def upload_split(backend: Any, tokens: np.ndarray, batch_size: int) -> Any:

@@ -74,7 +74,7 @@ def estimate(cfg: Config, vocab: int, gpu: bool, training: bool = True,
     if compute != store:
         parts["compute copy"] = p * compute
     b, t, e, h = cfg.batch_size, cfg.seq_len, cfg.embed_dim, cfg.num_heads
-    flash = gpu and cfg.attention == "auto" and cfg.precision in ("tf32", "bf16", "fp16")
+    flash = gpu and cfg.attention != "materialized" and cfg.precision in ("tf32", "bf16", "fp16")
     # one layer's T x T scores and probabilities at a time (the fp32 peak measured no
     # higher than tf32's fused attention), or none
     scores = 0 if flash else 2 * h * t

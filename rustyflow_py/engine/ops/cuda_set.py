@@ -20,6 +20,7 @@ import numpy as np
 
 from ..policy import RunPolicy
 from . import kernel_table  # noqa: F401  (enters every op folder into the table)
+from .attention import cudnn
 from .gemm.cublas import Cublas, in_compute
 from .gemm.cublaslt import CublasLt, CublasLtUnsupported
 from .table import KernelSet
@@ -43,6 +44,8 @@ class CudaKernels(KernelSet):
         """The GEMM compute mode (TF32 or not) and whether Linear layers go through
         cuBLASLt's epilogues where it can: the run's, on views of the device's handles."""
         super()._read_policy(policy)
+        if policy.attention == "cudnn":
+            cudnn.load()  # ATTENTION=cudnn without cuDNN: the error now, not in a step
         self.epilogues = policy.epilogues
         self.cublas = in_compute(self._device_cublas, policy.matmul_compute)
         self._cublaslt: CublasLt | None = None  # this view's, on first use

@@ -187,8 +187,8 @@ class KernelSet:
 
     def _read_policy(self, policy: RunPolicy) -> None:
         """Read what this set's kernels need from the run's policy (at creation only).
-        ATTENTION: "auto" lets fused_attention say yes where it can, "materialized" makes it
-        say no."""
+        ATTENTION: "materialized" makes fused_attention say no; the others choose among the
+        fused kernels (attention/cuda.py)."""
         self.policy = policy
         self.attention = policy.attention
 

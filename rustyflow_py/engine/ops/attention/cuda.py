@@ -19,7 +19,7 @@ import numpy as np
 from ...precision import accumulate_dtype
 from .. import cuda_build
 from ..cuda_build import acc_scalar, warp_grid
-from . import flash
+from . import cudnn, flash
 from .reference import AttentionReference
 
 _SOFTMAX = cuda_build.source(__file__, "softmax.cu", cuda_build.dtype_defines(np.float32))
@@ -79,14 +79,27 @@ class CudaAttention(AttentionReference):
             return False
         return flash.supports(dtype, head_dim, seq_len)
 
+    def _on_cudnn(self, q: Any, dropout: tuple[float, int, int, Any] | None) -> bool:
+        """cuDNN's SDPA (cudnn.py) under ATTENTION=cudnn, or auto where it is installed, for
+        16-bit q, k, v without dropout; flash.py otherwise (the config refuses
+        ATTENTION=cudnn for runs it cannot serve)."""
+        if self.attention not in ("auto", "cudnn") or dropout is not None:
+            return False
+        return (cudnn.supports(q.dtype, q.shape[-1])
+                and (self.attention == "cudnn" or cudnn.available()))
+
     def attention_forward(self, q: Any, k: Any, v: Any, scale: float,
                           dropout: tuple[float, int, int, Any] | None,
                           out: Any = None) -> tuple[Any, Any]:
+        if self._on_cudnn(q, dropout):
+            return cudnn.cudnn_attention_forward(q, k, v, scale, out)
         return flash.flash_attention_forward(q, k, v, scale, _drop(dropout), out)
 
     def attention_backward(self, q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any,
                            scale: float, dropout: tuple[float, int, int, Any] | None,
                            out: tuple[Any, Any, Any] | None = None) -> tuple[Any, Any, Any]:
+        if self._on_cudnn(q, dropout):
+            return cudnn.cudnn_attention_backward(q, k, v, o, do, lse, scale, out)
         return flash.flash_attention_backward(q, k, v, o, do, lse, scale,
                                                        _drop(dropout), out)
 
