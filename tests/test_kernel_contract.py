@@ -295,6 +295,38 @@ def test_16_bit_vector_kernels_on_the_gpu(device: str, name: str) -> None:
         assert (err <= ulp * np.abs(want) + 1e-5).all(), float(err.max())
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+@pytest.mark.parametrize("width", [1001, 1040], ids=["rows", "padded-rows"])
+def test_16_bit_cross_entropy_on_the_gpu(device: str, name: str, width: int) -> None:
+    """xent.cu on 16-bit logits, read as vectors where the rows are aligned (padded: 1040
+    columns, the first 1001 used, so the last values are the scalar tail) and one value at a
+    time otherwise: the loss is the float64 one on the same inputs to float32's accuracy, and
+    each gradient value is the float64 one rounded once to 16 bits (half a unit in the last
+    place, or of float16's subnormal spacing) give or take float32's error in exp."""
+    if device != "gpu":
+        pytest.skip("16-bit kernels run on the GPU only")
+    dtype = (np.dtype(pytest.importorskip("ml_dtypes").bfloat16) if name == "bfloat16"
+             else np.dtype(np.float16))
+    pair = Pair(device)
+    logits = (pair.rng.standard_normal((37, width)) * 4).astype(dtype)
+    targets = pair.rng.integers(0, 1001, 37).astype(np.int32)
+    ref = XpKernels(get_backend("cpu"))  # float64
+    seed = np.asarray(0.7)
+    want_loss, state = ref.cross_entropy(logits.astype(np.float64)[:, :1001], targets, True,
+                                         False)
+    want = ref.cross_entropy_backward(state, seed)
+    loss, state = pair.mine.cross_entropy(pair.dev(logits)[:, :1001], pair.dev(targets), True,
+                                          False)
+    got = pair.backend.to_host(pair.mine.cross_entropy_backward(state, pair.dev(seed)))
+    assert abs(float(pair.backend.to_host(loss)) - float(want_loss)) < 1e-5 * float(want_loss)
+    assert got.dtype == dtype and got.shape == want.shape
+    ulp = 2.0 ** -(8 if name == "bfloat16" else 11)
+    err = np.abs(got.astype(np.float64) - want)
+    # 2^-25: half float16's subnormal spacing, where rounding is absolute, not relative
+    assert (err <= ulp * np.abs(want) + 2.0**-25).all(), float(err.max())
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("width", [40, 41])

@@ -150,7 +150,7 @@ def vectors(*arrays: Any) -> int:
     or 0 when it may not: arrays of one float dtype and one shape, C-contiguous, 16-byte
     aligned, a whole number of vectors long."""
     first = arrays[0]
-    per = _per_vector(first.dtype)
+    per = per_vector(first.dtype)
     if (not per or first.size % per
             or any(a.dtype != first.dtype or a.shape != first.shape or not a.flags.c_contiguous
                    or a.data.ptr % VEC_BYTES for a in arrays)):
@@ -159,7 +159,7 @@ def vectors(*arrays: Any) -> int:
 
 
 @functools.cache
-def _per_vector(dtype: Any) -> int:
+def per_vector(dtype: Any) -> int:
     """Values of `dtype` in a vector, 0 for a dtype the kernels are not compiled for. Cached:
     `vectors` asks on every add and GELU backward, and a dtype's name is a slow property."""
     dtype = np.dtype(dtype)

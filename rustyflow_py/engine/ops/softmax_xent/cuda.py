@@ -21,13 +21,21 @@ def _row_stride(x: Any) -> int:
     return x.strides[0] // x.itemsize
 
 
+def _vec(x: Any) -> np.int32:
+    """xent.cu's `vec`: 1 when every row of x starts 16-byte aligned (its vectors' rule)."""
+    per = cuda_build.per_vector(x.dtype)
+    return np.int32(bool(per) and _row_stride(x) % per == 0
+                    and x.data.ptr % cuda_build.VEC_BYTES == 0)
+
+
 
 class CudaCrossEntropy(CrossEntropyReference):
     def cross_entropy(
         self, logits: Any, targets: Any, need_grad: bool, inplace: bool
     ) -> tuple[Any, Any]:
         """Forward reads the logits once (online log-sum-exp); backward writes d(logits)
-        over them in one more pass, folding in the upstream gradient. Rows may be padded
+        over them in one more pass, folding in the upstream gradient; both by 16-byte
+        vectors where the rows are aligned (xent.cu). Rows may be padded
         (a (N, V) view of wider rows, as lm_head_xent makes): the pad is never read."""
         xp = self.xp
         if logits.strides[1] != logits.itemsize:
@@ -37,7 +45,8 @@ class CudaCrossEntropy(CrossEntropyReference):
         lse = xp.empty(n, dtype=accumulate_dtype(logits.dtype))  # and the loss, in acc
         nll = xp.empty_like(lse)
         _XENT.typed("xent_fwd", logits.dtype)((n,), (512,), (logits, targets, lse, nll, np.int32(v),
-                                                         np.int32(_row_stride(logits))))
+                                                         np.int32(_row_stride(logits)),
+                                                         _vec(logits)))
         state = (logits, targets, lse, inplace) if need_grad else None
         return nll.mean(), state
 
@@ -47,9 +56,10 @@ class CudaCrossEntropy(CrossEntropyReference):
         # the kernel reads and writes at one row stride
         out = logits if inplace else self.xp.empty((n, _row_stride(logits)), logits.dtype)[:, :v]
         g = self.xp.ascontiguousarray(g, dtype=lse.dtype)
+        vec = np.int32(_vec(logits) and _vec(out))
         _XENT.typed("xent_bwd", logits.dtype)((n,), (512,), (logits, targets, lse, g, out,
                                                          np.int32(n), np.int32(v),
-                                                         np.int32(_row_stride(logits))))
+                                                         np.int32(_row_stride(logits)), vec))
         return out
 
     def lm_head_xent(
