@@ -379,6 +379,7 @@ def measure_rustyflow(job: Job, lister: KernelLister | None = None) -> dict[str,
     replays after the timed ones)."""
     backend = get_backend(job.device, RunPolicy(
         Precision.of(job.precision), attention=job.attention, threads=job.threads,
+        graph="auto" if job.mode == "graph" else "off",
         cpu_jit="off" if job.mode == "numpy" else "auto"))
     base = rss_bytes()
     cfg, batch = gpt_config(job.shape)

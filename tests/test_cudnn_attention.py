@@ -174,23 +174,24 @@ def test_a_captured_graph_replays_on_new_inputs(cp: Any) -> None:
 @pytest.mark.usefixtures("tiny_dir")
 def test_training_with_cudnn_follows_the_own_kernel() -> None:
     """ATTENTION=cudnn, own and auto train the same bf16 model to losses within bf16's
-    noise, and auto takes cuDNN where it is installed."""
+    noise; auto takes cuDNN where it is installed and the step is a replayed graph, and the
+    own kernel under GRAPH=off."""
     from helpers import quiet
 
     from rustyflow_py.engine.ops.attention.cuda import CudaAttention
     from rustyflow_py.training.loop import Trainer
 
     losses = {}
-    for mode in ("own", "cudnn", "auto"):
+    for mode, graph, on_cudnn in (("own", "auto", False), ("cudnn", "auto", True),
+                                  ("auto", "auto", True), ("auto", "off", False)):
         trainer = Trainer(make_cfg(DEVICE="gpu", PRECISION="bf16", NUM_HEADS=2, EMBED_DIM=64,
-                                   MAX_STEPS=20, ATTENTION=mode,
-                                   MODEL_PATH=f"models/{mode}.npz"), quiet)
+                                   MAX_STEPS=20, ATTENTION=mode, GRAPH=graph,
+                                   MODEL_PATH=f"models/{mode}-{graph}.npz"), quiet)
         trainer.run()
-        losses[mode] = np.array(trainer.losses)
+        losses[mode, graph] = np.array(trainer.losses)
         kernels = trainer.backend.kernels
         q = kernels.xp.zeros((1, 2, 16, 32), np.float16)
-        on = kernels.family(CudaAttention)._on_cudnn(q, None)
-        assert on == (mode != "own"), mode
-    assert np.isfinite(losses["cudnn"]).all()
-    np.testing.assert_allclose(losses["cudnn"], losses["own"], rtol=2e-2)
-    np.testing.assert_allclose(losses["auto"], losses["cudnn"], rtol=2e-2)
+        assert kernels.family(CudaAttention)._on_cudnn(q, None) == on_cudnn, (mode, graph)
+    assert all(np.isfinite(run).all() for run in losses.values())
+    for run in losses:
+        np.testing.assert_allclose(losses[run], losses["own", "auto"], rtol=2e-2, err_msg=run)

@@ -31,7 +31,8 @@ class RunPolicy:
 
     - `precision`: the dtypes and the GEMM compute mode (PRECISION), engine/precision.py;
     - `attention`: which fused attention runs where one can (ATTENTION): "own" (flash.py),
-      "cudnn" (cuDNN's SDPA), "auto" (cuDNN where installed and it applies, else own);
+      "cudnn" (cuDNN's SDPA), "auto" (cuDNN where installed and it applies to a replayed
+      graph, else own);
       "materialized" keeps the batched GEMMs around the causal softmax;
     - `epilogues`: whether Linear layers may fuse bias, GELU and bias gradients into
       cuBLASLt's GEMM epilogues (GPU; off only to compare with the unfused formulation);

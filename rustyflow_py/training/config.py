@@ -326,8 +326,8 @@ class Config(_Rules):
         choices=("fp32", "tf32", "bf16", "fp16", "fp64"))
     attention: str = key("auto", "GPU attention: own (the fused flash-style kernel for "
         "tf32, bf16 and fp16 runs), cudnn (cuDNN's fused SDPA: bf16/fp16 without attention "
-        "dropout; the cudnn extra), auto (cudnn where installed and it applies, else own) or "
-        "materialized (T x T scores and batched GEMMs)",
+        "dropout; the cudnn extra), auto (cudnn where installed and it applies and the step "
+        "is a replayed CUDA graph, else own) or materialized (T x T scores and batched GEMMs)",
         choices=("auto", "own", "cudnn", "materialized"))
     device: str = key("auto", "auto (GPU 0 when usable), cpu, gpu or gpu:N", kind="device")
     strict_device: bool = key(False, "true: DEVICE=gpu without a usable GPU is an error, "

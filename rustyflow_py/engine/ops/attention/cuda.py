@@ -80,13 +80,16 @@ class CudaAttention(AttentionReference):
         return flash.supports(dtype, head_dim, seq_len)
 
     def _on_cudnn(self, q: Any, dropout: tuple[float, int, int, Any] | None) -> bool:
-        """cuDNN's SDPA (cudnn.py) under ATTENTION=cudnn, or auto where it is installed, for
-        16-bit q, k, v without dropout; flash.py otherwise (the config refuses
-        ATTENTION=cudnn for runs it cannot serve)."""
+        """cuDNN's SDPA (cudnn.py) for 16-bit q, k, v without dropout under ATTENTION=cudnn,
+        or under auto where it is installed and the step is replayed as a CUDA graph (GRAPH
+        not off); flash.py otherwise (the config refuses ATTENTION=cudnn for runs it cannot
+        serve). Why not eagerly: a cuDNN call costs the host about twice a flash launch
+        through the frontend, and an eager step of a small model is the host's time."""
         if self.attention not in ("auto", "cudnn") or dropout is not None:
             return False
-        return (cudnn.supports(q.dtype, q.shape[-1])
-                and (self.attention == "cudnn" or cudnn.available()))
+        if self.attention == "auto" and (self.policy.graph == "off" or not cudnn.available()):
+            return False
+        return cudnn.supports(q.dtype, q.shape[-1])
 
     def attention_forward(self, q: Any, k: Any, v: Any, scale: float,
                           dropout: tuple[float, int, int, Any] | None,
