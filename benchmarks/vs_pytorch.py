@@ -795,6 +795,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--steps", type=int, help="timed steps per run (default per shape)")
     p.add_argument("--warmup", type=int, help="untimed steps first (default per shape)")
     p.add_argument("--windows", type=int, default=5, help="timed windows (median reported)")
+    p.add_argument("--skip-eager", action="store_true", help="GPU: RustyFlow's graph rows "
+                   "only (PyTorch eager stays, the ratios' reference)")
     p.add_argument("--attention", default="auto", help="comma-separated ATTENTION values for "
                    "RustyFlow's rows, each a row of its own: auto, own, cudnn, materialized")
     p.add_argument("--curve-steps", type=int, default=200, help="0 skips the loss curves")
@@ -849,6 +851,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     if args.compile_modes and not args.compile:
         p.error("--compile-modes needs the compile rows: drop --skip-compile (or add "
                 "--compile on the CPU)")
+    if args.skip_eager and not gpu:
+        p.error("--skip-eager leaves the graph rows, which need --device gpu")
     if args.kernel_list is not None and not gpu:
         p.error("--kernel-list lists the kernels of a replayed CUDA graph: use --device gpu")
     if args.kernel_samples < 1:
@@ -866,7 +870,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def plan(args: argparse.Namespace) -> list[Job]:
-    modes = [("rustyflow", "eager")] + ([("rustyflow", "graph")] if args.device == "gpu" else [])
+    modes = ([] if args.skip_eager else [("rustyflow", "eager")]) + (
+        [("rustyflow", "graph")] if args.device == "gpu" else [])
     if args.device == "cpu" and get_backend("cpu").kernels.jit is not None:
         modes.append(("rustyflow", "numpy"))  # the pure-NumPy path too, for comparison
     modes.append(("pytorch", "eager"))

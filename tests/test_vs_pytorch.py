@@ -121,7 +121,19 @@ def test_gpu_plan_at_gpt2_compiles_in_default_mode_unless_told() -> None:
     assert {(j.warmup, j.steps) for j in jobs} == {vs.DEFAULT_STEPS["gpu"]["gpt2-b32"]}
 
 
+def test_attention_rows_and_skip_eager() -> None:
+    """--attention repeats RustyFlow's rows per ATTENTION value, labelled; --skip-eager keeps
+    its graph rows and PyTorch's."""
+    args = vs.parse_args(["--device", "gpu", "--shapes", "small", "--precisions", "bf16",
+                          "--skip-compile", "--skip-eager", "--attention", "own,cudnn"])
+    assert [j.label() for j in vs.plan(args)] == [
+        "rustyflow graph [own]", "rustyflow graph [cudnn]", "pytorch eager"]
+    assert [j.attention for j in vs.plan(args)] == ["own", "cudnn", "auto"]
+
+
 @pytest.mark.parametrize(("argv", "message"), [
+    (["--device", "gpu", "--attention", "flash"], "unknown value 'flash'"),
+    (["--skip-eager"], "need --device gpu"),
     (["--shapes", "gpt2-b16"], "GPU-only"),
     (["--device", "gpu", "--compile-modes", "fastest"], "unknown mode 'fastest'"),
     (["--device", "gpu", "--skip-compile", "--compile-modes", "default"], "--skip-compile"),
