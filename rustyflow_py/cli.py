@@ -473,11 +473,12 @@ def banner(train_args: tuple[str, ...]) -> None:
         click.echo(f"  {name:<12}{value}")
 
 
-_SAMPLING_KEYS = [KEYS[k] for k in ("TEMPERATURE", "TOP_K", "TOP_P", "SEED")]
+_SAMPLING_KEYS = [KEYS[k] for k in ("TEMPERATURE", "TOP_K", "TOP_P", "SEED", "THREADS")]
 
 
 def _sampling_options(fn: Any) -> Any:
-    """Options shared by generate and chat; sampling defaults come from the config file."""
+    """Options shared by generate and chat; sampling defaults (and THREADS, the CPU's) come
+    from the config file."""
     for key in reversed(_SAMPLING_KEYS):
         fn = click.option(key.flag, key.attr, default=None, metavar=key.type.upper(),
                           help=f"{key.help} [default: config, else {key.default}]")(fn)
@@ -508,7 +509,7 @@ def _open_session(model_path: str | None, config: str | None, quiet: bool,
         raise click.UsageError("generate needs --prompt TEXT (the text to continue)")
     return open_session(path, cfg.device, cfg.strict_device,
                         Sampling(cfg.temperature, cfg.top_k, cfg.top_p), cfg.seed, say, _warn,
-                        samples)
+                        samples, threads=cfg.threads)
 
 
 @main.command()

@@ -294,6 +294,31 @@ def test_cli_generate_and_chat(ckpt: Path, isolated: Path) -> None:
     assert chat.stdout.count("> ") == 3 and "tokens/s" in chat.stderr
 
 
+def test_generate_and_chat_take_threads_from_the_flag_or_the_config(
+        ckpt: Path, isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """THREADS (batch-1 decoding on a many-core CPU is faster on a few): --threads, else the
+    config's; the same greedy text on any count."""
+    from rustyflow_py.training import evaluate
+
+    seen: list[int] = []
+    real = evaluate.load_model
+
+    def spy(path: str, device: str, threads: int = 0) -> object:
+        seen.append(threads)
+        return real(path, device, threads)
+
+    monkeypatch.setattr(evaluate, "load_model", spy)
+    monkeypatch.delenv("THREADS", raising=False)
+    (isolated / "two.env").write_text("THREADS=2\n")
+    base = ["generate", "--model", str(ckpt), "--prompt", "w1", "--max-tokens", "8",
+            "--temperature", "0", "--device", "cpu", "--quiet"]
+    runs = [CliRunner().invoke(main, [*base, *extra])
+            for extra in ([], ["--threads", "3"], ["--config", "two.env"])]
+    assert all(r.exit_code == 0 for r in runs), [r.output for r in runs]
+    assert seen == [0, 3, 2]
+    assert runs[0].stdout == runs[1].stdout == runs[2].stdout
+
+
 def test_cli_generate_num_samples(ckpt: Path, isolated: Path) -> None:
     """N samples at once, each under its header; the first is the single sample's text."""
     runner = CliRunner()

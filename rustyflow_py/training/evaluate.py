@@ -29,16 +29,16 @@ from .subword.corpus import checkpoint_tokenizer, load_corpus
 from .subword.text import SubwordText
 
 
-def load_model(path: str, device: str) -> tuple[GPT, Checkpoint, Config]:
+def load_model(path: str, device: str, threads: int = 0) -> tuple[GPT, Checkpoint, Config]:
     """A GPT with a checkpoint's weights on `device` (whichever device trained it), on the
-    backend of the checkpoint's policy (load_policy)."""
+    backend of the checkpoint's policy (load_policy) with `threads` CPU threads (0: all)."""
     ckpt = Checkpoint(path)
     try:
         cfg = Config.from_dict(ckpt.config)
     except ConfigError as exc:
         raise CheckpointError(f"{path}: its stored configuration is invalid ({exc})") from None
     vocab = len(ckpt.vocab)
-    backend = get_backend(device, load_policy(cfg))
+    backend = get_backend(device, dataclasses.replace(load_policy(cfg), threads=threads))
     sizing.check_fits(cfg, vocab, backend, "evaluation")
     precision = backend.policy.precision  # mixed precision is GPU-only: fp32 on the CPU
     model = build_model(cfg, vocab, backend, precision.storage,
@@ -232,13 +232,13 @@ def _checkpoints_beside(folder: Path) -> str:
 
 
 def open_session(model_path: str, device: str, strict: bool, sampling: Sampling, seed: int,
-                 say: Any, warn: Any = None, samples: int = 1) -> Session:
+                 say: Any, warn: Any = None, samples: int = 1, threads: int = 0) -> Session:
     """Load a checkpoint (trained on either device) onto `device` (cpu, gpu or auto), to
-    generate `samples` sequences at once."""
+    generate `samples` sequences at once (on the CPU with `threads` threads, 0: all)."""
     from ..engine.backend import resolve_device
 
     used, _ = resolve_device(device, strict, say, warn or say)
-    model, ckpt, _ = load_model(model_path, used)
+    model, ckpt, _ = load_model(model_path, used, threads)
     tokenizer = checkpoint_tokenizer(ckpt.meta, model_path, "--model")
     text = Vocab.from_array(ckpt.vocab) if tokenizer is None else SubwordText(tokenizer)
     session = Session(model, text, sampling, seed, batch=samples, warn=warn or say)
