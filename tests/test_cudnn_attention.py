@@ -17,11 +17,11 @@ from test_flash_attention import (
     LSE_TOL,
     TOL,
     _heads,
-    _host64,
     _inputs,
     _packed,
     _reference,
     _rel_err,
+    assert_matches,
     needs_gpu,
 )
 
@@ -99,15 +99,7 @@ def test_matches_materialised_attention(cp: Any, dtype: str, t: int, d: int) -> 
     scale = 1.0 / math.sqrt(d)
     o, lse = cudnn.cudnn_attention_forward(q, k, v, scale)
     dq, dk, dv = cudnn.cudnn_attention_backward(q, k, v, o, do, lse, scale)
-    want = _reference(cp, *ref_in, scale, None)
-    assert lse.shape == (b, h, t) and lse.dtype == np.float32
-    lse_err = float(np.abs(_host64(lse) - _host64(want[1])).max())
-    assert lse_err < LSE_TOL[dtype], f"lse: {lse_err:.2e}"
-    for name, got, ref in zip(("o", "dq", "dk", "dv"), (o, dq, dk, dv),
-                              (want[0], *want[2:]), strict=True):
-        assert got.shape == q.shape and got.dtype == q.dtype, name
-        err = _rel_err(got, ref)
-        assert err < TOL[dtype], f"{name}: {err:.2e} (tolerance {TOL[dtype]:.0e})"
+    assert_matches(dtype, q, (o, lse, dq, dk, dv), _reference(cp, *ref_in, scale, None))
 
 
 @pytest.mark.gpu

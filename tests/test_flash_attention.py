@@ -102,15 +102,20 @@ def test_matches_materialised_attention(cp: Any, dtype: str, t: int, d: int,
             if p else None)
     o, lse = fa.flash_attention_forward(q, k, v, scale, drop)
     dq, dk, dv = fa.flash_attention_backward(q, k, v, o, do, lse, scale, drop)
-    want = _reference(cp, *ref_in, scale, mask)
-    assert o.shape == q.shape and o.dtype == q.dtype
+    assert_matches(dtype, q, (o, lse, dq, dk, dv), _reference(cp, *ref_in, scale, mask))
+
+
+def assert_matches(dtype: str, q: Any, got: tuple, want: tuple) -> None:
+    """o, lse, dq, dk, dv of a fused attention against _reference's, within TOL / LSE_TOL."""
+    o, lse, *grads = got
+    b, h, t, _ = q.shape
     assert lse.shape == (b, h, t) and lse.dtype == np.float32
     lse_err = float(np.abs(_host64(lse) - _host64(want[1])).max())
     assert lse_err < LSE_TOL[dtype], f"lse: {lse_err:.2e}"
-    for name, got, ref in zip(("o", "dq", "dk", "dv"), (o, dq, dk, dv),
-                              (want[0], *want[2:]), strict=True):
-        assert got.shape == q.shape and got.dtype == q.dtype, name
-        err = _rel_err(got, ref)
+    for name, a, ref in zip(("o", "dq", "dk", "dv"), (o, *grads), (want[0], *want[2:]),
+                            strict=True):
+        assert a.shape == q.shape and a.dtype == q.dtype, name
+        err = _rel_err(a, ref)
         assert err < TOL[dtype], f"{name}: {err:.2e} (tolerance {TOL[dtype]:.0e})"
 
 
