@@ -1,6 +1,6 @@
 """The quality features on the GPU: inside the captured step (EMA, the scheduled weight decay,
-locked dropout, label smoothing) replays equal eager steps, match the CPU, and transfer
-nothing. Skipped without a usable GPU (CuPy and a device)."""
+locked dropout, label smoothing, the random-offset batch gather) replays equal eager steps,
+match the CPU, and transfer nothing. Skipped without a usable GPU (CuPy and a device)."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ pytestmark = [
 ]
 
 QUALITY = dict(dropout=0.2, locked_dropout=True, label_smoothing=0.1, ema_decay=0.9,
-               ema_start=2, wd_schedule="cosine", wd_final=0.01)
+               ema_start=2, wd_schedule="cosine", wd_final=0.01, random_offsets=True)
 
 
 def _ema(trainer: Any) -> np.ndarray:
