@@ -1,6 +1,6 @@
 """Fused causal attention by cuDNN's SDPA, through NVIDIA's Python frontend
 (`nvidia-cudnn-frontend`, import name `cudnn`; the `cudnn` extra): ATTENTION=cudnn, and what
-ATTENTION=auto uses for 16-bit runs when it is installed.
+ATTENTION=auto uses for 16-bit runs of a replayed step when it is installed.
 
 Why a second fused attention: flash.py is FlashAttention-2 on `mma.sync`; cuDNN's Hopper
 engines use wgmma and TMA, which ours do not, and at GPT-2's shape they are the faster of the
