@@ -38,7 +38,7 @@ def load_model(path: str, device: str, threads: int = 0) -> tuple[GPT, Checkpoin
     except ConfigError as exc:
         raise CheckpointError(f"{path}: its stored configuration is invalid ({exc})") from None
     vocab = len(ckpt.vocab)
-    backend = get_backend(device, dataclasses.replace(load_policy(cfg), threads=threads))
+    backend = get_backend(device, load_policy(cfg, threads))
     sizing.check_fits(cfg, vocab, backend, "evaluation")
     precision = backend.policy.precision  # mixed precision is GPU-only: fp32 on the CPU
     model = build_model(cfg, vocab, backend, precision.storage,
@@ -53,14 +53,14 @@ def load_model(path: str, device: str, threads: int = 0) -> tuple[GPT, Checkpoin
     return model, ckpt, cfg
 
 
-def load_policy(cfg: Config) -> RunPolicy:
+def load_policy(cfg: Config, threads: int = 0) -> RunPolicy:
     """How a loaded checkpoint computes: as it trained (its PRECISION and ATTENTION), with
-    this machine's own CPU threads and kernels (THREADS and CPU_JIT were the training
-    machine's). ATTENTION=cudnn becomes auto: the same attention, from cuDNN where this
-    machine has it."""
+    this machine's own CPU kernels and `threads` threads (0: all; THREADS and CPU_JIT were
+    the training machine's). ATTENTION=cudnn becomes auto: the same attention, from cuDNN
+    where this machine has it."""
     attention = "auto" if cfg.attention == "cudnn" else cfg.attention
     return dataclasses.replace(DEFAULT, precision=Precision.of(cfg.precision),
-                               attention=attention)
+                               attention=attention, threads=threads)
 
 
 def upload_split(backend: Any, tokens: np.ndarray, batch_size: int) -> Any:

@@ -40,12 +40,10 @@ class BatchReference(Family):
         first = self._shard_start(stream, x, rank, world_size)
         nb = windows(stream.shape[1], seq_len, shift is not None)
         epoch, i = divmod(int(step), nb)
-        b = x.shape[0]
-        offsets = (np.zeros(b, np.int64) if shift is None else
-                   epoch_offsets(shift, epoch, np.arange(first, first + b), seq_len))
-        cols = i * seq_len + offsets[:, None] + np.arange(seq_len)  # (B, T)
-        rows = self.xp.asarray(np.arange(first, first + b)[:, None])
-        cols = self.xp.asarray(cols)
+        rows = np.arange(first, first + x.shape[0])  # this rank's global rows
+        offsets = 0 if shift is None else epoch_offsets(shift, epoch, rows, seq_len)[:, None]
+        cols = self.xp.asarray(i * seq_len + offsets + np.arange(seq_len))  # (B, T)
+        rows = self.xp.asarray(rows[:, None])
         x[...] = stream[rows, cols]
         y[...] = stream[rows, cols + 1]
 
