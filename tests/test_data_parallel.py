@@ -37,8 +37,8 @@ from rustyflow_py.cli import main
 from rustyflow_py.distributed.data_parallel import BucketedAllReduce
 from rustyflow_py.distributed.launcher import find_mpiexec
 from rustyflow_py.distributed.world import World
+from rustyflow_py.engine.autograd import Function, Tensor
 from rustyflow_py.engine.backend import get_backend
-from rustyflow_py.engine.tensor import Tensor
 from rustyflow_py.errors import ConfigError
 from rustyflow_py.model.gpt import GPT, GPTConfig
 from rustyflow_py.reporting.log_parser import read_log
@@ -765,15 +765,24 @@ def bucket_owner(buffer: Any, buckets: list[tuple[int, int]]) -> dict[str, int]:
 def recorded_backward(model: GPT, sync: BucketedAllReduce, events: list[tuple[str, Any]],
                       monkeypatch: pytest.MonkeyPatch) -> None:
     """One backward with `sync` armed, recording into `events`, in order: ("grad", name) as
-    backward adds a gradient into a parameter, ("leaf", name) as backward reports that
+    backward adds a gradient into a parameter (by `_accumulate`, or by an op given the
+    parameter's buffer through `grad_buffers`), ("leaf", name) as backward reports that
     parameter complete, and (from DoublingComm) ("reduce", span) for every all-reduce."""
     name_of = {id(t): name for name, t in model.buffer.params.items()}
     real_accumulate = Tensor._accumulate
+    real_grad_buffers = Function.grad_buffers
 
     def accumulate(self: Tensor, g: Any) -> None:
         if id(self) in name_of:
             events.append(("grad", name_of[id(self)]))
         real_accumulate(self, g)
+
+    def grad_buffers(self: Function, *inputs: int) -> tuple[Any, ...]:
+        buffers = real_grad_buffers(self, *inputs)
+        for i, buffer in zip(inputs, buffers, strict=True):
+            if buffer is not None and id(self.parents[i]) in name_of:
+                events.append(("grad", name_of[id(self.parents[i])]))
+        return buffers
 
     hook = sync.start(overlap=True)
 
@@ -784,6 +793,7 @@ def recorded_backward(model: GPT, sync: BucketedAllReduce, events: list[tuple[st
 
     with monkeypatch.context() as m:
         m.setattr(Tensor, "_accumulate", accumulate)
+        m.setattr(Function, "grad_buffers", grad_buffers)
         backward_once(model, on_leaf)
 
 

@@ -169,20 +169,22 @@ MATMUL_CASES = {  # a shape, b shape, transpose_b
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", MATMUL_CASES)
-@pytest.mark.parametrize("into_out", [False, True])
-def test_matmul(pair: Pair, dtype: Any, case: str, into_out: bool) -> None:
+@pytest.mark.parametrize("into_out", ["fresh", "out", "accumulate"])
+def test_matmul(pair: Pair, dtype: Any, case: str, into_out: str) -> None:
     sa, sb, transpose_b = MATMUL_CASES[case]
     a, b = pair.randn(*sa, dtype=dtype), pair.randn(*sb, dtype=dtype)
+    shape = (*np.broadcast_shapes(sa[:-2], sb[:-2]), sa[-2], sb[-2 if transpose_b else -1])
+    start = pair.randn(*shape, dtype=dtype)
     results = []
     for k in (pair.mine, pair.ref):
-        out = None
-        if into_out:
-            shape = (*np.broadcast_shapes(sa[:-2], sb[:-2]), sa[-2], sb[-2 if transpose_b else -1])
-            out = pair.backend.xp.empty(shape, dtype)
-        y = k.matmul(a, b, transpose_b=transpose_b, out=out)
+        out = None if into_out == "fresh" else start.copy()
+        y = k.matmul(a, b, transpose_b=transpose_b, out=out, accumulate=into_out == "accumulate")
         assert out is None or y is out
         results.append(y)
     pair.close(*results, dtype, tol=1e-3)  # float32: up to 4096 products summed in any order
+    if into_out == "accumulate":  # and it did add: the product alone differs
+        product = pair.ref.matmul(a, b, transpose_b=transpose_b)
+        pair.close(results[0] - start, product, dtype, tol=1e-3)
 
 
 SAMPLINGS = {  # temperature, top_k, top_p
@@ -230,9 +232,39 @@ def test_sample_rows(pair: Pair, dtype: Any, vocab: int, setting: str) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_sum_rows(pair: Pair, dtype: Any) -> None:
-    x = pair.randn(37, 24, dtype=dtype)
-    pair.close(pair.mine.sum_rows(x), pair.ref.sum_rows(x), dtype)
+@pytest.mark.parametrize("shape", [(37, 24), (2100, 200), (5000, 3), (1, 8)],
+                         ids=["small", "many-rows", "odd-width", "one-row"])
+@pytest.mark.parametrize("into", [False, True])
+def test_sum_rows(pair: Pair, dtype: Any, shape: tuple[int, int], into: bool) -> None:
+    """Widths of whole 16-byte vectors take the GPU's two-pass kernels (sum_rows.cu), others
+    its GEMM; with `into`, both add into the given buffer and return None."""
+    x, start = pair.randn(*shape, dtype=dtype), pair.randn(shape[1], dtype=dtype)
+    got = []
+    for k in (pair.mine, pair.ref):
+        if into:
+            buffer = start.copy()
+            assert k.sum_rows(x, buffer) is None
+            got.append(buffer)
+        else:
+            got.append(k.sum_rows(x))
+    pair.close(*got, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("into", [(False, False), (True, True), (True, False), (False, True)],
+                         ids=["fresh", "both-into", "dw-into", "db-into"])
+def test_linear_grads(pair: Pair, dtype: Any, into: tuple[bool, bool]) -> None:
+    """dW and db, each fresh or added into a gradient buffer (then None in its place)."""
+    x, g = pair.randn(3, 50, 16, dtype=dtype), pair.randn(3, 50, 24, dtype=dtype)
+    starts = (pair.randn(16, 24, dtype=dtype), pair.randn(24, dtype=dtype))
+    runs = []
+    for k in (pair.mine, pair.ref):
+        buffers = tuple(s.copy() if want else None for s, want in zip(starts, into, strict=True))
+        grads = k.linear_grads(x, g, lambda fn, *a, **kw: fn(*a, **kw), buffers)
+        assert [d is None for d in grads] == list(into)
+        runs.append([b if b is not None else d for b, d in zip(buffers, grads, strict=True)])
+    for mine, ref in zip(*runs, strict=True):
+        pair.close(mine, ref, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -250,6 +282,16 @@ def test_layernorm(pair: Pair, dtype: Any, rows: int, width: int) -> None:
     bwd = [k.layernorm_backward(g, x, w, f[1], f[2])
            for k, f in zip((pair.mine, pair.ref), fwd, strict=True)]
     for mine, ref in zip(*bwd, strict=True):
+        pair.close(mine, ref, dtype)
+    # dw and db added into gradient buffers: None in their place, the same sums added
+    start = pair.randn(2, width, dtype=dtype)
+    added = []
+    for k, f in zip((pair.mine, pair.ref), fwd, strict=True):
+        buffers = start.copy()
+        dx, *none = k.layernorm_backward(g, x, w, f[1], f[2], tuple(buffers))
+        assert none == [None, None]
+        added.append((dx, buffers))
+    for mine, ref in zip(*added, strict=True):
         pair.close(mine, ref, dtype)
 
 
@@ -293,6 +335,56 @@ def test_16_bit_vector_kernels_on_the_gpu(device: str, name: str) -> None:
         assert host.dtype == dtype
         err = np.abs(host.astype(np.float64) - want)
         assert (err <= ulp * np.abs(want) + 1e-5).all(), float(err.max())
+
+
+@pytest.mark.parametrize("name", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("size", [8 * 1000, 8 * 1000 + 3], ids=["vectors", "odd"])
+def test_cast_into(device: str, name: str, size: int) -> None:
+    """The compute copy: float32 rounded to the nearest 16-bit value (ties to even), the same
+    bits as the host's conversion, on every device and for any length."""
+    dtype = (np.dtype(pytest.importorskip("ml_dtypes").bfloat16) if name == "bfloat16"
+             else np.dtype(name))
+    pair = Pair(device)
+    src = (pair.rng.standard_normal(size) * 100).astype(np.float32)
+    src[:4] = [1 + 2.0 ** -8, 1 + 3 * 2.0 ** -8, 65504.0, -0.0]  # ties, float16's largest
+    dst = pair.dev(np.zeros(size, dtype))
+    assert pair.mine.cast_into(dst, pair.dev(src)) is None
+    assert pair.backend.to_host(dst).tobytes() == src.astype(dtype).tobytes()
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_16_bit_gradients_add_into_float32_buffers_on_the_gpu(device: str, name: str) -> None:
+    """Mixed precision's weight, bias and LayerNorm gradients: 16-bit inputs, each gradient
+    summed in float32 and added into its float32 buffer, never rounded to 16 bits. So each
+    is the float64 sum over the same 16-bit inputs to float32's summation error (1e-5 of the
+    largest value here, over 1,200 terms), not to a 16-bit unit."""
+    if device != "gpu":
+        pytest.skip("16-bit kernels run on the GPU only")
+    dtype = (np.dtype(pytest.importorskip("ml_dtypes").bfloat16) if name == "bfloat16"
+             else np.dtype(np.float16))
+    pair = Pair(device)
+    k, dev = pair.mine, pair.dev
+    x, g = (pair.rng.standard_normal((4, 300, n)).astype(dtype) for n in (64, 96))
+    x64, g64 = (a.astype(np.float64).reshape(1200, -1) for a in (x, g))
+    starts = [pair.rng.standard_normal(shape).astype(np.float32)
+              for shape in ((64, 96), (96,), (64,), (64,))]
+    dw, db, lw, lb = (dev(s) for s in starts)
+    assert k.linear_grads(dev(x), dev(g), lambda fn, *a, **kw: fn(*a, **kw), (dw, db)) == (
+        None, None)
+    w = pair.rng.standard_normal(64).astype(dtype)
+    _, mean, rstd = k.layernorm_forward(dev(x), dev(w), dev(w), 1e-5)
+    gx = dev(g[..., :64].copy())
+    assert k.layernorm_backward(gx, dev(x), dev(w), mean, rstd, (lw, lb))[1:] == (None, None)
+    xhat = (x64 - pair.backend.to_host(mean).reshape(-1, 1)) * pair.backend.to_host(
+        rstd).reshape(-1, 1)
+    wants = [x64.T @ g64, g64.sum(axis=0), (g64[:, :64] * xhat).sum(axis=0),
+             g64[:, :64].sum(axis=0)]
+    for got, start, want in zip((dw, db, lw, lb), starts, wants, strict=True):
+        host = pair.backend.to_host(got)
+        assert host.dtype == np.float32
+        err = np.abs(host - start - want).max() / np.abs(want).max()
+        assert err < 1e-5, err
 
 
 @pytest.mark.gpu
@@ -391,6 +483,7 @@ def test_lm_head_xent(pair: Pair, dtype: Any, need: tuple[bool, bool], vocab: in
     h[2] = -h[1]
     targets = pair.ints(vocab, 24)
     seed = pair.dev(np.asarray(0.7, dtype))
+    start = pair.randn(vocab, 16, dtype=dtype)
     runs = []
     for k in (pair.mine, pair.ref):
         loss, state = k.lm_head_xent(h, w, targets, False, k.matmul)
@@ -399,6 +492,12 @@ def test_lm_head_xent(pair: Pair, dtype: Any, need: tuple[bool, bool], vocab: in
         dh, dw = k.lm_head_xent_backward(state, seed, *need, k.matmul)
         assert (dh is not None, dw is not None) == need
         runs.append((loss, *(d for d in (dh, dw) if d is not None)))
+        if need[1]:  # dw added into w's gradient buffer instead
+            buffer = start.copy()
+            _, state = k.lm_head_xent(h, w, targets, True, k.matmul)
+            _, dw = k.lm_head_xent_backward(state, seed, *need, k.matmul, buffer)
+            assert dw is None
+            runs[-1] += (buffer,)
     for mine, ref in zip(*runs, strict=True):
         pair.close(mine, ref, dtype)
 

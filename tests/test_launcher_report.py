@@ -78,6 +78,14 @@ def test_open_mpi_names_the_rank_itself(tmp_path: Path) -> None:
         "rank 1 was killed by SIGABRT (a crash in native code?)"
 
 
+def _leave_pid(folder: Path, rank: int, pid: int) -> None:
+    """A pid file written whole, by rename, as launcher.leave_pid writes it (the watcher may
+    look at any moment, and a file caught half-written would read empty)."""
+    part = folder / f".rank-{rank}.pid.part"
+    part.write_text(str(pid))
+    os.replace(part, folder / f"rank-{rank}.pid")
+
+
 @pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs Linux pidfds (kernel 5.3+)")
 def test_exit_order_records_processes_as_they_exit(tmp_path: Path) -> None:
     """Three sleeping processes leave pid files; killing them one by one, with pauses longer
@@ -88,7 +96,7 @@ def test_exit_order_records_processes_as_they_exit(tmp_path: Path) -> None:
              for _ in range(3)]
     try:
         for rank in (2, 0):
-            (tmp_path / f"rank-{rank}.pid").write_text(str(procs[rank].pid))
+            _leave_pid(tmp_path, rank, procs[rank].pid)
         time.sleep(0.3)
         for rank in (2, 0):
             procs[rank].send_signal(signal.SIGKILL)
@@ -96,7 +104,7 @@ def test_exit_order_records_processes_as_they_exit(tmp_path: Path) -> None:
             time.sleep(0.3)
         procs[1].kill()
         procs[1].wait()
-        (tmp_path / "rank-1.pid").write_text(str(procs[1].pid))
+        _leave_pid(tmp_path, 1, procs[1].pid)
         time.sleep(0.3)
     finally:
         for proc in procs:

@@ -1,7 +1,7 @@
-"""The Linear and MLP ops with their bias, GELU and bias gradient fused into the GEMMs.
+"""The Linear and MLP ops with their bias and GELU fused into the GEMMs.
 
-On the GPU these go through cuBLASLt's epilogues (BIAS, GELU_AUX_BIAS, BGRADA);
-each test runs the same op with the epilogues on and off (the shared formulation: GEMM, then
+On the GPU these go through cuBLASLt's epilogues (BIAS, GELU_AUX_BIAS), and add weight
+gradients into float32 buffers with beta = 1. Each test runs the same op with the epilogues on and off (the shared formulation: GEMM, then
 a kernel) at every precision, checks that the two agree to that precision's rounding, and
 that the epilogues really ran (cuBLASLt planned each of them), so a silent fallback fails.
 The finite-difference checks (test_gradcheck.py) and PyTorch parity (test_torch_parity.py)
@@ -83,10 +83,39 @@ def test_fused_linear_and_mlp_match_the_unfused_ops(gpu_kernels: Any, mode: str)
             err = rel_max(a, b)
             assert err < TOLERANCE[mode], f"{op.__name__} {mode}: output/grad {i}: {err:.2e}"
     planned = planned_epilogues(fused_on.kernels)
-    fused = {cublaslt.EPILOGUE_BIAS, cublaslt.EPILOGUE_BGRADA}
+    fused = {cublaslt.EPILOGUE_BIAS}
     if mode != "fp32":  # exact float32 keeps its own GELU kernel (see CudaKernels.linear)
         fused.add(cublaslt.EPILOGUE_GELU_AUX_BIAS)
+    if precision.compute != np.float32:  # float32 weight gradients from 16-bit inputs
+        fused.add(cublaslt.EPILOGUE_DEFAULT)
     assert fused <= planned, f"epilogues never planned: {fused - planned}"
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", list(TOLERANCE))
+def test_a_second_backward_adds_into_the_gradient_buffers(gpu_kernels: Any, mode: str) -> None:
+    """Leaves whose .grad exists in the accumulation dtype (a parameter's) get their weight
+    and bias gradients added inside the GEMM (beta = 1) and the column sums: two backwards
+    leave twice one backward's gradients, in float32 for 16-bit inputs."""
+    precision = Precision.of(mode)
+    backend = gpu_backend(mode, True)
+    rng = np.random.default_rng(5)
+    arrays = [rng.standard_normal((B, T, E)), rng.standard_normal((E, 4 * E)) / 8,
+              rng.standard_normal(4 * E), rng.standard_normal((4 * E, E)) / 16,
+              rng.standard_normal(E)]
+    upstream = rng.standard_normal((B, T, E)).astype(precision.compute)
+    ts = [Tensor(a.astype(precision.compute), requires_grad=True, device=backend)
+          for a in arrays]
+    for t in ts[1:]:  # gradient buffers, as a model's parameters have
+        t.grad = backend.xp.zeros(t.shape, dtype=np.float32)
+    grads = []
+    for _ in range(2):
+        y = ops.mlp(*ts)
+        y.backward(backend.from_host(upstream))
+        grads.append([backend.to_host(t.grad).astype(np.float64) for t in ts[1:]])
+    for once, twice in zip(*grads, strict=True):
+        assert rel_max(twice, 2 * once) < 1e-5
+    assert all(t.grad.dtype == np.float32 for t in ts[1:])
 
 
 @pytest.mark.gpu

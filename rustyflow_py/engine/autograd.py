@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .backend import Backend, DeviceError, device_name, get_backend
+from .precision import accumulate_dtype
 
 _grad_enabled = True
 _profiler: Any = None  # set by profiler.Profiler (a context manager); see run_op
@@ -144,6 +145,23 @@ class Function:
     def backward(self, grad: Any) -> Sequence[Any]:
         raise NotImplementedError
 
+    def grad_buffers(self, *inputs: int) -> tuple[Any, ...]:
+        """For each input index: where that input's gradient may be added directly, or None.
+
+        An input that is a leaf whose .grad already exists in its accumulation dtype (a
+        parameter: a view of the model's float32 gradient buffer) offers that buffer. The
+        op's kernels then add the gradient into it inside their own last pass (a GEMM with
+        beta = 1, a reduction's final sum) and the op returns None for that input, instead
+        of a temporary that `_accumulate` adds afterwards in a pass of its own."""
+        out = []
+        for i in inputs:
+            leaf = self.parents[i]
+            grad = leaf.grad if isinstance(leaf, Tensor) else None
+            usable = (grad is not None and grad.flags.c_contiguous
+                      and grad.dtype == accumulate_dtype(leaf.data.dtype))
+            out.append(grad if usable else None)
+        return tuple(out)
+
     def release(self) -> None:
         keep = ("backend", "xp", "kernels")
         for key in [k for k in self.__dict__ if k not in keep]:
@@ -151,15 +169,18 @@ class Function:
         self.released = True
 
     def matmul(self, a: Any, b: Any, phase: str, *, transpose_b: bool = False,
-               out: Any = None) -> Any:
+               out: Any = None, accumulate: bool = False) -> Any:
         """a @ b by the backend's kernel (b's last two axes swapped with transpose_b; into
-        `out` when given): every op's matrix product goes through here. Inside a fused op it
+        `out` when given, added to it with `accumulate`): every op's matrix product goes
+        through here. Inside a fused op it
         is timed as its own 'matmul' entry; a matmul op (category 'matmul') is timed as one
         already, so its product is not recorded twice."""
         mm = self.kernels.matmul
         if self.category == "matmul":
-            return count_gemm(a, mm(a, b, transpose_b=transpose_b, out=out))
-        return self.gemm(phase)(mm, a, b, transpose_b=transpose_b, out=out)
+            return count_gemm(a, mm(a, b, transpose_b=transpose_b, out=out,
+                                    accumulate=accumulate))
+        return self.gemm(phase)(mm, a, b, transpose_b=transpose_b, out=out,
+                                accumulate=accumulate)
 
     def gemm(self, phase: str) -> Callable[..., Any]:
         """A runner `run(fn, *args, **kwargs)` for a backend GEMM inside this op (a plain one,

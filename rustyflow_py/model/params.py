@@ -94,7 +94,7 @@ class ParameterBuffer:
     def sync_compute(self) -> None:
         """Cast the master parameters into the compute copy (after every update)."""
         if self.compute_flat is not self.flat:
-            self.compute_flat[...] = self.flat
+            self.backend.kernels.cast_into(self.compute_flat, self.flat)
 
     def zero_grad(self) -> None:
         self.grad_storage.fill(0)

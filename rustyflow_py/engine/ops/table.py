@@ -32,6 +32,11 @@ so a training step can be captured as a CUDA graph: scalars that change from ste
 unless the contract says so. A "state" that a forward returns is opaque to callers: hand it
 to the matching backward, once, and do not look inside (each device keeps what its own
 backward needs, and it may alias the forward's buffers).
+
+A backward kernel that takes `into` arrays (a parameter's gradient buffer, from
+Function.grad_buffers: C-contiguous, the gradient's shape, in the accumulation dtype) adds that
+gradient into it and returns None in its place (`add_into`), so a GEMM can add with beta = 1
+and a reduction in its last pass, with no temporary and no pass of its own per parameter.
 """
 
 from __future__ import annotations
@@ -73,6 +78,15 @@ class Family:
         # private to it, reached through its methods (`_parallel`, `_lt`).
         setattr(self, name, value)
         return value
+
+
+def add_into(into: Any, value: Any) -> Any:
+    """`value`, or None once it is added into `into` when that is given (the reference's way
+    of honouring an `into` argument; fused kernels add inside their own passes)."""
+    if into is None:
+        return value
+    into += value
+    return None
 
 
 def declare(ops: str | Iterable[str], **kinds: dict[str | tuple[str, ...], type[Family]]

@@ -5,6 +5,10 @@ table.py's common ones); tests/test_kernel_contract.py holds each to the referen
 
     add(a, b) -> Any
         a + b with NumPy's broadcasting and type promotion, a fresh array.
+
+    cast_into(dst, src) -> None
+        dst[...] = src, converted to dst's dtype (the 16-bit compute copy of float32
+        parameters); dst and src of one shape.
 """
 
 from __future__ import annotations
@@ -13,5 +17,5 @@ from ..table import ANY, declare
 from .cuda import CudaElementwise
 from .reference import ElementwiseReference
 
-declare(("add",), reference={ANY: ElementwiseReference}, cpu={ANY: ElementwiseReference},
+declare(("add", "cast_into"), reference={ANY: ElementwiseReference}, cpu={ANY: ElementwiseReference},
         gpu={ANY: CudaElementwise})

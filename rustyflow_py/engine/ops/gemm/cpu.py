@@ -22,8 +22,13 @@ _STREAMED_ROWS = 16  # below this many rows of a, a product streams b from memor
 
 
 class CpuGemm(GemmReference):
-    def matmul(self, a: Any, b: Any, *, transpose_b: bool = False, out: Any = None) -> Any:
-        """a @ b (into `out` if given), a large product spread over the pool."""
+    def matmul(self, a: Any, b: Any, *, transpose_b: bool = False, out: Any = None,
+               accumulate: bool = False) -> Any:
+        """a @ b (into `out` if given, added to it with `accumulate`), a large product spread
+        over the pool."""
+        if accumulate:
+            out += self.matmul(a, b, transpose_b=transpose_b)
+            return out
         if transpose_b:
             b = np.swapaxes(b, -1, -2)  # a view: BLAS reads it transposed
         if not self.split_gemms or a.ndim < 2 or b.ndim < 2:

@@ -423,14 +423,28 @@ class CublasLt:
                           else out.reshape(-1, n), epilogue, bias=bias, aux=aux)
         return y.reshape(shape) if out is None else out
 
+    def matmul_into(self, a: Any, b: Any, out: Any, *, accumulate: bool = False) -> Any:
+        """out (M, N) = a (M, K) @ b (K, N), or out += a @ b with `accumulate` (beta = 1: a
+        gradient added into its float32 buffer inside the GEMM, not by a pass of its own).
+        a and b of one dtype (either may be a transposed view); out C-contiguous, of their
+        dtype or float32 for 16-bit inputs."""
+        if a.ndim != 2 or b.ndim != 2 or a.shape[1] != b.shape[0]:
+            raise CublasLtUnsupported(f"matmul_into: a {a.shape} does not fit b {b.shape}")
+        in_dtype = _dtype("matmul_into", a, b)
+        dtype = _out_dtype("matmul_into", in_dtype, None, out)
+        _check_out(out, (a.shape[0], b.shape[1]), dtype, "matmul_into", "out")
+        return self._gemm(a, b, out, EPILOGUE_DEFAULT, accumulate=accumulate)[0]
+
     def matmul_bgrad(self, a_t: Any, g: Any, *, out: Any = None, bias_grad_out: Any = None,
-                     out_dtype: Any = None) -> tuple[Any, Any]:
+                     out_dtype: Any = None, accumulate: bool = False) -> tuple[Any, Any]:
         """(dW, db) = (a_t @ g, column sums of g): a Linear layer's weight and bias gradients in
         one GEMM (epilogue BGRADA). a_t (K, M) is the layer input transposed (pass x.T, a
         view: no copy), g (..., N) the output gradient with M rows in all; dW (K, N), db (N,).
 
         dW and db have g's dtype, or `out_dtype` (float32 for 16-bit inputs: fp32 gradients
-        straight from the GEMM); `out` and `bias_grad_out` must agree with it.
+        straight from the GEMM); `out` and `bias_grad_out` must agree with it. With
+        `accumulate`, dW is added into `out` (beta = 1); db is written, never added (the
+        epilogue has no beta).
 
         Which epilogue: cuBLASLt computes D = dW^T (N x K) = g^T (N x M) @ a_t^T (M x K), so
         its A is g^T (op N on g's row-major memory) and the reduction dimension k is M.
@@ -447,10 +461,12 @@ class CublasLt:
         dtype = _out_dtype("matmul_bgrad", in_dtype, out_dtype, out, bias_grad_out)
         _check_out(out, (k, n), dtype, "matmul_bgrad", "out")
         _check_out(bias_grad_out, (n,), dtype, "matmul_bgrad", "bias_grad_out")
+        if accumulate and out is None:
+            raise CublasLtUnsupported("matmul_bgrad: accumulate needs out")
         return self._gemm(a_t, g2, _Alloc((k, n), dtype) if out is None else out,
                           EPILOGUE_BGRADA,
                           bias=_Alloc((n,), dtype) if bias_grad_out is None else bias_grad_out,
-                          lt_a_untransposed=True)
+                          lt_a_untransposed=True, accumulate=accumulate)
 
     def close(self) -> None:
         """Destroy the plans, the preference and the handle (the object is unusable after)."""
@@ -466,8 +482,10 @@ class CublasLt:
 
     # ---- internals ------------------------------------------------------------------------
     def _gemm(self, a: Any, b: Any, out: Any, epilogue: int, *, bias: Any = None,
-              aux: Any = None, lt_a_untransposed: bool = False) -> tuple[Any, Any]:
-        """out (M, N) = a (M, K) @ b (K, N) with `epilogue`, row-major; returns (out, bias).
+              aux: Any = None, lt_a_untransposed: bool = False,
+              accumulate: bool = False) -> tuple[Any, Any]:
+        """out (M, N) = a (M, K) @ b (K, N) with `epilogue`, row-major (out += with
+        `accumulate`: C = D, beta = 1); returns (out, bias).
 
         In cuBLASLt's column-major terms D = out^T = b^T @ a^T: its A is our b, its B is our
         a, and (m, n, k) = (N, M, K). `bias` is the BIAS_POINTER vector (read by the BIAS
@@ -505,11 +523,12 @@ class CublasLt:
             _set_desc(self.lib, plan.desc, DESC_BIAS_POINTER, bias.data.ptr)
         if aux is not None:
             _set_desc(self.lib, plan.desc, DESC_EPILOGUE_AUX_POINTER, aux.data.ptr)
-        # C = D with beta = 0 (C is not read)
+        # C = D: with beta = 0 C is not read; with beta = 1 the product is added to it
         _check(self.lib.cublasLtMatmul(
             self.handle, plan.desc, ctypes.byref(self._one),
             lt_a.data.ptr, plan.layout_a, lt_b.data.ptr, plan.layout_b,
-            ctypes.byref(self._zero), out.data.ptr, plan.layout_d, out.data.ptr, plan.layout_d,
+            ctypes.byref(self._one if accumulate else self._zero),
+            out.data.ptr, plan.layout_d, out.data.ptr, plan.layout_d,
             ctypes.byref(plan.algo), self.workspace.data.ptr, WORKSPACE_BYTES, self.stream.ptr,
         ), f"cublasLtMatmul (epilogue {epilogue}, m={n} n={m_rows} k={k})")
         return out, bias

@@ -46,8 +46,9 @@ class MatMul(Function):
 # ---- Linear layers ---------------------------------------------------------------------------
 class Linear(Function):
     """y = x @ W + b, (..., K) x (K, N) + (N,), as one op: the backend adds the bias inside
-    the GEMM (cuBLASLt's epilogue on the GPU) and gets the bias gradient from the weight
-    gradient's GEMM, so neither is a pass of its own over an activation-sized array."""
+    the GEMM (cuBLASLt's epilogue on the GPU), and adds W's and b's gradients straight into
+    their float32 buffers (the weight gradient's GEMM with beta = 1), so none of them is a
+    pass of its own."""
 
     name = "linear"
 
@@ -57,7 +58,8 @@ class Linear(Function):
 
     def backward(self, grad: Any) -> Sequence[Any]:
         dx = self.matmul(grad, self.w, "backward", transpose_b=True)
-        dw, db = self.kernels.linear_grads(self.x, grad, self.gemm("backward"))
+        dw, db = self.kernels.linear_grads(self.x, grad, self.gemm("backward"),
+                                           self.grad_buffers(1, 2))
         return dx, dw, db
 
 
@@ -65,10 +67,10 @@ class MLP(Function):
     """The transformer MLP, gelu(x @ W1 + b1) @ W2 + b2, as one op, so the GELU fuses into
     the GEMMs: forward writes the activation and its input from W1's GEMM (cuBLASLt's
     GELU_AUX_BIAS on the GPU); backward multiplies by W2.T, applies the GELU's derivative in
-    one element-wise pass, and gets b1's gradient from the epilogue of W1's weight-gradient
-    GEMM, as a Linear does. (cuBLASLt's DGELU_BGRAD epilogue would do the derivative and b1's
-    gradient in the first GEMM, but at GPT-2's shapes in bf16 on an H100 it ran them as a
-    separate pass of its own, slower than this: benchmarks/results/mlp-dgelu-h100.md.)"""
+    one element-wise pass, and gets W1's and b1's gradients as a Linear does. (cuBLASLt's
+    DGELU_BGRAD epilogue would do the derivative and b1's gradient in the first GEMM, but at
+    GPT-2's shapes in bf16 on an H100 it ran them as a separate pass of its own, slower than
+    this: benchmarks/results/mlp-dgelu-h100.md.)"""
 
     name = "mlp"
 
@@ -80,9 +82,9 @@ class MLP(Function):
 
     def backward(self, grad: Any) -> Sequence[Any]:
         gemm = self.gemm("backward")
-        dw2, db2 = self.kernels.linear_grads(self.f, grad, gemm)
+        dw2, db2 = self.kernels.linear_grads(self.f, grad, gemm, self.grad_buffers(3, 4))
         dpre = self.kernels.linear_dgelu(grad, self.w2, self.state, gemm)  # (..., 4E)
-        dw1, db1 = self.kernels.linear_grads(self.x, dpre, gemm)
+        dw1, db1 = self.kernels.linear_grads(self.x, dpre, gemm, self.grad_buffers(1, 2))
         dx = self.matmul(dpre, self.w1, "backward", transpose_b=True)  # (..., E)
         return dx, dw1, db1, dw2, db2
 

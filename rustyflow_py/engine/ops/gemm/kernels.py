@@ -7,24 +7,29 @@ table.py's common ones); tests/test_kernel_contract.py holds each to the referen
 **kwargs) and times it as a matmul (Function.gemm); a kernel runs each of its GEMMs (plain or
 with a fused epilogue) through it.
 
-    matmul(a, b, *, transpose_b: bool = False, out: Any = None) -> Any
+    matmul(a, b, *, transpose_b: bool = False, out: Any = None, accumulate: bool = False)
+        -> Any
         a @ b: (M, K) @ (K, N) -> (M, N); batched (..., M, K) @ (..., K, N) with equal batch
         shapes; or (..., M, K) @ (K, N). transpose_b=True multiplies by b with its last two
         axes swapped, b of (..., N, K), without copying it (the tied LM head). `out`, a
         C-contiguous array of the result's shape and dtype, receives the product and is
-        returned; otherwise the result is a fresh array.
+        returned; otherwise the result is a fresh array. With `accumulate` the product is
+        added into `out` (required; of the inputs' dtype, or their accumulation dtype: a
+        gradient buffer).
 
-    sum_rows(x) -> Any
-        Column sums (C,) of x (N, C): bias gradients.
+    sum_rows(x, into=None) -> Any
+        Column sums (C,) of x (N, C): bias gradients; added into `into` (None returned)
+        when given.
 
     linear(x, w, b, gelu, gemm) -> tuple[Any, Any]
         (y, state): y = x @ w + b for x (..., K), w (K, N), b (N,), or gelu_tanh of it when
         `gelu`, with the state linear_dgelu takes back (None without gelu).
 
-    linear_grads(x, g, gemm) -> tuple[Any, Any]
+    linear_grads(x, g, gemm, into=(None, None)) -> tuple[Any, Any]
         (dw, db) of y = x @ w + b for the gradient g (..., N) of y: (x.T @ g, the column
         sums of g), over all leading axes. For 16-bit inputs both may be float32 (the
-        gradient buffer's type).
+        gradient buffer's type). `into`: (dw's, db's) gradient buffers or None each; a
+        given one receives its gradient, added, and None is returned in its place.
 
     linear_dgelu(g, w, state, gemm) -> Any
         For y = gelu(pre) @ w with pre = x @ w1 + b1 (`state`, from linear(..., gelu=True)):

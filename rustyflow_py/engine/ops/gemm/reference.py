@@ -6,21 +6,27 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ...precision import accumulate_dtype, is_16bit
-from ..table import Family
+from ...precision import accumulate_dtype
+from ..table import Family, add_into
 
 
 class GemmReference(Family):
     """matmul, sum_rows, linear, linear_grads, linear_dgelu against `self.xp`."""
 
 
-    def matmul(self, a: Any, b: Any, *, transpose_b: bool = False, out: Any = None) -> Any:
-        return self.xp.matmul(a, self.xp.swapaxes(b, -1, -2) if transpose_b else b, out=out)
+    def matmul(self, a: Any, b: Any, *, transpose_b: bool = False, out: Any = None,
+               accumulate: bool = False) -> Any:
+        b = self.xp.swapaxes(b, -1, -2) if transpose_b else b
+        if accumulate:
+            out += self.xp.matmul(a, b)
+            return out
+        return self.xp.matmul(a, b, out=out)
 
-    def sum_rows(self, x: Any) -> Any:
-        if is_16bit(x.dtype):
-            return x.sum(axis=0, dtype=accumulate_dtype(x.dtype)).astype(x.dtype)
-        return x.sum(axis=0)
+    def sum_rows(self, x: Any, into: Any = None) -> Any:
+        sums = x.sum(axis=0, dtype=accumulate_dtype(x.dtype))
+        if into is not None:
+            return add_into(into, sums)
+        return sums.astype(x.dtype, copy=False)
 
     # ---- Linear layers: here the GEMM, then the bias (with GELU) as a kernel of its own ------
     def linear(self, x: Any, w: Any, b: Any, gelu: bool,
@@ -31,9 +37,16 @@ class GemmReference(Family):
         z += b
         return z, None
 
-    def linear_grads(self, x: Any, g: Any, gemm: Callable[..., Any]) -> tuple[Any, Any]:
+    def linear_grads(self, x: Any, g: Any, gemm: Callable[..., Any],
+                     into: tuple[Any, Any] = (None, None)) -> tuple[Any, Any]:
         g2 = g.reshape(-1, g.shape[-1])  # (rows, N)
-        return gemm(self.matmul, x.reshape(-1, x.shape[-1]).T, g2), self.sum_rows(g2)
+        xt = x.reshape(-1, x.shape[-1]).T  # (K, rows)
+        dw = None
+        if into[0] is None:
+            dw = gemm(self.matmul, xt, g2)
+        else:
+            gemm(self.matmul, xt, g2, out=into[0], accumulate=True)
+        return dw, self.sum_rows(g2, into[1])
 
     def linear_dgelu(self, g: Any, w: Any, state: Any, gemm: Callable[..., Any]) -> Any:
         pre, bias = state  # bias None: pre already has it (a fused backend's state)

@@ -8,6 +8,7 @@ from typing import Any
 import numpy as np
 
 from ..cpu_pool import BLOCK, Blocks
+from ..table import add_into
 from .reference import LayerNormReference
 
 
@@ -41,7 +42,8 @@ class CpuLayerNorm(LayerNormReference):
         return y.reshape(x.shape), mean.reshape(lead), rstd.reshape(lead)
 
     def layernorm_backward(
-        self, g: Any, x: Any, w: Any, mean: Any, rstd: Any
+        self, g: Any, x: Any, w: Any, mean: Any, rstd: Any,
+        into: tuple[Any, Any] = (None, None),
     ) -> tuple[Any, Any, Any]:
         """Each thread sums its blocks' dw, db; the per-thread partials are added at the end."""
         c = x.shape[-1]
@@ -76,4 +78,4 @@ class CpuLayerNorm(LayerNormReference):
 
         partials = self._parallel(worker, n, rows, x2.size)
         dw, db = (np.sum([p[k] for p in partials], axis=0) for k in (0, 1))
-        return dx.reshape(g.shape), dw, db
+        return dx.reshape(g.shape), add_into(into[0], dw), add_into(into[1], db)

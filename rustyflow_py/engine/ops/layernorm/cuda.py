@@ -43,8 +43,11 @@ class CudaLayerNorm(LayerNormReference):
         return y, mean, rstd
 
     def layernorm_backward(
-        self, g: Any, x: Any, w: Any, mean: Any, rstd: Any
+        self, g: Any, x: Any, w: Any, mean: Any, rstd: Any,
+        into: tuple[Any, Any] = (None, None),
     ) -> tuple[Any, Any, Any]:
+        """dx, and the partial sums of dw and db (rows of acc) that sum_rows then sums,
+        straight into the gradient buffers when given."""
         xp = self.xp
         g, x = xp.ascontiguousarray(g), xp.ascontiguousarray(x)
         c = x.shape[-1]
@@ -60,8 +63,7 @@ class CudaLayerNorm(LayerNormReference):
             _rows_kernel("ln_bwd_rows", x.dtype, g, w, cpl=cpl)(
                 *warp_grid(warps), (g, x, w, mean, rstd, dx, pdw, pdb, np.int32(n),
                                     np.int32(c), np.int32(rows)))
-            return (dx, self.sum_rows(pdw).astype(w.dtype, copy=False),
-                    self.sum_rows(pdb).astype(w.dtype, copy=False))
+            return dx, self._param_grad(pdw, w, into[0]), self._param_grad(pdb, w, into[1])
         _WIDE.typed("ln_bwd_dx", x.dtype, g, w)(*warp_grid(n), (g, x, w, mean, rstd, dx,
                                                                 np.int32(n), np.int32(c)))
         rows_per_chunk = 64
@@ -71,5 +73,11 @@ class CudaLayerNorm(LayerNormReference):
         _WIDE.typed("ln_bwd_dwdb", x.dtype)(
             ((c + 127) // 128, chunks), (128,),
             (g, x, mean, rstd, pdw, pdb, np.int32(n), np.int32(c), np.int32(rows_per_chunk)))
-        return (dx, self.sum_rows(pdw).astype(w.dtype, copy=False),
-                self.sum_rows(pdb).astype(w.dtype, copy=False))
+        return dx, self._param_grad(pdw, w, into[0]), self._param_grad(pdb, w, into[1])
+
+    def _param_grad(self, partial: Any, w: Any, into: Any) -> Any:
+        """The column sums of `partial` (rows of acc): added into `into` (None returned), or
+        as a gradient of w's dtype."""
+        if into is not None:
+            return self.sum_rows(partial, into)
+        return self.sum_rows(partial).astype(w.dtype, copy=False)

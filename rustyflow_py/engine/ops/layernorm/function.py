@@ -18,7 +18,8 @@ class LayerNorm(Function):
         return y
 
     def backward(self, grad: Any) -> Sequence[Any]:
-        return self.kernels.layernorm_backward(grad, self.x, self.w, self.mean, self.rstd)
+        return self.kernels.layernorm_backward(grad, self.x, self.w, self.mean, self.rstd,
+                                               self.grad_buffers(1, 2))
 
 
 def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:

@@ -7,9 +7,10 @@ table.py's common ones); tests/test_kernel_contract.py holds each to the referen
         (y, mean, rstd) for x (..., C), w and b (C,): y (..., C) is the normalised x scaled
         by w and shifted by b; mean and rstd (..., 1) are its backward's inputs.
 
-    layernorm_backward(g, x, w, mean, rstd) -> tuple[Any, Any, Any]
+    layernorm_backward(g, x, w, mean, rstd, into=(None, None)) -> tuple[Any, Any, Any]
         (dx (..., C), dw (C,), db (C,)) for upstream g (..., C), from the forward's x, w and
-        its mean, rstd (..., 1).
+        its mean, rstd (..., 1). `into`: (dw's, db's) gradient buffers or None each; a given
+        one receives its gradient, added, and None is returned in its place.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...precision import is_16bit
-from ..table import Family
+from ..table import Family, add_into
 from ..widen import wide
 
 
@@ -26,11 +26,14 @@ class LayerNormReference(Family):
         return y, mean, rstd
 
     def layernorm_backward(
-        self, g: Any, x: Any, w: Any, mean: Any, rstd: Any
+        self, g: Any, x: Any, w: Any, mean: Any, rstd: Any,
+        into: tuple[Any, Any] = (None, None),
     ) -> tuple[Any, Any, Any]:
         if is_16bit(x.dtype):
             dx, dw, db = LayerNormReference.layernorm_backward(self, *wide(g, x, w), mean, rstd)
-            return dx.astype(x.dtype), dw.astype(w.dtype), db.astype(w.dtype)
+            dw, db = (add_into(dst, v) for dst, v in zip(into, (dw, db), strict=True))
+            return (dx.astype(x.dtype), None if dw is None else dw.astype(w.dtype),
+                    None if db is None else db.astype(w.dtype))
         lead = tuple(range(x.ndim - 1))
         xhat = (x - mean) * rstd
         db = g.sum(axis=lead)
@@ -39,4 +42,4 @@ class LayerNormReference(Family):
         dx = gw - gw.mean(axis=-1, keepdims=True)
         dx -= xhat * (gw * xhat).mean(axis=-1, keepdims=True)
         dx *= rstd
-        return dx, dw, db
+        return dx, add_into(into[0], dw), add_into(into[1], db)

@@ -115,7 +115,8 @@ class CpuCrossEntropy(CrossEntropyReference):
         return loss, (e, sums, h, w, targets)
 
     def lm_head_xent_backward(
-        self, state: Any, g: Any, need_h: bool, need_w: bool, mm: Callable[..., Any]
+        self, state: Any, g: Any, need_h: bool, need_w: bool, mm: Callable[..., Any],
+        w_into: Any = None,
     ) -> tuple[Any, Any]:
         e, sums, h, w, targets = state
         n = e.shape[0]
@@ -125,7 +126,9 @@ class CpuCrossEntropy(CrossEntropyReference):
         if need_h:
             dh = mm(e, w)
             dh *= row_scale
-        if need_w:
+        if need_w and w_into is not None:
+            mm(e.T, h * row_scale, out=w_into, accumulate=True)
+        elif need_w:
             dw = mm(e.T, h * row_scale)
         self._give_back(e)
         return dh, dw

@@ -83,10 +83,17 @@ class CudaCrossEntropy(CrossEntropyReference):
         return loss, ((xent, h, wp, padded, v) if need_grad else None)
 
     def lm_head_xent_backward(
-        self, state: Any, g: Any, need_h: bool, need_w: bool, mm: Callable[..., Any]
+        self, state: Any, g: Any, need_h: bool, need_w: bool, mm: Callable[..., Any],
+        w_into: Any = None,
     ) -> tuple[Any, Any]:
+        """The weight's gradient from the unpadded columns, added into its buffer (beta = 1)
+        when given."""
         xent, h, wp, padded, v = state
         self.cross_entropy_backward(xent, g)  # d(logits) over the logits; the pad stays 0
         dh = mm(padded, wp) if need_h else None  # (N, E)
-        dw = mm(padded.T, h)[:v] if need_w else None  # (V, E)
+        dw = None
+        if need_w and w_into is not None:
+            mm(padded[:, :v].T, h, out=w_into, accumulate=True)  # (V, E)
+        elif need_w:
+            dw = mm(padded.T, h)[:v]  # (V, E)
         return dh, dw

@@ -49,7 +49,7 @@ class LMHeadCrossEntropy(Function):
     def backward(self, grad: Any) -> Sequence[Any]:
         dh, dw = self.kernels.lm_head_xent_backward(
             self.state, grad, self.needs_input_grad[0], self.needs_input_grad[1],
-            functools.partial(self.matmul, phase="backward"),
+            functools.partial(self.matmul, phase="backward"), self.grad_buffers(1)[0],
         )
         return dh, dw, None
 

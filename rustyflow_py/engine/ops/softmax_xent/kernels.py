@@ -20,10 +20,10 @@ table.py's common ones); tests/test_kernel_contract.py holds each to the referen
         called like matmul (mm(a, b, transpose_b=..., out=...)), so the caller can time it.
         state is None unless need_grad.
 
-    lm_head_xent_backward(state, g, need_h, need_w, mm) -> tuple[Any,
-        Any]
+    lm_head_xent_backward(state, g, need_h, need_w, mm, w_into=None) -> tuple[Any, Any]
         (dh (N, E) or None, dw (V, E) or None) for upstream g, a 0-d array; GEMMs through
-        `mm` as in the forward. Consumes the state (once).
+        `mm` as in the forward. Consumes the state (once). A given `w_into` (w's gradient
+        buffer) receives dw, added, and None is returned in its place.
 """
 
 from __future__ import annotations

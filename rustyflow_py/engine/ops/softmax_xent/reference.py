@@ -6,7 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ...precision import is_16bit
-from ..table import Family
+from ..table import Family, add_into
 from ..widen import wide
 
 
@@ -53,10 +53,11 @@ class CrossEntropyReference(Family):
         return loss, ((state, h, w) if need_grad else None)
 
     def lm_head_xent_backward(
-        self, state: Any, g: Any, need_h: bool, need_w: bool, mm: Callable[..., Any]
+        self, state: Any, g: Any, need_h: bool, need_w: bool, mm: Callable[..., Any],
+        w_into: Any = None,
     ) -> tuple[Any, Any]:
         xent, h, w = state
         dlogits = self.cross_entropy_backward(xent, g)
         dh = mm(dlogits, w) if need_h else None
         dw = mm(dlogits.T, h) if need_w else None
-        return dh, dw
+        return dh, add_into(w_into, dw)
