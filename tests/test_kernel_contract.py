@@ -268,11 +268,12 @@ def test_linear_grads(pair: Pair, dtype: Any, into: tuple[bool, bool]) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("rows", "width"), [(15, 48), (2100, 200), (37, 1100)],
-                         ids=["small", "many-rows", "wide"])
+@pytest.mark.parametrize(("rows", "width"), [(15, 48), (2100, 200), (33, 41), (37, 1100)],
+                         ids=["small", "many-rows", "odd-width", "wide"])
 def test_layernorm(pair: Pair, dtype: Any, rows: int, width: int) -> None:
     """Widths up to 1024 run the GPU's register-row kernels (many rows: several rows per warp
-    in backward); wider rows the multi-pass ones."""
+    in backward), over 16-byte vectors when the rows are whole vectors and a value at a time
+    otherwise (odd width); wider rows the multi-pass ones."""
     x = pair.randn(rows, width, dtype=dtype, scale=3.0)
     w, b = pair.randn(width, dtype=dtype), pair.randn(width, dtype=dtype)
     g = pair.randn(rows, width, dtype=dtype)
@@ -355,7 +356,7 @@ def test_cast_into(device: str, name: str, size: int) -> None:
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])
 def test_16_bit_gradients_add_into_float32_buffers_on_the_gpu(device: str, name: str) -> None:
-    """Mixed precision's weight, bias and LayerNorm gradients: 16-bit inputs, each gradient
+    """Mixed precision's weight, bias, MLP and LayerNorm gradients: 16-bit inputs, each gradient
     summed in float32 and added into its float32 buffer, never rounded to 16 bits. So each
     is the float64 sum over the same 16-bit inputs to float32's summation error (1e-5 of the
     largest value here, over 1,200 terms), not to a 16-bit unit."""
@@ -376,11 +377,15 @@ def test_16_bit_gradients_add_into_float32_buffers_on_the_gpu(device: str, name:
     _, mean, rstd = k.layernorm_forward(dev(x), dev(w), dev(w), 1e-5)
     gx = dev(g[..., :64].copy())
     assert k.layernorm_backward(gx, dev(x), dev(w), mean, rstd, (lw, lb))[1:] == (None, None)
+    gelu_sums = dev(starts[1])  # the MLP's b1: column sums of the GELU backward's result
+    dpre = pair.backend.to_host(k.gelu_backward(dev(g), dev(g), None, gelu_sums))
     xhat = (x64 - pair.backend.to_host(mean).reshape(-1, 1)) * pair.backend.to_host(
         rstd).reshape(-1, 1)
     wants = [x64.T @ g64, g64.sum(axis=0), (g64[:, :64] * xhat).sum(axis=0),
              g64[:, :64].sum(axis=0)]
-    for got, start, want in zip((dw, db, lw, lb), starts, wants, strict=True):
+    wants.append(dpre.astype(np.float64).reshape(1200, -1).sum(axis=0))  # of the values stored
+    for got, start, want in zip((dw, db, lw, lb, gelu_sums), (*starts, starts[1]), wants,
+                                strict=True):
         host = pair.backend.to_host(got)
         assert host.dtype == np.float32
         err = np.abs(host - start - want).max() / np.abs(want).max()
@@ -419,16 +424,59 @@ def test_16_bit_cross_entropy_on_the_gpu(device: str, name: str, width: int) -> 
     assert (err <= ulp * np.abs(want) + 2.0**-25).all(), float(err.max())
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_16_bit_lm_head_on_the_gpu(device: str, name: str) -> None:
+    """The tied LM head on 16-bit inputs. bfloat16's forward writes (softmax - onehot) / N
+    in its own pass over the logits and the backward scales by the upstream gradient on the
+    (N, E) side; float16 keeps the backward's pass (its loss scaling needs the scaled
+    values). Either way the loss, dh, and dw added into a float32 buffer are the float64 ones
+    on the same inputs to within 16-bit rounding of the logits and their gradient."""
+    if device != "gpu":
+        pytest.skip("16-bit kernels run on the GPU only")
+    dtype = (np.dtype(pytest.importorskip("ml_dtypes").bfloat16) if name == "bfloat16"
+             else np.dtype(np.float16))
+    pair = Pair(device)
+    k, dev = pair.mine, pair.dev
+    h, w = ((pair.rng.standard_normal(shape) * s).astype(dtype)
+            for shape, s in (((64, 32), 0.3), ((300, 32), 1.0)))  # logits of std 1.7
+    targets = pair.rng.integers(0, 300, 64).astype(np.int32)
+    ref = XpKernels(get_backend("cpu"))  # float64
+    want_loss, state = ref.lm_head_xent(h.astype(np.float64), w.astype(np.float64), targets,
+                                        True, ref.matmul)
+    want_dh, want_dw = ref.lm_head_xent_backward(state, np.asarray(0.7), True, True, ref.matmul)
+    loss, state = k.lm_head_xent(dev(h), dev(w), dev(targets), True, k.matmul)
+    start = pair.rng.standard_normal((300, 32)).astype(np.float32)
+    buffer = dev(start)
+    dh, dw = k.lm_head_xent_backward(state, dev(np.asarray(0.7, np.float32)), True, True,
+                                     k.matmul, buffer)
+    assert dw is None and dh.dtype == dtype
+    got = [float(pair.backend.to_host(loss)), pair.backend.to_host(dh).astype(np.float64),
+           pair.backend.to_host(buffer) - start]
+    for g, want in zip(got, (float(want_loss), want_dh, want_dw), strict=True):
+        assert np.abs(g - want).max() <= 1e-2 * np.abs(want).max()
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("with_bias", [False, True])
 @pytest.mark.parametrize("width", [40, 41])
 def test_gelu(pair: Pair, dtype: Any, with_bias: bool, width: int) -> None:
     """Width 40 takes the GPU's 16-byte vector backward kernel at every dtype; 41 the
-    element-wise one (rows of whole vectors only)."""
+    element-wise one (rows of whole vectors only). With `sums_into` the column sums of the
+    backward's result are added into a buffer too (on the GPU, from the same pass for rows
+    of whole vectors: 300 rows, cut into chunks)."""
     x, g = pair.randn(3, 7, width, dtype=dtype, scale=3.0), pair.randn(3, 7, width, dtype=dtype)
     bias = pair.randn(width, dtype=dtype) if with_bias else None
     pair.close(pair.mine.gelu_forward(x, bias), pair.ref.gelu_forward(x, bias), dtype)
     pair.close(pair.mine.gelu_backward(g, x, bias), pair.ref.gelu_backward(g, x, bias), dtype)
+    x, g = pair.randn(300, width, dtype=dtype, scale=3.0), pair.randn(300, width, dtype=dtype)
+    start = pair.randn(width, dtype=dtype)
+    runs = []
+    for k in (pair.mine, pair.ref):
+        sums = start.copy()
+        runs.append((k.gelu_backward(g, x, bias, sums), sums))
+    for mine, ref in zip(*runs, strict=True):
+        pair.close(mine, ref, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -528,16 +576,21 @@ def optimizer_scalars(pair: Pair, clip: float | None) -> tuple[Any, Any, Any]:
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("clip", [None, 0.25])
-def test_adamw(pair: Pair, dtype: Any, clip: float | None) -> None:
-    n, decay_size = 300_001, 200_003  # the decay boundary falls inside a CPU block
+@pytest.mark.parametrize("n", [300_001, 300_000], ids=["odd", "vectors"])
+@pytest.mark.parametrize("name", ["adamw", "adam"])
+def test_adamw(pair: Pair, dtype: Any, clip: float | None, n: int, name: str) -> None:
+    """AdamW and Adam; float32 buffers of whole 16-byte vectors take the GPU's vector
+    kernels, others its one-element-a-thread ones. The decay boundary falls inside a CPU
+    block and inside a GPU vector."""
+    decay_size = 200_003
     p, g, m = (pair.randn(n, dtype=dtype) for _ in range(3))
     v = abs(pair.randn(n, dtype=dtype)) * 0.1
     lr, step, scale = optimizer_scalars(pair, clip)
     states = []
     for k in (pair.mine, pair.ref):
         state = [p.copy(), m.copy(), v.copy()]
-        k.adamw(state[0], g, state[1], state[2], lr, step, scale, (0.9, 0.95), 1e-8, 0.1,
-                decay_size)
+        getattr(k, name)(state[0], g, state[1], state[2], lr, step, scale, (0.9, 0.95), 1e-8,
+                         0.1, decay_size)
         states.append(state)
     for mine, ref in zip(*states, strict=True):
         pair.close(mine, ref, np.float32, tol=1e-5)  # CUDA takes betas etc. as float32

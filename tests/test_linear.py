@@ -1,11 +1,11 @@
 """The Linear and MLP ops with their bias and GELU fused into the GEMMs.
 
 On the GPU these go through cuBLASLt's epilogues (BIAS, GELU_AUX_BIAS), and add weight
-gradients into float32 buffers with beta = 1. Each test runs the same op with the epilogues on and off (the shared formulation: GEMM, then
-a kernel) at every precision, checks that the two agree to that precision's rounding, and
-that the epilogues really ran (cuBLASLt planned each of them), so a silent fallback fails.
-The finite-difference checks (test_gradcheck.py) and PyTorch parity (test_torch_parity.py)
-cover the ops' math on both devices.
+gradients into float32 buffers with beta = 1. Each test runs the same op with the epilogues
+on and off (the shared formulation: GEMM, then a kernel) at every precision, checks that the
+two agree to that precision's rounding, and that the epilogues really ran (cuBLASLt planned
+each of them), so a silent fallback fails. The finite-difference checks (test_gradcheck.py)
+and PyTorch parity (test_torch_parity.py) cover the ops' math on both devices.
 """
 
 from __future__ import annotations

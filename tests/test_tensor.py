@@ -89,3 +89,44 @@ def test_an_op_refuses_an_attribute_it_does_not_declare() -> None:
         ops.LayerNorm.apply(x, w, b)
     assert ops.MatMul.attributes == {"transpose_b"} and not ops.MatMul.required
     assert ops.Sum.required == {"axis", "keepdims"}
+
+
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_a_layernorm_joins_the_residual_gradient_in_its_backward(device: str, dtype: type,
+                                                                  monkeypatch: pytest.MonkeyPatch
+                                                                  ) -> None:
+    """A pre-LN block's pattern, h = x + f(layer_norm(x)) with x produced by an op: the
+    residual path gives x its gradient first, and the LayerNorm's backward adds its dx to
+    it in its own pass (no grad_sum join), to the same gradients as the separate add, and
+    the parameters' gradients go into their buffers."""
+    from rustyflow_py.engine import autograd
+    from rustyflow_py.engine.ops.layernorm.function import LayerNorm
+
+    rng = np.random.default_rng(0)
+    arrays = [rng.standard_normal(s).astype(dtype) for s in ((4, 5, 40), (40,), (40,), (40,))]
+    weights = rng.standard_normal((4, 5, 40)).astype(dtype)
+
+    def grads(joined: bool) -> tuple[list[np.ndarray], list[str]]:
+        ran: list[str] = []
+        real = autograd.run_op
+
+        def record(name: str, *args: object) -> object:
+            ran.append(name)
+            return real(name, *args)
+
+        with monkeypatch.context() as m:
+            m.setattr(autograd, "run_op", record)
+            if not joined:
+                m.setattr(LayerNorm, "joins", ())
+            x0, w, b, scale = (Tensor(a, requires_grad=True, device=device) for a in arrays)
+            for p in (w, b):  # parameters: gradient buffers of their own
+                p.grad = p.backend.xp.zeros(p.shape, dtype=dtype)
+            x = x0 * 2.0
+            h = x + ops.layer_norm(x, w, b) * scale
+            ops.sum(h * Tensor(weights, device=device)).backward()
+        return [t.backend.to_host(t.grad) for t in (x0, w, b, scale)], ran
+
+    (joined, ran), (separate, ran_separately) = grads(True), grads(False)
+    assert "grad_sum" in ran_separately and "grad_sum" not in ran
+    for got, want in zip(joined, separate, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == np.float32 else 1e-12)

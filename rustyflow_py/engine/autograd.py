@@ -104,6 +104,11 @@ class Function:
     # it for backward, so an activation nobody saved is freed as soon as the model drops it.
     parents: tuple[Function | Tensor | None, ...] = ()
     released: bool = False
+    # Inputs whose gradient backward may join in its own pass: where another consumer of the
+    # input has already given it a gradient, backward finds that in `pending` (by input; None
+    # elsewhere) and returns its own gradient with it added, not beside it for an add.
+    joins: ClassVar[tuple[int, ...]] = ()
+    pending: tuple[Any, ...] = ()
     # What __init_subclass__ reads from a subclass's annotations: every attribute, and those
     # without a class default.
     attributes: ClassVar[frozenset[str]] = frozenset()
@@ -341,6 +346,10 @@ class Tensor:
                 raise RuntimeError(
                     f"backward() through '{fn.name}' a second time: its saved arrays were "
                     "freed by the first backward; run the forward again")
+            if fn.joins:  # gradients that other consumers gave these inputs: fn adds them
+                fn.pending = tuple(
+                    grads.pop(id(p), None) if i in fn.joins and isinstance(p, Function)
+                    else None for i, p in enumerate(fn.parents))
             in_grads = run_op(fn.name, fn.category, "backward", fn.backward, g)
             for parent, ig in zip(fn.parents, in_grads, strict=True):
                 if parent is None or ig is None:

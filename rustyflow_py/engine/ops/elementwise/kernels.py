@@ -17,5 +17,5 @@ from ..table import ANY, declare
 from .cuda import CudaElementwise
 from .reference import ElementwiseReference
 
-declare(("add", "cast_into"), reference={ANY: ElementwiseReference}, cpu={ANY: ElementwiseReference},
-        gpu={ANY: CudaElementwise})
+declare(("add", "cast_into"), reference={ANY: ElementwiseReference},
+        cpu={ANY: ElementwiseReference}, gpu={ANY: CudaElementwise})

@@ -12,11 +12,14 @@ from typing import Any
 
 import numpy as np
 
+from ...precision import accumulate_dtype
 from .. import cuda_build
 from .reference import GeluReference
 
 _GELU = cuda_build.source(__file__, "gelu.cu")
 _VEC = cuda_build.source(__file__, "gelu_vec.cu", cuda_build.dtype_defines(np.float32))
+_SUM_THREADS = 128  # gelu_bwd_sums' block: vector columns, at most
+_SUM_BLOCKS = 2048  # about how many blocks gelu_bwd_sums cuts the rows into
 
 
 @functools.cache
@@ -45,14 +48,43 @@ class CudaGelu(GeluReference):
         b = bias if bias is not None else x.dtype.type(0)
         return _kernels()["gelu_fwd"](x, b)
 
-    def gelu_backward(self, g: Any, x: Any, bias: Any | None) -> Any:
+    def gelu_backward(self, g: Any, x: Any, bias: Any | None, sums_into: Any = None) -> Any:
+        """With `sums_into`, rows of whole vectors take gelu_bwd_sums: the column sums of dx
+        come out of the pass that writes dx (partial sums a block, then sum_rows), not from
+        a second pass over it."""
         vecs = _vectors(g, x, bias)
         if not vecs:
             b = bias if bias is not None else x.dtype.type(0)
-            return _kernels()["gelu_bwd"](g, x, b)
+            return self._add_sums(_kernels()["gelu_bwd"](g, x, b), sums_into)
+        c = x.shape[-1]
+        per = cuda_build.per_vector(x.dtype)
+        if sums_into is not None and c % per == 0 and sums_into.dtype == accumulate_dtype(
+                x.dtype):
+            return self._backward_with_sums(g, x, bias, sums_into, c // per)
         dx = self.xp.empty_like(x)
         _VEC.typed("gelu_bwd_vec", x.dtype)(
             *cuda_build.vector_grid(vecs),
             (g, x, np.uint64(0) if bias is None else bias, dx, np.int64(vecs),
              np.int32(x.shape[-1])))
+        return self._add_sums(dx, sums_into)
+
+    def _backward_with_sums(self, g: Any, x: Any, bias: Any | None, sums_into: Any,
+                            vcols: int) -> Any:
+        rows = x.size // x.shape[-1]
+        threads = min(_SUM_THREADS, -(-vcols // 32) * 32)
+        xblocks = -(-vcols // threads)
+        chunk = -(-rows // max(1, min(rows, _SUM_BLOCKS // xblocks)))
+        parts = -(-rows // chunk)
+        dx = self.xp.empty_like(x)
+        part = self.xp.empty((parts, x.shape[-1]), dtype=sums_into.dtype)  # (parts, C)
+        _VEC.typed("gelu_bwd_sums", x.dtype)(
+            (xblocks, parts), (threads,),
+            (g, x, np.uint64(0) if bias is None else bias, dx, part, np.int32(rows),
+             np.int32(vcols), np.int32(chunk)))
+        self.sum_rows(part, sums_into)
+        return dx
+
+    def _add_sums(self, dx: Any, sums_into: Any) -> Any:
+        if sums_into is not None:
+            self.sum_rows(dx.reshape(-1, dx.shape[-1]), sums_into)
         return dx

@@ -18,10 +18,12 @@ class Gelu(Function):
         return self.kernels.gelu_forward(x, bias)
 
     def backward(self, grad: Any) -> Sequence[Any]:
-        dx = self.kernels.gelu_backward(grad, self.x, self.bias)
         if self.bias is None:
-            return (dx,)
-        return dx, self.kernels.sum_rows(dx.reshape(-1, dx.shape[-1]))
+            return (self.kernels.gelu_backward(grad, self.x, None),)
+        (into,) = self.grad_buffers(1)
+        dx = self.kernels.gelu_backward(grad, self.x, self.bias, into)
+        return dx, None if into is not None else self.kernels.sum_rows(
+            dx.reshape(-1, dx.shape[-1]))
 
 
 def gelu(x: Tensor, bias: Tensor | None = None) -> Tensor:

@@ -7,8 +7,10 @@ table.py's common ones); tests/test_kernel_contract.py holds each to the referen
     gelu_forward(x, bias) -> Any
         GELU(x + bias) (..., C) for x (..., C) and bias (C,) or None.
 
-    gelu_backward(g, x, bias) -> Any
-        d(x + bias) (..., C) for upstream g (..., C), from the forward's inputs.
+    gelu_backward(g, x, bias, sums_into=None) -> Any
+        d(x + bias) (..., C) for upstream g (..., C), from the forward's inputs. With
+        `sums_into` (a gradient buffer (C,), the bias's), the column sums of the result are
+        added into it too.
 """
 
 from __future__ import annotations

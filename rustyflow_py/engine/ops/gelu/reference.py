@@ -32,9 +32,15 @@ class GeluReference(Family):
         t *= 0.5
         return t
 
-    def gelu_backward(self, g: Any, x: Any, bias: Any | None) -> Any:
+    def gelu_backward(self, g: Any, x: Any, bias: Any | None, sums_into: Any = None) -> Any:
+        dx = self._gelu_backward(g, x, bias)
+        if sums_into is not None:
+            self.sum_rows(dx.reshape(-1, dx.shape[-1]), sums_into)
+        return dx
+
+    def _gelu_backward(self, g: Any, x: Any, bias: Any | None) -> Any:
         if is_16bit(x.dtype):
-            return GeluReference.gelu_backward(self, *wide(g, x, bias)).astype(x.dtype)
+            return GeluReference._gelu_backward(self, *wide(g, x, bias)).astype(x.dtype)
         xp = self.xp
         if bias is not None:
             x = x + bias

@@ -1,6 +1,6 @@
 """The GEMM family on the GPU: matmul through cuBLAS (so products can be captured in a CUDA
 graph) and through cuBLASLt where a product is added into a float32 gradient buffer, the
-bias gradients' column sums (sum_rows.cu), and the Linear layers through cuBLASLt's epilogues
+bias gradients' column sums as GEMMs, and the Linear layers through cuBLASLt's epilogues
 (bias, bias + GELU fused into the GEMM). The GELU's backward is the shared formulation (a GEMM,
 then gelu_backward): see MLP's docstring for why."""
 
@@ -18,8 +18,8 @@ from .cublaslt import CublasLtUnsupported
 from .reference import GemmReference
 
 _SUM = cuda_build.source(__file__, "sum_rows.cu", cuda_build.dtype_defines(np.float32))
-_SUM_THREADS = 128  # sum_rows_part's block: vector columns
-_SUM_BLOCKS = 512  # about how many blocks sum_rows_part cuts a sum into
+_SUM_LANES = 32  # sum_rows.cu's SUM_LANES: rows summed side by side
+_SUM_DIRECT_ROWS = 2048  # up to this many rows of acc, sum_rows.cu sums them
 
 
 class CudaGemm(GemmReference):
@@ -45,41 +45,44 @@ class CudaGemm(GemmReference):
         return out
 
     def sum_rows(self, x: Any, into: Any = None) -> Any:
-        """Column sums in two passes over 16-byte vectors (sum_rows.cu), the last one adding
-        into `into` when given. Why not cuBLASLt's BGRADA epilogue on the weight gradient's
-        GEMM, which sums the same g: on an H100 it ran as a kernel of its own
-        (globalKernelBgradAB) over g, slower than these passes, and it cannot add into a
-        buffer (benchmarks/results/bias-grads-h100.md). Other layouts: ones(1, N) @ x, one
-        bandwidth-bound GEMM."""
+        """Column sums as ones(1, N) @ x, one bandwidth-bound GEMM: for 16-bit x a cuBLASLt
+        GEMM with float32 output that adds into `into` (beta = 1). A few rows of acc
+        (LayerNorm's partial sums) take sum_rows.cu's one small kernel instead.
+
+        Why not cuBLASLt's BGRADA epilogue on the weight gradient's GEMM, which sums the same
+        g: on an H100 it ran as a kernel of its own (globalKernelBgradAB) over g, slower than
+        this GEMM, and it cannot add into a buffer (benchmarks/results/bias-grads-h100.md)."""
         rows, cols = x.shape
-        per = cuda_build.per_vector(x.dtype)
         acc = accumulate_dtype(x.dtype)
-        if (rows and per and cols % per == 0 and cuda_build.vectors(x)
-                and (into is None or into.dtype == acc)):
-            xblocks = -(-cols // per // _SUM_THREADS)
-            chunk = -(-rows // max(1, _SUM_BLOCKS // xblocks))
-            parts = -(-rows // chunk)
-            part = self.xp.empty((parts, cols), dtype=acc)
-            _SUM.typed("sum_rows_part", x.dtype)(
-                (xblocks, parts), (_SUM_THREADS,),
-                (x, part, np.int32(rows), np.int32(cols // per), np.int32(chunk)))
+        fits = rows and (into is None or into.dtype == acc)
+        if fits and x.dtype == acc and rows <= _SUM_DIRECT_ROWS and x.flags.c_contiguous:
             out = self.xp.empty(cols, dtype=acc) if into is None else into
             _SUM.typed("sum_rows_into", x.dtype)(
-                (-(-cols // 32),), (32, 8),
-                (part, out, np.int32(parts), np.int32(cols), np.int32(into is not None)))
-            return None if into is not None else out.astype(x.dtype, copy=False)
+                (-(-cols // 32),), (32, _SUM_LANES),
+                (x, out, np.int32(rows), np.int32(cols), np.int32(into is not None)))
+            return out if into is None else None
+        if fits and x.dtype != acc and self.epilogues:
+            out = self.xp.empty(cols, dtype=acc) if into is None else into
+            try:
+                self._lt().matmul_into(self._ones_row(rows, x.dtype), x, out.reshape(1, cols),
+                                       accumulate=into is not None)
+                return out.astype(x.dtype) if into is None else None
+            except CublasLtUnsupported:
+                pass
         return add_into(into, self._sum_by_gemm(x))
 
     def _sum_by_gemm(self, x: Any) -> Any:
-        n = x.shape[0]
-        ones = self._ones.get((n, x.dtype))
+        return self.cublas.matmul(self._ones_row(x.shape[0], x.dtype), x, strict=True)[0]
+
+    def _ones_row(self, n: int, dtype: Any) -> Any:
+        ones = self._ones.get((n, dtype))
         if ones is None:
-            ones = self.xp.ones((1, n), dtype=x.dtype)
+            ones = self.xp.ones((1, n), dtype=dtype)
             if not self.backend.stream.is_capturing():
                 # one made during a graph capture lives in that graph's private pool and is
                 # filled only when the graph replays: it is this step's, not a cache entry
-                self._ones[(n, x.dtype)] = ones
-        return self.cublas.matmul(ones, x, strict=True)[0]
+                self._ones[(n, dtype)] = ones
+        return ones
 
     # ---- Linear layers: bias, GELU and the bias gradient in the GEMM's epilogue --------------
     # cuBLASLt refuses (CublasLtUnsupported) float64, the odd layout, and a problem first seen
@@ -104,7 +107,8 @@ class CudaGemm(GemmReference):
         return super().linear(x, w, b, gelu, gemm)
 
     def linear_grads(self, x: Any, g: Any, gemm: Callable[..., Any],
-                     into: tuple[Any, Any] = (None, None)) -> tuple[Any, Any]:
+                     into: tuple[Any, Any] = (None, None), bias: bool = True
+                     ) -> tuple[Any, Any]:
         """dW by one GEMM: float32 from 16-bit inputs, added into its buffer when given (beta
         = 1); db by sum_rows, likewise. (The bias gradient is not the GEMM's BGRADA epilogue:
         see sum_rows.)"""
@@ -113,6 +117,8 @@ class CudaGemm(GemmReference):
         acc, (dw_into, db_into) = accumulate_dtype(g.dtype), into
         dw = self.xp.empty((xt.shape[0], g2.shape[1]), dtype=acc) if dw_into is None else dw_into
         gemm(self.matmul, xt, g2, out=dw, accumulate=dw_into is not None)
+        if not bias:
+            return (dw if dw_into is None else None), None
         db = self.xp.zeros(g2.shape[1], dtype=acc) if db_into is None else db_into
         self.sum_rows(g2, db)
         return (dw if dw_into is None else None), (db if db_into is None else None)

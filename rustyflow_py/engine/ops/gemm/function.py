@@ -83,8 +83,11 @@ class MLP(Function):
     def backward(self, grad: Any) -> Sequence[Any]:
         gemm = self.gemm("backward")
         dw2, db2 = self.kernels.linear_grads(self.f, grad, gemm, self.grad_buffers(3, 4))
-        dpre = self.kernels.linear_dgelu(grad, self.w2, self.state, gemm)  # (..., 4E)
-        dw1, db1 = self.kernels.linear_grads(self.x, dpre, gemm, self.grad_buffers(1, 2))
+        w1_into, b1_into = self.grad_buffers(1, 2)
+        # with a buffer for b1, its gradient comes out of the GELU backward's own pass
+        dpre = self.kernels.linear_dgelu(grad, self.w2, self.state, gemm, b1_into)  # (..., 4E)
+        dw1, db1 = self.kernels.linear_grads(self.x, dpre, gemm, (w1_into, None),
+                                             bias=b1_into is None)
         dx = self.matmul(dpre, self.w1, "backward", transpose_b=True)  # (..., E)
         return dx, dw1, db1, dw2, db2
 

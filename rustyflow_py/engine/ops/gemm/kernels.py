@@ -25,17 +25,19 @@ with a fused epilogue) through it.
         (y, state): y = x @ w + b for x (..., K), w (K, N), b (N,), or gelu_tanh of it when
         `gelu`, with the state linear_dgelu takes back (None without gelu).
 
-    linear_grads(x, g, gemm, into=(None, None)) -> tuple[Any, Any]
+    linear_grads(x, g, gemm, into=(None, None), bias=True) -> tuple[Any, Any]
         (dw, db) of y = x @ w + b for the gradient g (..., N) of y: (x.T @ g, the column
         sums of g), over all leading axes. For 16-bit inputs both may be float32 (the
         gradient buffer's type). `into`: (dw's, db's) gradient buffers or None each; a
         given one receives its gradient, added, and None is returned in its place.
+        bias=False: no db (None), for a bias whose gradient comes from elsewhere.
 
-    linear_dgelu(g, w, state, gemm) -> Any
+    linear_dgelu(g, w, state, gemm, db_into=None) -> Any
         For y = gelu(pre) @ w with pre = x @ w1 + b1 (`state`, from linear(..., gelu=True)):
         dpre = (g @ w.T) * gelu'(pre) for the gradient g of y, the gradient into the GELU's
         input (linear_grads(x, dpre) then gives the layer before's weight and bias
-        gradients).
+        gradients). With `db_into` (b1's gradient buffer) b1's gradient, the column sums
+        of dpre, is added into it as well (then linear_grads(..., bias=False)).
 """
 
 from __future__ import annotations

@@ -38,7 +38,8 @@ class GemmReference(Family):
         return z, None
 
     def linear_grads(self, x: Any, g: Any, gemm: Callable[..., Any],
-                     into: tuple[Any, Any] = (None, None)) -> tuple[Any, Any]:
+                     into: tuple[Any, Any] = (None, None), bias: bool = True
+                     ) -> tuple[Any, Any]:
         g2 = g.reshape(-1, g.shape[-1])  # (rows, N)
         xt = x.reshape(-1, x.shape[-1]).T  # (K, rows)
         dw = None
@@ -46,8 +47,10 @@ class GemmReference(Family):
             dw = gemm(self.matmul, xt, g2)
         else:
             gemm(self.matmul, xt, g2, out=into[0], accumulate=True)
-        return dw, self.sum_rows(g2, into[1])
+        return dw, self.sum_rows(g2, into[1]) if bias else None
 
-    def linear_dgelu(self, g: Any, w: Any, state: Any, gemm: Callable[..., Any]) -> Any:
+    def linear_dgelu(self, g: Any, w: Any, state: Any, gemm: Callable[..., Any],
+                     db_into: Any = None) -> Any:
         pre, bias = state  # bias None: pre already has it (a fused backend's state)
-        return self.gelu_backward(gemm(self.matmul, g, w, transpose_b=True), pre, bias)
+        return self.gelu_backward(gemm(self.matmul, g, w, transpose_b=True), pre, bias,
+                                  db_into)

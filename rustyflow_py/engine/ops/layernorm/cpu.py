@@ -43,7 +43,7 @@ class CpuLayerNorm(LayerNormReference):
 
     def layernorm_backward(
         self, g: Any, x: Any, w: Any, mean: Any, rstd: Any,
-        into: tuple[Any, Any] = (None, None),
+        into: tuple[Any, Any] = (None, None), residual: Any = None,
     ) -> tuple[Any, Any, Any]:
         """Each thread sums its blocks' dw, db; the per-thread partials are added at the end."""
         c = x.shape[-1]
@@ -78,4 +78,6 @@ class CpuLayerNorm(LayerNormReference):
 
         partials = self._parallel(worker, n, rows, x2.size)
         dw, db = (np.sum([p[k] for p in partials], axis=0) for k in (0, 1))
+        if residual is not None:
+            dx += residual.reshape(dx.shape)
         return dx.reshape(g.shape), add_into(into[0], dw), add_into(into[1], db)

@@ -7,10 +7,12 @@ table.py's common ones); tests/test_kernel_contract.py holds each to the referen
         (y, mean, rstd) for x (..., C), w and b (C,): y (..., C) is the normalised x scaled
         by w and shifted by b; mean and rstd (..., 1) are its backward's inputs.
 
-    layernorm_backward(g, x, w, mean, rstd, into=(None, None)) -> tuple[Any, Any, Any]
+    layernorm_backward(g, x, w, mean, rstd, into=(None, None), residual=None)
+        -> tuple[Any, Any, Any]
         (dx (..., C), dw (C,), db (C,)) for upstream g (..., C), from the forward's x, w and
         its mean, rstd (..., 1). `into`: (dw's, db's) gradient buffers or None each; a given
-        one receives its gradient, added, and None is returned in its place.
+        one receives its gradient, added, and None is returned in its place. `residual`
+        (..., C): a gradient of x from elsewhere (the residual stream's), added to dx.
 """
 
 from __future__ import annotations

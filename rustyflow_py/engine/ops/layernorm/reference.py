@@ -27,8 +27,11 @@ class LayerNormReference(Family):
 
     def layernorm_backward(
         self, g: Any, x: Any, w: Any, mean: Any, rstd: Any,
-        into: tuple[Any, Any] = (None, None),
+        into: tuple[Any, Any] = (None, None), residual: Any = None,
     ) -> tuple[Any, Any, Any]:
+        if residual is not None:
+            dx, dw, db = self.layernorm_backward(g, x, w, mean, rstd, into)
+            return self.add(dx, residual), dw, db
         if is_16bit(x.dtype):
             dx, dw, db = LayerNormReference.layernorm_backward(self, *wide(g, x, w), mean, rstd)
             dw, db = (add_into(dst, v) for dst, v in zip(into, (dw, db), strict=True))

@@ -138,8 +138,18 @@ class CudaAdam(AdamReference, CudaOptimizerFamily):
     def _update(self, name: str, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any,
                 scale: Any, betas: tuple[float, float], eps: float, weight_decay: float,
                 decay_size: int) -> None:
-        """One launch of adam.cu's kernel for AdamW or Adam (they take the same arguments)."""
+        """One launch of adam.cu's kernel for AdamW or Adam (they take the same arguments):
+        over 16-byte vectors where the buffers allow (float32, aligned, a multiple of 4
+        long), which at GPT-2's 124M parameters reads and writes memory markedly faster
+        than the one-element-a-thread ElementwiseKernel (benchmarks/results/
+        gpt2-fusions-h100.md)."""
         f32 = np.float32
-        _kernels()[name](
-            g, lr, step, self._scale(scale), *self._betas(betas), f32(eps), f32(weight_decay),
-            np.int64(decay_size), p, m, v)
+        scale = self._scale(scale)
+        scalars = (*self._betas(betas), f32(eps), f32(weight_decay), np.int64(decay_size))
+        vecs = cuda_build.vectors(p, g, m, v)
+        if vecs and p.dtype == f32 and (lr.dtype, step.dtype, scale.dtype) == (f32, np.int32,
+                                                                                 f32):
+            _SRC.kernel(f"rf_{name}_vec")(*cuda_build.vector_grid(vecs),
+                                          (g, lr, step, scale, *scalars, p, m, v, np.int64(vecs)))
+            return
+        _kernels()[name](g, lr, step, scale, *scalars, p, m, v)

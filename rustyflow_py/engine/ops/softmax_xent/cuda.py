@@ -14,6 +14,9 @@ from .reference import CrossEntropyReference
 
 _XENT = cuda_build.source(__file__, "xent.cu", cuda_build.dtype_defines(np.float32))
 VOCAB_PAD = 64  # the LM head's logits rows are padded to a multiple of this many columns
+# xent_fwd_grad's block: at 1024 threads two blocks fit an SM, so about 264 rows are read at a
+# time (26 MB of GPT-2's bf16 logits), and a row's second read finds it in the 50 MB L2
+_FUSED_THREADS = 1024
 
 
 def _row_stride(x: Any) -> int:
@@ -79,18 +82,53 @@ class CudaCrossEntropy(CrossEntropyReference):
             wp[:v] = w
             wp[v:] = 0
         padded = mm(h, wp, transpose_b=True)  # (N, Vp)
+        if need_grad and padded.dtype != np.float16:
+            # the loss and (softmax - onehot) / N in one pass; backward scales by g on the
+            # (N, E) side. Not float16: its gradients are loss-scaled, and (softmax -
+            # onehot) / N alone would underflow float16 before the scale could save it.
+            return self._loss_and_grad(padded[:, :v], targets), (None, h, wp, padded, v)
         loss, xent = self.cross_entropy(padded[:, :v], targets, need_grad, True)
         return loss, ((xent, h, wp, padded, v) if need_grad else None)
+
+    def _loss_and_grad(self, logits: Any, targets: Any) -> Any:
+        """The mean NLL, with (softmax - onehot) / N written over the logits (xent.cu's
+        xent_fwd_grad): the backward's d(logits) for an upstream gradient of 1."""
+        targets = self.xp.ascontiguousarray(targets, dtype=np.int32)
+        n, v = logits.shape
+        lse = self.xp.empty(n, dtype=accumulate_dtype(logits.dtype))
+        nll = self.xp.empty_like(lse)
+        _XENT.typed("xent_fwd_grad", logits.dtype)(
+            (n,), (_FUSED_THREADS,), (logits, targets, lse, nll, np.int32(n), np.int32(v),
+                           np.int32(_row_stride(logits)), _vec(logits)))
+        return nll.mean()
+
+    def _scaled(self, x: Any, g: Any, out: Any) -> Any:
+        """out = x * g (a 0-d acc array), over 16-byte vectors where x and out allow."""
+        vecs = cuda_build.vectors(x, out)
+        if not vecs:
+            return self.xp.multiply(x, g, out=out, casting="unsafe")
+        _XENT.typed("scale_vec", x.dtype)(*cuda_build.vector_grid(vecs),
+                                          (x, g, out, np.int64(vecs)))
+        return out
 
     def lm_head_xent_backward(
         self, state: Any, g: Any, need_h: bool, need_w: bool, mm: Callable[..., Any],
         w_into: Any = None,
     ) -> tuple[Any, Any]:
         """The weight's gradient from the unpadded columns, added into its buffer (beta = 1)
-        when given."""
+        when given. After a forward that wrote d(logits) for g = 1 (no xent state), g
+        scales dh and h instead: (N, E) each, not the (N, V) logits."""
         xent, h, wp, padded, v = state
-        self.cross_entropy_backward(xent, g)  # d(logits) over the logits; the pad stays 0
+        if xent is not None:
+            self.cross_entropy_backward(xent, g)  # d(logits) over the logits; the pad stays 0
+            g = None
+        else:
+            g = self.xp.ascontiguousarray(g, dtype=accumulate_dtype(h.dtype))
+            if need_w:
+                h = self._scaled(h, g, self.xp.empty_like(h))
         dh = mm(padded, wp) if need_h else None  # (N, E)
+        if dh is not None and g is not None:
+            self._scaled(dh, g, dh)
         dw = None
         if need_w and w_into is not None:
             mm(padded[:, :v].T, h, out=w_into, accumulate=True)  # (V, E)

@@ -16,12 +16,11 @@ __device__ __forceinline__ void lse_add(acc& m, acc& s, acc x) {
     if (x > m) { s = s * rf_exp(m - x) + 1; m = x; } else { s += rf_exp(x - m); }
 }
 
-// Softmax cross-entropy forward: per row (block), online max/sum -> log-sum-exp and NLL.
-extern "C" __global__ void xent_fwd(const real* logits, const int* targets, acc* lse,
-                                    acc* nll, int v, int ld, int vec) {
-    __shared__ acc sm[32], ss[32];
-    int row = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-    const real* xr = logits + (long long)row * ld;
+// A row's log-sum-exp, returned to every thread of the block: online max/sum over the row,
+// merged across each warp, then across the block's warps.
+__device__ acc row_lse(const real* xr, int v, int vec) {
+    __shared__ acc sm[32], ss[32], total;
+    int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
     acc m = NEG_INF, s = 0;
     int head = vec ? v / RF_VEC * RF_VEC : 0;  // values read as whole vectors
     for (int i = threadIdx.x; i < head / RF_VEC; i += blockDim.x) {
@@ -49,28 +48,72 @@ extern "C" __global__ void xent_fwd(const real* logits, const int* targets, acc*
             st = st * rf_exp(mt - mm) + ss[k] * rf_exp(sm[k] - mm);
             mt = mm;
         }
-        acc l = mt + log(st);
+        total = mt + log(st);
+    }
+    __syncthreads();
+    return total;
+}
+
+// d(logits) of a row, (softmax - onehot(t)) * scale, from its log-sum-exp l, written to `out`
+// (which may be the row itself), vectors as row_lse reads them.
+__device__ void row_grad(const real* xr, real* out, int t, acc l, acc scale, int v, int vec) {
+    int head = vec ? v / RF_VEC * RF_VEC : 0;
+    for (int i = threadIdx.x; i < head / RF_VEC; i += blockDim.x) {
+        rf_vec a = ((const rf_vec*)xr)[i], d;
+#pragma unroll
+        for (int k = 0; k < RF_VEC; ++k)
+            d.v[k] = (real)((rf_exp((acc)a.v[k] - l) - (i * RF_VEC + k == t ? 1 : 0)) * scale);
+        ((rf_vec*)out)[i] = d;
+    }
+    for (int i = head + threadIdx.x; i < v; i += blockDim.x)
+        out[i] = (real)((rf_exp((acc)xr[i] - l) - (i == t ? 1 : 0)) * scale);
+}
+
+// Softmax cross-entropy forward: per row (block), its log-sum-exp and NLL.
+extern "C" __global__ void xent_fwd(const real* logits, const int* targets, acc* lse,
+                                    acc* nll, int v, int ld, int vec) {
+    int row = blockIdx.x;
+    const real* xr = logits + (long long)row * ld;
+    acc l = row_lse(xr, v, vec);
+    if (threadIdx.x == 0) {
         lse[row] = l;
         nll[row] = l - (acc)xr[targets[row]];
     }
 }
 
 // Its backward: d(logits) = (softmax - onehot) * g / N, written over the logits buffer (or
-// another of the same row stride), vectors as the forward reads them.
+// another of the same row stride).
 extern "C" __global__ void xent_bwd(const real* logits, const int* targets, const acc* lse,
                                     const acc* g, real* out, int n, int v, int ld, int vec) {
-    int row = blockIdx.x;
-    long long off = (long long)row * ld;
-    acc l = lse[row], scale = g[0] / n;
-    int t = targets[row];
-    int head = vec ? v / RF_VEC * RF_VEC : 0;
-    for (int i = threadIdx.x; i < head / RF_VEC; i += blockDim.x) {
-        rf_vec a = ((const rf_vec*)(logits + off))[i], d;
-#pragma unroll
-        for (int k = 0; k < RF_VEC; ++k)
-            d.v[k] = (real)((rf_exp((acc)a.v[k] - l) - (i * RF_VEC + k == t ? 1 : 0)) * scale);
-        ((rf_vec*)(out + off))[i] = d;
+    long long off = (long long)blockIdx.x * ld;
+    row_grad(logits + off, out + off, targets[blockIdx.x], lse[blockIdx.x], g[0] / n, v, vec);
+}
+
+// Both in one pass over the logits, for a loss whose gradient is known up to its upstream
+// factor: the NLL, then (softmax - onehot) / N written over the row. The row is read a second
+// time right after the first, by the same block, so that read comes mostly from L2: the
+// (N, V) logits cross HBM once each way instead of twice in and once out.
+extern "C" __global__ void xent_fwd_grad(real* logits, const int* targets, acc* lse, acc* nll,
+                                         int n, int v, int ld, int vec) {
+    int row = blockIdx.x, t = targets[row];
+    real* xr = logits + (long long)row * ld;
+    acc l = row_lse(xr, v, vec);
+    if (threadIdx.x == 0) {
+        lse[row] = l;
+        nll[row] = l - (acc)xr[t];
     }
-    for (int i = head + threadIdx.x; i < v; i += blockDim.x)
-        out[off + i] = (real)((rf_exp((acc)logits[off + i] - l) - (i == t ? 1 : 0)) * scale);
+    __syncthreads();  // the target's logit is read before the row is overwritten
+    row_grad(xr, xr, t, l, (acc)1 / n, v, vec);
+}
+
+// out = x * g[0] over 16-byte vectors (out may be x): the upstream gradient applied on the
+// (N, E) side of the LM head after xent_fwd_grad (cuda.py checks the vectors).
+extern "C" __global__ void scale_vec(const rf_vec* x, const acc* g, rf_vec* out, long long vecs) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= vecs) return;
+    acc s = g[0];
+    rf_vec a = x[i], o;
+#pragma unroll
+    for (int k = 0; k < RF_VEC; ++k) o.v[k] = (real)((acc)a.v[k] * s);
+    out[i] = o;
 }

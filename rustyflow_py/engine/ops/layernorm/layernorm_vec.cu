@@ -1,0 +1,139 @@
+// LayerNorm with each row held in registers as 16-byte vectors (vec.cuh): lane l keeps the
+// row's vectors l, l + 32, ..., VPL of them (VPL = ceil(c / (32 * RF_VEC)), a -D option: one
+// build per width), so a warp reads and writes a row 512 bytes at a time. Rows of whole
+// vectors with 16-byte aligned x, w and b only (layernorm/cuda.py checks); the rows kernels
+// of layernorm_rows.cu take the rest.
+#include "types.cuh"
+#include "vec.cuh"
+#include "warp_reduce.cuh"
+
+// Forward: x read once, y = (x - mean) * rstd * w + b.
+extern "C" __global__ void ln_fwd_vec(const rf_vec* __restrict__ x, const rf_vec* __restrict__ w,
+                                      const rf_vec* __restrict__ b, rf_vec* __restrict__ y,
+                                      acc* __restrict__ mean, acc* __restrict__ rstd, int n,
+                                      int c, acc eps) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= n) return;
+    int vc = c / RF_VEC;
+    long long off = (long long)row * vc;
+    acc xv[VPL][RF_VEC], s = 0;
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) {
+        int i = lane + 32 * j;
+        rf_vec a;
+        if (i < vc) a = x[off + i];
+#pragma unroll
+        for (int k = 0; k < RF_VEC; ++k) {
+            xv[j][k] = i < vc ? (acc)a.v[k] : (acc)0;
+            s += xv[j][k];
+        }
+    }
+    acc m = warp_sum(s) / c, v = 0;
+#pragma unroll
+    for (int j = 0; j < VPL; ++j)
+#pragma unroll
+        for (int k = 0; k < RF_VEC; ++k) {
+            acc d = lane + 32 * j < vc ? xv[j][k] - m : (acc)0;
+            v += d * d;
+        }
+    acc r = rsqrt(warp_sum(v) / c + eps);
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) {
+        int i = lane + 32 * j;
+        if (i >= vc) continue;
+        rf_vec wv = w[i], bv = b[i], o;
+#pragma unroll
+        for (int k = 0; k < RF_VEC; ++k)
+            o.v[k] = (real)((xv[j][k] - m) * r * (acc)wv.v[k] + (acc)bv.v[k]);
+        y[off + i] = o;
+    }
+    if (lane == 0) { mean[row] = m; rstd[row] = r; }
+}
+
+// Backward in one pass, as ln_bwd_rows: each warp takes `rows` consecutive rows, writes their
+// dx, and sums its columns of g * xhat (dw) and g (db) over them in registers, then writes
+// those as its row of the partial sums (summed afterwards, in a fixed order). A residual
+// gradient `res` (null: none) is added to dx as it is written: where the LayerNorm's input
+// also feeds the residual stream, the two gradients join in this pass.
+extern "C" __global__ void ln_bwd_vec(const rf_vec* __restrict__ g, const rf_vec* __restrict__ x,
+                                      const rf_vec* __restrict__ w, const acc* __restrict__ mean,
+                                      const acc* __restrict__ rstd,
+                                      const rf_vec* __restrict__ res, rf_vec* __restrict__ dx,
+                                      acc* __restrict__ pdw, acc* __restrict__ pdb, int n, int c,
+                                      int rows) {
+    int warp = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    int start = warp * rows;
+    if (start >= n) return;
+    int stop = min(n, start + rows), vc = c / RF_VEC;
+    acc dw[VPL][RF_VEC], db[VPL][RF_VEC], wv[VPL][RF_VEC];
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) {
+        int i = lane + 32 * j;
+        rf_vec a;
+        if (i < vc) a = w[i];
+#pragma unroll
+        for (int k = 0; k < RF_VEC; ++k) {
+            dw[j][k] = 0;
+            db[j][k] = 0;
+            wv[j][k] = i < vc ? (acc)a.v[k] : (acc)0;
+        }
+    }
+    rf_vec ga[VPL], xa[VPL];  // a row's vectors, loaded one row ahead of their use
+#pragma unroll
+    for (int j = 0; j < VPL; ++j)
+        if (lane + 32 * j < vc) {
+            ga[j] = g[(long long)start * vc + lane + 32 * j];
+            xa[j] = x[(long long)start * vc + lane + 32 * j];
+        }
+    for (int row = start; row < stop; ++row) {
+        long long off = (long long)row * vc;
+        acc m = mean[row], r = rstd[row], s1 = 0, s2 = 0, gv[VPL][RF_VEC], xh[VPL][RF_VEC];
+#pragma unroll
+        for (int j = 0; j < VPL; ++j) {
+            int i = lane + 32 * j;
+#pragma unroll
+            for (int k = 0; k < RF_VEC; ++k) {
+                gv[j][k] = i < vc ? (acc)ga[j].v[k] : (acc)0;
+                xh[j][k] = i < vc ? ((acc)xa[j].v[k] - m) * r : (acc)0;
+                acc gw = gv[j][k] * wv[j][k];
+                s1 += gw;
+                s2 += gw * xh[j][k];
+                dw[j][k] += gv[j][k] * xh[j][k];
+                db[j][k] += gv[j][k];
+            }
+        }
+        if (row + 1 < stop) {  // the next row's loads overlap this row's reductions and stores
+#pragma unroll
+            for (int j = 0; j < VPL; ++j)
+                if (lane + 32 * j < vc) {
+                    ga[j] = g[off + vc + lane + 32 * j];
+                    xa[j] = x[off + vc + lane + 32 * j];
+                }
+        }
+        s1 = warp_sum(s1) / c;
+        s2 = warp_sum(s2) / c;
+#pragma unroll
+        for (int j = 0; j < VPL; ++j) {
+            int i = lane + 32 * j;
+            if (i >= vc) continue;
+            rf_vec o, ra;
+            if (res) ra = res[off + i];
+#pragma unroll
+            for (int k = 0; k < RF_VEC; ++k)
+                o.v[k] = (real)(r * (gv[j][k] * wv[j][k] - s1 - xh[j][k] * s2) +
+                                (res ? (acc)ra.v[k] : (acc)0));
+            dx[off + i] = o;
+        }
+    }
+    long long part = (long long)warp * c;
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) {
+        int i = lane + 32 * j;
+        if (i >= vc) continue;
+#pragma unroll
+        for (int k = 0; k < RF_VEC; ++k) {
+            pdw[part + i * RF_VEC + k] = dw[j][k];
+            pdb[part + i * RF_VEC + k] = db[j][k];
+        }
+    }
+}
