@@ -61,6 +61,16 @@ def planned_epilogues(kernels: Any) -> set[int]:
     return set() if lt is None else {key[0] for key in lt._plans}
 
 
+def linear_into_stream(x: Tensor, w: Tensor, b: Tensor, r: Tensor) -> Tensor:
+    """A residual block's projection joining the stream r (the add as the GEMM's C)."""
+    return ops.linear(x, w, b, residual=r)
+
+
+def mlp_into_stream(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor,
+                    r: Tensor) -> Tensor:
+    return ops.mlp(x, w1, b1, w2, b2, residual=r)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", list(TOLERANCE))
 def test_fused_linear_and_mlp_match_the_unfused_ops(gpu_kernels: Any, mode: str) -> None:
@@ -74,8 +84,12 @@ def test_fused_linear_and_mlp_match_the_unfused_ops(gpu_kernels: Any, mode: str)
            rng.standard_normal(4 * E).astype(np.float32),
            rng.standard_normal((4 * E, E)).astype(np.float32) / 16,
            rng.standard_normal(E).astype(np.float32)]
+    residual = rng.standard_normal((B, T, E)).astype(np.float32)
     cases = [(ops.linear, linear, rng.standard_normal((B, T, 3 * E))),
-             (ops.mlp, mlp, rng.standard_normal((B, T, E)))]
+             (ops.mlp, mlp, rng.standard_normal((B, T, E))),
+             (linear_into_stream, [x, linear[1][:, :E], linear[2][:E], residual],
+              rng.standard_normal((B, T, E))),
+             (mlp_into_stream, [*mlp, residual], rng.standard_normal((B, T, E)))]
     for op, arrays, upstream in cases:
         want = run(op, arrays, precision.compute, upstream, fused_off)
         got = run(op, arrays, precision.compute, upstream, fused_on)

@@ -246,12 +246,19 @@ class GPT:
         else:  # the new positions join layer i's cache and attend over all of it
             a = ops.cached_attention(qkv, cache.keys[i], cache.values[i], cache.length,
                                      cfg.n_head)  # (B, T, E)
-        a = ops.linear(a, p["attn.c_proj.weight"], p["attn.c_proj.bias"])  # (B, T, E)
-        x = x + self._dropout(a, resid_p, attn_out_site)
+        # Each branch joins the residual stream x: inside its last GEMM (x as its C) when
+        # there is no dropout between them, else by an add after the dropout.
+        w, b = p["attn.c_proj.weight"], p["attn.c_proj.bias"]
+        if resid_p > 0:
+            x = x + self._dropout(ops.linear(a, w, b), resid_p, attn_out_site)
+        else:
+            x = ops.linear(a, w, b, residual=x)  # (B, T, E)
         h = ops.layer_norm(x, p["ln_2.weight"], p["ln_2.bias"], LN_EPS)
-        f = ops.mlp(h, p["mlp.c_fc.weight"], p["mlp.c_fc.bias"], p["mlp.c_proj.weight"],
-                    p["mlp.c_proj.bias"])  # (B, T, E), through (B, T, 4E)
-        return x + self._dropout(f, resid_p, mlp_out_site)
+        mlp = (h, p["mlp.c_fc.weight"], p["mlp.c_fc.bias"], p["mlp.c_proj.weight"],
+               p["mlp.c_proj.bias"])  # (B, T, E), through (B, T, 4E)
+        if resid_p > 0:
+            return x + self._dropout(ops.mlp(*mlp), resid_p, mlp_out_site)
+        return ops.mlp(*mlp, residual=x)
 
     def matmul_flops_per_step(self, batch: int, seq_len: int) -> float:
         """FLOPs of the step's matmuls (forward + backward = 3x forward)."""

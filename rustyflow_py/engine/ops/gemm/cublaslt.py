@@ -394,11 +394,13 @@ class CublasLt:
 
     # ---- public GEMMs ---------------------------------------------------------------------
     def matmul_bias(self, x: Any, w: Any, bias: Any, *, gelu: bool = False, out: Any = None,
-                    pre_gelu_out: Any = None) -> Any:
+                    pre_gelu_out: Any = None, residual: Any = None) -> Any:
         """y = x @ w + bias (epilogue BIAS), or y = gelu_tanh(x @ w + bias) (GELU_BIAS), with
         the pre-activation x @ w + bias also written to `pre_gelu_out` when given
         (GELU_AUX_BIAS) for backward. x (..., K) row-major, w (K, N) (a transposed view is
-        fine), bias (N,); y and pre_gelu_out (..., N), all of one dtype."""
+        fine), bias (N,); y and pre_gelu_out (..., N), all of one dtype. Without GELU, a
+        C-contiguous `residual` (..., N) is added too, as the GEMM's C with beta = 1: a
+        residual block's projection and its add in one pass."""
         x2 = _rows(x, "x")
         k = x2.shape[1]
         if w.ndim != 2 or w.shape[0] != k:
@@ -411,8 +413,12 @@ class CublasLt:
             raise CublasLtUnsupported("matmul_bias: pre_gelu_out needs gelu=True")
         if pre_gelu_out is not None and n % AUX_LD_MULTIPLE:
             raise CublasLtUnsupported(f"matmul_bias: GELU_AUX_BIAS needs N % 8 == 0, N = {n}")
+        if residual is not None and gelu:
+            raise CublasLtUnsupported("matmul_bias: a residual is added after the bias, not "
+                                      "under a GELU")
         shape = (*x.shape[:-1], n)
         _check_out(out, shape, dtype, "matmul_bias", "out")
+        _check_out(residual, shape, dtype, "matmul_bias", "residual")
         _check_out(pre_gelu_out, shape, dtype, "matmul_bias", "pre_gelu_out")
         if pre_gelu_out is not None:
             epilogue = EPILOGUE_GELU_AUX_BIAS
@@ -420,7 +426,8 @@ class CublasLt:
             epilogue = EPILOGUE_GELU_BIAS if gelu else EPILOGUE_BIAS
         aux = None if pre_gelu_out is None else pre_gelu_out.reshape(-1, n)
         y, _ = self._gemm(x2, w, _Alloc((x2.shape[0], n), dtype) if out is None
-                          else out.reshape(-1, n), epilogue, bias=bias, aux=aux)
+                          else out.reshape(-1, n), epilogue, bias=bias, aux=aux,
+                          c=None if residual is None else residual.reshape(-1, n))
         return y.reshape(shape) if out is None else out
 
     def matmul_into(self, a: Any, b: Any, out: Any, *, accumulate: bool = False) -> Any:
@@ -483,9 +490,10 @@ class CublasLt:
     # ---- internals ------------------------------------------------------------------------
     def _gemm(self, a: Any, b: Any, out: Any, epilogue: int, *, bias: Any = None,
               aux: Any = None, lt_a_untransposed: bool = False,
-              accumulate: bool = False) -> tuple[Any, Any]:
-        """out (M, N) = a (M, K) @ b (K, N) with `epilogue`, row-major (out += with
-        `accumulate`: C = D, beta = 1); returns (out, bias).
+              accumulate: bool = False, c: Any = None) -> tuple[Any, Any]:
+        """out (M, N) = a (M, K) @ b (K, N) with `epilogue`, row-major; returns (out, bias).
+        beta = 1 adds C: out itself with `accumulate` (C = D), or `c` (out's shape, dtype and
+        layout) when given.
 
         In cuBLASLt's column-major terms D = out^T = b^T @ a^T: its A is our b, its B is our
         a, and (m, n, k) = (N, M, K). `bias` is the BIAS_POINTER vector (read by the BIAS
@@ -504,9 +512,11 @@ class CublasLt:
         bias_ptr = _PLACEHOLDER_PTR if bias_copy else _ptr(bias)
         aux_ptr = _ptr(aux)
         in_type, out_type = CUDA_TYPES[dtype_name(a.dtype)], CUDA_TYPES[dtype_name(out.dtype)]
+        align_c = alignment(_ptr(out if c is None else c))
         key = (epilogue, n, m_rows, k, in_type, out_type, _compute(a.dtype, self.matmul_compute),
                layout_a, layout_b, n if aux is not None else 0,
-               align_a, align_b, alignment(_ptr(out)), alignment(bias_ptr), alignment(aux_ptr))
+               align_a, align_b, alignment(_ptr(out)), alignment(bias_ptr), alignment(aux_ptr),
+               align_c)
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plan(key, bias_ptr, aux_ptr)
@@ -523,12 +533,12 @@ class CublasLt:
             _set_desc(self.lib, plan.desc, DESC_BIAS_POINTER, bias.data.ptr)
         if aux is not None:
             _set_desc(self.lib, plan.desc, DESC_EPILOGUE_AUX_POINTER, aux.data.ptr)
-        # C = D: with beta = 0 C is not read; with beta = 1 the product is added to it
+        # beta = 0: C (= D) is not read; beta = 1: the product is added to C, out or `c`
         _check(self.lib.cublasLtMatmul(
             self.handle, plan.desc, ctypes.byref(self._one),
             lt_a.data.ptr, plan.layout_a, lt_b.data.ptr, plan.layout_b,
-            ctypes.byref(self._one if accumulate else self._zero),
-            out.data.ptr, plan.layout_d, out.data.ptr, plan.layout_d,
+            ctypes.byref(self._one if accumulate or c is not None else self._zero),
+            (out if c is None else c).data.ptr, plan.layout_d, out.data.ptr, plan.layout_d,
             ctypes.byref(plan.algo), self.workspace.data.ptr, WORKSPACE_BYTES, self.stream.ptr,
         ), f"cublasLtMatmul (epilogue {epilogue}, m={n} n={m_rows} k={k})")
         return out, bias
@@ -543,7 +553,7 @@ class CublasLt:
                 "cuBLASLt problem first seen during CUDA graph capture: its plan (heuristic "
                 "query) must be made by an eager call of the same shapes before capturing")
         (epilogue, m, n, k, in_type, out_type, compute, layout_a, layout_b, aux_ld,
-         align_a, align_b, align_d, _align_bias, _align_aux) = key
+         align_a, align_b, align_d, _align_bias, _align_aux, align_c) = key
         created: list[tuple[str, ctypes.c_void_p]] = []
         try:
             desc = ctypes.c_void_p()
@@ -567,7 +577,7 @@ class CublasLt:
                                                      (out_type, (OP_N, m, n, m))))
             self._set_pref(PREF_MIN_ALIGNMENT_A_BYTES, align_a)
             self._set_pref(PREF_MIN_ALIGNMENT_B_BYTES, align_b)
-            self._set_pref(PREF_MIN_ALIGNMENT_C_BYTES, align_d)
+            self._set_pref(PREF_MIN_ALIGNMENT_C_BYTES, align_c)
             self._set_pref(PREF_MIN_ALIGNMENT_D_BYTES, align_d)
             results = (HeuristicResult * _HEURISTIC_RESULTS)()
             count = ctypes.c_int(0)
@@ -581,7 +591,7 @@ class CublasLt:
             if status == STATUS_NOT_SUPPORTED or not usable:
                 message = (f"cuBLASLt has no algorithm for epilogue {epilogue}, (m, n, k) = "
                            f"({m}, {n}, {k}), types {in_type}->{out_type}, compute {compute}, "
-                           f"ops {layout_a[0]}/{layout_b[0]}, alignments {key[-5:]} "
+                           f"ops {layout_a[0]}/{layout_b[0]}, alignments {key[-6:]} "
                            f"(heuristic: {status_name(status)}, {count.value} results)")
                 self._refused[key] = message
                 raise CublasLtUnsupported(message)

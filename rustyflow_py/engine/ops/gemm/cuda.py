@@ -88,23 +88,24 @@ class CudaGemm(GemmReference):
     # cuBLASLt refuses (CublasLtUnsupported) float64, the odd layout, and a problem first seen
     # during graph capture (its plan must come from an eager call, which the trainer's warm-up
     # steps make); each refusal takes the shared formulation: GEMM, then a kernel.
-    def linear(self, x: Any, w: Any, b: Any, gelu: bool,
-               gemm: Callable[..., Any]) -> tuple[Any, Any]:
-        """Epilogue BIAS, or GELU_AUX_BIAS writing the pre-activation x @ w + b (the state,
-        bias included) for backward. cuBLASLt's GELU may use a fast tanh (relative errors
-        near 1e-3): below tf32's and 16-bit's own rounding, but not exact float32, so a
-        float32 run without TF32 keeps the GELU kernel."""
+    def linear(self, x: Any, w: Any, b: Any, gelu: bool, gemm: Callable[..., Any],
+               residual: Any = None) -> tuple[Any, Any]:
+        """Epilogue BIAS (a residual added as the GEMM's C, beta = 1), or GELU_AUX_BIAS
+        writing the pre-activation x @ w + b (the state, bias included) for backward.
+        cuBLASLt's GELU may use a fast tanh (relative errors near 1e-3): below tf32's and
+        16-bit's own rounding, but not exact float32, so a float32 run without TF32 keeps
+        the GELU kernel."""
         exact = x.dtype == np.float32 and self.cublas.matmul_compute != "tf32"
         if self.epilogues and not (gelu and exact):
             try:
                 if not gelu:
-                    return gemm(self._lt().matmul_bias, x, w, b), None
+                    return gemm(self._lt().matmul_bias, x, w, b, residual=residual), None
                 pre = self.xp.empty((*x.shape[:-1], w.shape[1]), dtype=x.dtype)  # (..., N)
                 y = gemm(self._lt().matmul_bias, x, w, b, gelu=True, pre_gelu_out=pre)
                 return y, (pre, None)
             except CublasLtUnsupported:
                 pass
-        return super().linear(x, w, b, gelu, gemm)
+        return super().linear(x, w, b, gelu, gemm, residual)
 
     def linear_grads(self, x: Any, g: Any, gemm: Callable[..., Any],
                      into: tuple[Any, Any] = (None, None), bias: bool = True

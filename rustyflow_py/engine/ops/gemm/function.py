@@ -48,19 +48,20 @@ class Linear(Function):
     """y = x @ W + b, (..., K) x (K, N) + (N,), as one op: the backend adds the bias inside
     the GEMM (cuBLASLt's epilogue on the GPU), and adds W's and b's gradients straight into
     their float32 buffers (the weight gradient's GEMM with beta = 1), so none of them is a
-    pass of its own."""
+    pass of its own. With a fourth input, a residual stream r: y = r + x @ W + b, the add
+    inside the GEMM too (its C, beta = 1), and r's gradient is y's, passed on as it is."""
 
     name = "linear"
 
-    def forward(self, x: Any, w: Any, b: Any) -> Any:
+    def forward(self, x: Any, w: Any, b: Any, residual: Any = None) -> Any:
         self.x, self.w = x, w
-        return self.kernels.linear(x, w, b, False, self.gemm("forward"))[0]
+        return self.kernels.linear(x, w, b, False, self.gemm("forward"), residual)[0]
 
     def backward(self, grad: Any) -> Sequence[Any]:
         dx = self.matmul(grad, self.w, "backward", transpose_b=True)
         dw, db = self.kernels.linear_grads(self.x, grad, self.gemm("backward"),
                                            self.grad_buffers(1, 2))
-        return dx, dw, db
+        return (dx, dw, db, grad)[: len(self.parents)]
 
 
 class MLP(Function):
@@ -70,15 +71,17 @@ class MLP(Function):
     one element-wise pass, and gets W1's and b1's gradients as a Linear does. (cuBLASLt's
     DGELU_BGRAD epilogue would do the derivative and b1's gradient in the first GEMM, but at
     GPT-2's shapes in bf16 on an H100 it ran them as a separate pass of its own, slower than
-    this: benchmarks/results/mlp-dgelu-h100.md.)"""
+    this: benchmarks/results/mlp-dgelu-h100.md.) A sixth input, a residual stream, is
+    added in W2's GEMM as a Linear's is."""
 
     name = "mlp"
 
-    def forward(self, x: Any, w1: Any, b1: Any, w2: Any, b2: Any) -> Any:
+    def forward(self, x: Any, w1: Any, b1: Any, w2: Any, b2: Any, residual: Any = None
+                ) -> Any:
         gemm = self.gemm("forward")
         f, self.state = self.kernels.linear(x, w1, b1, True, gemm)  # (..., 4E)
         self.x, self.f, self.w1, self.w2 = x, f, w1, w2
-        return self.kernels.linear(f, w2, b2, False, gemm)[0]  # (..., E)
+        return self.kernels.linear(f, w2, b2, False, gemm, residual)[0]  # (..., E)
 
     def backward(self, grad: Any) -> Sequence[Any]:
         gemm = self.gemm("backward")
@@ -89,17 +92,25 @@ class MLP(Function):
         dw1, db1 = self.kernels.linear_grads(self.x, dpre, gemm, (w1_into, None),
                                              bias=b1_into is None)
         dx = self.matmul(dpre, self.w1, "backward", transpose_b=True)  # (..., E)
-        return dx, dw1, db1, dw2, db2
+        return (dx, dw1, db1, dw2, db2, grad)[: len(self.parents)]
 
 
 def matmul(a: Tensor, b: Tensor, transpose_b: bool = False) -> Tensor:
     return MatMul.apply(a, b, transpose_b=transpose_b)
 
 
-def linear(x: Tensor, w: Tensor, b: Tensor) -> Tensor:
-    return Linear.apply(x, w, b)
+def linear(x: Tensor, w: Tensor, b: Tensor, residual: Tensor | None = None) -> Tensor:
+    """x @ w + b, plus `residual` (..., N) when given (added inside the GEMM where it can)."""
+    if residual is None:
+        return Linear.apply(x, w, b)
+    return Linear.apply(x, w, b, residual)
 
 
-def mlp(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor) -> Tensor:
-    return MLP.apply(x, w1, b1, w2, b2)
+def mlp(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor,
+        residual: Tensor | None = None) -> Tensor:
+    """gelu(x @ w1 + b1) @ w2 + b2, plus `residual` (..., E) when given (added inside the
+    second GEMM where it can)."""
+    if residual is None:
+        return MLP.apply(x, w1, b1, w2, b2)
+    return MLP.apply(x, w1, b1, w2, b2, residual)
 

@@ -21,9 +21,10 @@ with a fused epilogue) through it.
         Column sums (C,) of x (N, C): bias gradients; added into `into` (None returned)
         when given.
 
-    linear(x, w, b, gelu, gemm) -> tuple[Any, Any]
+    linear(x, w, b, gelu, gemm, residual=None) -> tuple[Any, Any]
         (y, state): y = x @ w + b for x (..., K), w (K, N), b (N,), or gelu_tanh of it when
-        `gelu`, with the state linear_dgelu takes back (None without gelu).
+        `gelu`, with the state linear_dgelu takes back (None without gelu). Without gelu, a
+        `residual` (..., N) is added to y too.
 
     linear_grads(x, g, gemm, into=(None, None), bias=True) -> tuple[Any, Any]
         (dw, db) of y = x @ w + b for the gradient g (..., N) of y: (x.T @ g, the column

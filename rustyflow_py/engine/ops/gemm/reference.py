@@ -29,12 +29,14 @@ class GemmReference(Family):
         return sums.astype(x.dtype, copy=False)
 
     # ---- Linear layers: here the GEMM, then the bias (with GELU) as a kernel of its own ------
-    def linear(self, x: Any, w: Any, b: Any, gelu: bool,
-               gemm: Callable[..., Any]) -> tuple[Any, Any]:
+    def linear(self, x: Any, w: Any, b: Any, gelu: bool, gemm: Callable[..., Any],
+               residual: Any = None) -> tuple[Any, Any]:
         z = gemm(self.matmul, x, w)  # (..., N)
         if gelu:  # the state: the GELU's input, less the bias the GELU kernels add themselves
             return self.gelu_forward(z, b), (z, b)
         z += b
+        if residual is not None:
+            z += residual
         return z, None
 
     def linear_grads(self, x: Any, g: Any, gemm: Callable[..., Any],

@@ -78,37 +78,24 @@ extern "C" __global__ void ln_bwd_vec(const rf_vec* __restrict__ g, const rf_vec
             wv[j][k] = i < vc ? (acc)a.v[k] : (acc)0;
         }
     }
-    rf_vec ga[VPL], xa[VPL];  // a row's vectors, loaded one row ahead of their use
-#pragma unroll
-    for (int j = 0; j < VPL; ++j)
-        if (lane + 32 * j < vc) {
-            ga[j] = g[(long long)start * vc + lane + 32 * j];
-            xa[j] = x[(long long)start * vc + lane + 32 * j];
-        }
     for (int row = start; row < stop; ++row) {
         long long off = (long long)row * vc;
         acc m = mean[row], r = rstd[row], s1 = 0, s2 = 0, gv[VPL][RF_VEC], xh[VPL][RF_VEC];
 #pragma unroll
         for (int j = 0; j < VPL; ++j) {
             int i = lane + 32 * j;
+            rf_vec ga, xa;
+            if (i < vc) { ga = g[off + i]; xa = x[off + i]; }
 #pragma unroll
             for (int k = 0; k < RF_VEC; ++k) {
-                gv[j][k] = i < vc ? (acc)ga[j].v[k] : (acc)0;
-                xh[j][k] = i < vc ? ((acc)xa[j].v[k] - m) * r : (acc)0;
+                gv[j][k] = i < vc ? (acc)ga.v[k] : (acc)0;
+                xh[j][k] = i < vc ? ((acc)xa.v[k] - m) * r : (acc)0;
                 acc gw = gv[j][k] * wv[j][k];
                 s1 += gw;
                 s2 += gw * xh[j][k];
                 dw[j][k] += gv[j][k] * xh[j][k];
                 db[j][k] += gv[j][k];
             }
-        }
-        if (row + 1 < stop) {  // the next row's loads overlap this row's reductions and stores
-#pragma unroll
-            for (int j = 0; j < VPL; ++j)
-                if (lane + 32 * j < vc) {
-                    ga[j] = g[off + vc + lane + 32 * j];
-                    xa[j] = x[off + vc + lane + 32 * j];
-                }
         }
         s1 = warp_sum(s1) / c;
         s2 = warp_sum(s2) / c;
