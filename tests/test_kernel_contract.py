@@ -594,6 +594,13 @@ def test_adamw(pair: Pair, dtype: Any, clip: float | None, n: int, name: str) ->
         states.append(state)
     for mine, ref in zip(*states, strict=True):
         pair.close(mine, ref, np.float32, tol=1e-5)  # CUDA takes betas etc. as float32
+    # and with the 16-bit compute copy written by the same update: the new p, rounded once
+    copy = pair.dev(np.zeros(n, np.float16))
+    again = p.copy()
+    getattr(pair.mine, name)(again, g, m.copy(), v.copy(), lr, step, scale, (0.9, 0.95), 1e-8,
+                             0.1, decay_size, copy)
+    host = pair.backend.to_host(again)
+    assert pair.backend.to_host(copy).tobytes() == host.astype(np.float16).tobytes()
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

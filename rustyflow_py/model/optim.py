@@ -43,6 +43,8 @@ class Optimizer:
     """Shared machinery: device-side step counter, grad-norm clipping, state (de)serialisation."""
 
     state_names: tuple[str, ...] = ()
+    # True: _update's kernel writes the 16-bit compute copy too (no compute_copy pass)
+    writes_compute_copy = False
 
     def __init__(self, buffer: ParameterBuffer, schedule: Schedule, grad_clip: float) -> None:
         self.buffer, self.schedule, self.grad_clip = buffer, schedule, grad_clip
@@ -85,7 +87,15 @@ class Optimizer:
         self._update(scale)
         if self.loss_scaler is not None:
             run_op("loss_scale", "other", "optimizer", self.loss_scaler.update, self.grad_norm)
-        run_op("compute_copy", "other", "optimizer", self.buffer.sync_compute)
+        if not (self.writes_compute_copy and self._compute_copy() is not None):
+            run_op("compute_copy", "other", "optimizer", self.buffer.sync_compute)
+
+    def _compute_copy(self) -> Any:
+        """The buffer's 16-bit compute copy, for an update kernel that writes it in its own
+        pass; None when there is none to write (a float32 run, or a ZeRO shard, whose copy
+        is refreshed after the all-gather)."""
+        copy = getattr(self.buffer, "compute_flat", None)
+        return None if copy is None or copy is self.buffer.flat else copy
 
     def _advance(self) -> None:
         """Count the step and set its learning rate (on the device: no host read)."""
@@ -131,6 +141,7 @@ class AdamW(Optimizer):
 
     state_names = ("m", "v")
     kernel = "adamw"
+    writes_compute_copy = True
 
     def __init__(
         self, buffer: ParameterBuffer, schedule: Schedule, betas: tuple[float, float] = (0.9, 0.95),
@@ -145,7 +156,7 @@ class AdamW(Optimizer):
         b = self.buffer
         run_op(self.kernel, "other", "optimizer", getattr(self.kernels, self.kernel), b.flat,
                b.grad, self.m, self.v, self.lr, self.step_count, scale, self.betas, self.eps,
-               self.weight_decay, b.decay_size)
+               self.weight_decay, b.decay_size, self._compute_copy())
 
 
 class Adam(AdamW):

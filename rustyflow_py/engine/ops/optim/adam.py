@@ -1,6 +1,6 @@
 """AdamW (decoupled weight decay, PyTorch's order) and Adam (weight decay as an L2 term of
-the gradient): one formulation with two ways of decaying (adam.cu's one template on the
-GPU)."""
+the gradient): one formulation with two ways of decaying (cuda_include/adam.cuh's one
+template on the GPU)."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from ..cpu_pool import BLOCK, Blocks
 from .common import CudaOptimizerFamily, OptimizerFamily, bias_correction
 
 _SRC = cuda_build.source(__file__, "adam.cu")
+_VEC = cuda_build.source(__file__, "adam_vec.cu", cuda_build.dtype_defines(np.float32))
 _PARAMS = ("T g, float32 lr, int32 step, float32 scale, float32 c1, float32 c2, "
            "float32 lb1, float32 lb2, float32 eps, float32 wd, int64 decay")
 _ARGS = "i, g, lr, step, scale, c1, c2, lb1, lb2, eps, wd, decay, p, m, v"
@@ -32,6 +33,7 @@ class AdamReference(OptimizerFamily):
     def adamw(
         self, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any, scale: Any,
         betas: tuple[float, float], eps: float, weight_decay: float, decay_size: int,
+        copy_to: Any = None,
     ) -> None:
         if scale is not None:
             g = g * scale.astype(g.dtype)
@@ -40,30 +42,40 @@ class AdamReference(OptimizerFamily):
             p[:decay_size] *= 1.0 - lr * weight_decay
         denom = self._moments(g, m, v, t, betas, eps)
         p -= (lr / bias_correction(self.xp, t, betas[0])).astype(p.dtype) * m / denom
+        if copy_to is not None:
+            copy_to[...] = p
 
     def adam(
         self, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any, scale: Any,
         betas: tuple[float, float], eps: float, weight_decay: float, decay_size: int,
+        copy_to: Any = None,
     ) -> None:
         g = self._l2_grad(p, g, scale, weight_decay, decay_size)
-        AdamReference.adamw(self, p, g, m, v, lr, step, None, betas, eps, 0.0, decay_size)
+        AdamReference.adamw(self, p, g, m, v, lr, step, None, betas, eps, 0.0, decay_size,
+                            copy_to)
 
 
 class CpuAdam(AdamReference):
     def adamw(
         self, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any, scale: Any,
         betas: tuple[float, float], eps: float, weight_decay: float, decay_size: int,
+        copy_to: Any = None,
     ) -> None:
         """The shared formulation's arithmetic, op for op (bit-identical), per cache block;
         numba's fused loop instead when loaded (equal to within float32 rounding)."""
         self._adam(p, g, m, v, lr, step, scale, betas, eps, weight_decay, decay_size, False)
+        if copy_to is not None:
+            copy_to[...] = p
 
     def adam(
         self, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any, scale: Any,
         betas: tuple[float, float], eps: float, weight_decay: float, decay_size: int,
+        copy_to: Any = None,
     ) -> None:
         """adamw's passes with the weight decay as an L2 term of the gradient."""
         self._adam(p, g, m, v, lr, step, scale, betas, eps, weight_decay, decay_size, True)
+        if copy_to is not None:
+            copy_to[...] = p
 
     def _adam(
         self, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any, scale: Any,
@@ -126,30 +138,41 @@ class CudaAdam(AdamReference, CudaOptimizerFamily):
     def adamw(
         self, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any, scale: Any,
         betas: tuple[float, float], eps: float, weight_decay: float, decay_size: int,
+        copy_to: Any = None,
     ) -> None:
-        self._update("adamw", p, g, m, v, lr, step, scale, betas, eps, weight_decay, decay_size)
+        self._update("adamw", p, g, m, v, lr, step, scale, betas, eps, weight_decay, decay_size,
+                     copy_to)
 
     def adam(
         self, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any, scale: Any,
         betas: tuple[float, float], eps: float, weight_decay: float, decay_size: int,
+        copy_to: Any = None,
     ) -> None:
-        self._update("adam", p, g, m, v, lr, step, scale, betas, eps, weight_decay, decay_size)
+        self._update("adam", p, g, m, v, lr, step, scale, betas, eps, weight_decay, decay_size,
+                     copy_to)
 
     def _update(self, name: str, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any,
                 scale: Any, betas: tuple[float, float], eps: float, weight_decay: float,
-                decay_size: int) -> None:
-        """One launch of adam.cu's kernel for AdamW or Adam (they take the same arguments):
-        over 16-byte vectors where the buffers allow (float32, aligned, a multiple of 4
-        long), which at GPT-2's 124M parameters reads and writes memory markedly faster
-        than the one-element-a-thread ElementwiseKernel (benchmarks/results/
-        gpt2-fusions-h100.md)."""
+                decay_size: int, copy_to: Any) -> None:
+        """One launch of AdamW's or Adam's kernel (they take the same arguments): over
+        16-byte vectors where the buffers allow (float32, aligned, a multiple of 4 long,
+        adam_vec.cu), writing the compute copy in the same pass; otherwise adam.cu's
+        one-element-a-thread ElementwiseKernel, then the copy. At GPT-2's 124M parameters
+        the vector kernel reads and writes memory markedly faster
+        (benchmarks/results/gpt2-fusions-h100.md)."""
         f32 = np.float32
         scale = self._scale(scale)
         scalars = (*self._betas(betas), f32(eps), f32(weight_decay), np.int64(decay_size))
         vecs = cuda_build.vectors(p, g, m, v)
-        if vecs and p.dtype == f32 and (lr.dtype, step.dtype, scale.dtype) == (f32, np.int32,
-                                                                                 f32):
-            _SRC.kernel(f"rf_{name}_vec")(*cuda_build.vector_grid(vecs),
-                                          (g, lr, step, scale, *scalars, p, m, v, np.int64(vecs)))
+        fits = copy_to is None or (copy_to.shape == p.shape and copy_to.flags.c_contiguous
+                                   and copy_to.itemsize == 2)
+        if vecs and fits and p.dtype == f32 and (lr.dtype, step.dtype, scale.dtype) == (
+                f32, np.int32, f32):
+            _VEC.typed(f"rf_{name}_vec", f32 if copy_to is None else copy_to.dtype)(
+                *cuda_build.vector_grid(vecs),
+                (g, lr, step, scale, *scalars, p, m, v,
+                 np.uint64(0) if copy_to is None else copy_to, np.int64(vecs)))
             return
         _kernels()[name](g, lr, step, scale, *scalars, p, m, v)
+        if copy_to is not None:
+            copy_to[...] = p

@@ -12,13 +12,16 @@ device arrays, so nothing waits for the host; weight decay applies to p[:decay_s
     l2_norm(g) -> Any
         sqrt(sum(g * g)) of a flat g (P,), as a 0-d array of g's dtype.
 
-    adamw(p, g, m, v, lr, step, scale, betas, eps, weight_decay, decay_size) -> None
+    adamw(p, g, m, v, lr, step, scale, betas, eps, weight_decay, decay_size, copy_to=None)
+        -> None
         One AdamW step (PyTorch's order) that updates p, m and v (P,) in place from g (P,).
         lr (0-d float32), step (0-d int32, already counting this step) and scale (the 0-d
         float32 clip factor applied to g, or None) are device arrays; weight decay applies
-        to p[:decay_size] only.
+        to p[:decay_size] only. A given `copy_to` (P,) receives the updated p in its own
+        (16-bit) dtype: mixed precision's compute copy.
 
-    adam(p, g, m, v, lr, step, scale, betas, eps, weight_decay, decay_size) -> None
+    adam(p, g, m, v, lr, step, scale, betas, eps, weight_decay, decay_size, copy_to=None)
+        -> None
         One Adam step (torch.optim.Adam): as adamw, but the weight decay is an L2 term,
         weight_decay * p[:decay_size] added to the (clipped) gradient before the moments.
 

@@ -1,0 +1,54 @@
+// Adam and AdamW (adam.cuh's update) over float32 buffers of whole 16-byte vectors (adam.py
+// checks them): four elements a thread, loaded and stored as one access each, the scalars
+// read from device memory once a thread. With `copy` (null: none) the updated parameters
+// are also written there in the storage type `real`: mixed precision's 16-bit compute copy,
+// refreshed in this pass instead of one of its own.
+#include "types.cuh"
+#include "adam.cuh"
+
+template <bool L2>
+__device__ __forceinline__ void rf_adam_vec_update(const float4* __restrict__ g,
+                                            const float* __restrict__ lr,
+                                            const int* __restrict__ step,
+                                            const float* __restrict__ scale, float c1, float c2,
+                                            float lb1, float lb2, float eps, float wd,
+                                            long long decay, float4* __restrict__ p,
+                                            float4* __restrict__ m, float4* __restrict__ v,
+                                            real* __restrict__ copy, long long vecs) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= vecs) return;
+    float a = *lr, s = *scale;
+    int t = *step;
+    float4 gv = g[i], pv = p[i], mv = m[i], vv = v[i];
+    long long e = 4 * i;
+    rf_adam_update<L2, float>(e, gv.x, a, t, s, c1, c2, lb1, lb2, eps, wd, decay, pv.x, mv.x,
+                              vv.x);
+    rf_adam_update<L2, float>(e + 1, gv.y, a, t, s, c1, c2, lb1, lb2, eps, wd, decay, pv.y, mv.y,
+                              vv.y);
+    rf_adam_update<L2, float>(e + 2, gv.z, a, t, s, c1, c2, lb1, lb2, eps, wd, decay, pv.z, mv.z,
+                              vv.z);
+    rf_adam_update<L2, float>(e + 3, gv.w, a, t, s, c1, c2, lb1, lb2, eps, wd, decay, pv.w, mv.w,
+                              vv.w);
+    p[i] = pv;
+    m[i] = mv;
+    v[i] = vv;
+    if (copy) {
+        copy[e] = (real)pv.x;
+        copy[e + 1] = (real)pv.y;
+        copy[e + 2] = (real)pv.z;
+        copy[e + 3] = (real)pv.w;
+    }
+}
+
+#define RF_ADAM_VEC_ARGS                                                                       \
+    const float4 *g, const float *lr, const int *step, const float *scale, float c1, float c2,  \
+        float lb1, float lb2, float eps, float wd, long long decay, float4 *p, float4 *m,       \
+        float4 *v, real *copy, long long vecs
+extern "C" __global__ void rf_adamw_vec(RF_ADAM_VEC_ARGS) {
+    rf_adam_vec_update<false>(g, lr, step, scale, c1, c2, lb1, lb2, eps, wd, decay, p, m, v, copy,
+                              vecs);
+}
+extern "C" __global__ void rf_adam_vec(RF_ADAM_VEC_ARGS) {
+    rf_adam_vec_update<true>(g, lr, step, scale, c1, c2, lb1, lb2, eps, wd, decay, p, m, v, copy,
+                             vecs);
+}
