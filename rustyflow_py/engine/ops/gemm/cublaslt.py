@@ -8,7 +8,8 @@ epilogue while the tile is still in registers:
 - BIAS:           y = x @ w + b
 - GELU_AUX_BIAS:  y = gelu_tanh(x @ w + b), the pre-activation x @ w + b also written (for
                   backward); GELU_BIAS when no pre-activation is wanted (no grad)
-- BGRADA:         dW = x.T @ g together with db = the column sums of g
+- BGRADA:         dW = x.T @ g together with db = the column sums of g (measured, not used:
+                  see matmul_bgrad)
 
 CuPy refuses cuBLAS calls while a stream is being captured, and has no cuBLASLt epilogue API,
 so, like cublas.py, RustyFlow binds the library itself: the libcublasLt that CuPy's libcublas
@@ -445,7 +446,9 @@ class CublasLt:
     def matmul_bgrad(self, a_t: Any, g: Any, *, out: Any = None, bias_grad_out: Any = None,
                      out_dtype: Any = None, accumulate: bool = False) -> tuple[Any, Any]:
         """(dW, db) = (a_t @ g, column sums of g): a Linear layer's weight and bias gradients in
-        one GEMM (epilogue BGRADA). a_t (K, M) is the layer input transposed (pass x.T, a
+        one GEMM (epilogue BGRADA). The Linear layers no longer use it (cuBLASLt ran the
+        column sums as a pass of its own, slower than a ones-GEMM, and cannot add db into a
+        buffer); benchmarks/bias_grads.py measures it against what they use. a_t (K, M) is the layer input transposed (pass x.T, a
         view: no copy), g (..., N) the output gradient with M rows in all; dW (K, N), db (N,).
 
         dW and db have g's dtype, or `out_dtype` (float32 for 16-bit inputs: fp32 gradients
