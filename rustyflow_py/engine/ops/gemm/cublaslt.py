@@ -448,8 +448,9 @@ class CublasLt:
         """(dW, db) = (a_t @ g, column sums of g): a Linear layer's weight and bias gradients in
         one GEMM (epilogue BGRADA). The Linear layers no longer use it (cuBLASLt ran the
         column sums as a pass of its own, slower than a ones-GEMM, and cannot add db into a
-        buffer); benchmarks/bias_grads.py measures it against what they use. a_t (K, M) is the layer input transposed (pass x.T, a
-        view: no copy), g (..., N) the output gradient with M rows in all; dW (K, N), db (N,).
+        buffer); benchmarks/bias_grads.py measures it against what they use. a_t (K, M) is
+        the layer input transposed (pass x.T, a view: no copy), g (..., N) the output gradient
+        with M rows in all; dW (K, N), db (N,).
 
         dW and db have g's dtype, or `out_dtype` (float32 for 16-bit inputs: fp32 gradients
         straight from the GEMM); `out` and `bias_grad_out` must agree with it. With
