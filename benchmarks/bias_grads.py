@@ -20,28 +20,19 @@ from __future__ import annotations
 
 import argparse
 import platform
-from collections.abc import Callable
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from gemm_bindings import device_time  # benchmarks/ is the script's folder: on sys.path
 
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))  # the working tree's package, installed or not
 ROWS, E = 16 * 1024, 768
 LAYERS = {"attn.c_attn": (E, 3 * E), "attn.c_proj": (E, E), "mlp.c_fc": (E, 4 * E),
           "mlp.c_proj": (4 * E, E)}  # (K, N): x (ROWS, K), g (ROWS, N)
 REPS = 50
-
-
-def device_us(cp: Any, stream: Any, launch: Callable[[], None]) -> float:
-    for _ in range(2):
-        launch()
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    start.record(stream)
-    for _ in range(REPS):
-        launch()
-    stop.record(stream)
-    stop.synchronize()
-    return cp.cuda.get_elapsed_time(start, stop) * 1e3 / REPS
 
 
 def measure(cp: Any, kernels: Any, lt: Any, stream: Any, kk: int, n: int,
@@ -66,7 +57,7 @@ def measure(cp: Any, kernels: Any, lt: Any, stream: Any, kk: int, n: int,
 
     times, results = {}, {}
     for label, fn in (("alone", alone), ("bgrada", bgrada), ("sum_rows", sum_rows)):
-        times[label] = device_us(cp, stream, fn)
+        times[label] = device_time(cp, stream, fn, REPS)
         dw[...] = 0
         db[...] = 0
         fn()

@@ -309,6 +309,16 @@ def test_add(pair: Pair, dtype: Any, shapes: tuple[tuple[int, ...], ...]) -> Non
     pair.close(mine, pair.ref.add(a, b), dtype)
 
 
+def sixteen_bit(device: str, name: str) -> tuple[Pair, np.dtype]:
+    """The GPU's kernels and the 16-bit dtype `name` (skips elsewhere, and bfloat16 without
+    ml_dtypes)."""
+    if device != "gpu":
+        pytest.skip("16-bit kernels run on the GPU only")
+    dtype = (np.dtype(pytest.importorskip("ml_dtypes").bfloat16) if name == "bfloat16"
+             else np.dtype(np.float16))
+    return Pair(device), dtype
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])
 def test_16_bit_vector_kernels_on_the_gpu(device: str, name: str) -> None:
@@ -317,11 +327,7 @@ def test_16_bit_vector_kernels_on_the_gpu(device: str, name: str) -> None:
     place, relative), give or take float32's own error. That is 1e-5 absolute at most here:
     GELU's slope cancels where it nears 0 (u below about -4), and a NumPy float32 emulation of
     these formulas, over 20 seeds of these inputs, was off by up to 3.2e-6 there."""
-    if device != "gpu":
-        pytest.skip("16-bit kernels run on the GPU only")
-    dtype = (np.dtype(pytest.importorskip("ml_dtypes").bfloat16) if name == "bfloat16"
-             else np.dtype(np.float16))
-    pair = Pair(device)
+    pair, dtype = sixteen_bit(device, name)
     a, b, g = ((pair.rng.standard_normal((6, 7, 64)) * s).astype(dtype) for s in (3, 1, 1))
     bias = pair.rng.standard_normal(64).astype(dtype)
     a64, b64, g64, bias64 = (x.astype(np.float64) for x in (a, b, g, bias))
@@ -360,11 +366,7 @@ def test_16_bit_gradients_add_into_float32_buffers_on_the_gpu(device: str, name:
     summed in float32 and added into its float32 buffer, never rounded to 16 bits. So each
     is the float64 sum over the same 16-bit inputs to float32's summation error (1e-5 of the
     largest value here, over 1,200 terms), not to a 16-bit unit."""
-    if device != "gpu":
-        pytest.skip("16-bit kernels run on the GPU only")
-    dtype = (np.dtype(pytest.importorskip("ml_dtypes").bfloat16) if name == "bfloat16"
-             else np.dtype(np.float16))
-    pair = Pair(device)
+    pair, dtype = sixteen_bit(device, name)
     k, dev = pair.mine, pair.dev
     x, g = (pair.rng.standard_normal((4, 300, n)).astype(dtype) for n in (64, 96))
     x64, g64 = (a.astype(np.float64).reshape(1200, -1) for a in (x, g))
@@ -401,11 +403,7 @@ def test_16_bit_cross_entropy_on_the_gpu(device: str, name: str, width: int) -> 
     time otherwise: the loss is the float64 one on the same inputs to float32's accuracy, and
     each gradient value is the float64 one rounded once to 16 bits (half a unit in the last
     place, or of float16's subnormal spacing) give or take float32's error in exp."""
-    if device != "gpu":
-        pytest.skip("16-bit kernels run on the GPU only")
-    dtype = (np.dtype(pytest.importorskip("ml_dtypes").bfloat16) if name == "bfloat16"
-             else np.dtype(np.float16))
-    pair = Pair(device)
+    pair, dtype = sixteen_bit(device, name)
     logits = (pair.rng.standard_normal((37, width)) * 4).astype(dtype)
     targets = pair.rng.integers(0, 1001, 37).astype(np.int32)
     ref = XpKernels(get_backend("cpu"))  # float64
@@ -432,11 +430,7 @@ def test_16_bit_lm_head_on_the_gpu(device: str, name: str) -> None:
     (N, E) side; float16 keeps the backward's pass (its loss scaling needs the scaled
     values). Either way the loss, dh, and dw added into a float32 buffer are the float64 ones
     on the same inputs to within 16-bit rounding of the logits and their gradient."""
-    if device != "gpu":
-        pytest.skip("16-bit kernels run on the GPU only")
-    dtype = (np.dtype(pytest.importorskip("ml_dtypes").bfloat16) if name == "bfloat16"
-             else np.dtype(np.float16))
-    pair = Pair(device)
+    pair, dtype = sixteen_bit(device, name)
     k, dev = pair.mine, pair.dev
     h, w = ((pair.rng.standard_normal(shape) * s).astype(dtype)
             for shape, s in (((64, 32), 0.3), ((300, 32), 1.0)))  # logits of std 1.7
