@@ -236,8 +236,9 @@ def test_sample_rows(pair: Pair, dtype: Any, vocab: int, setting: str) -> None:
                          ids=["small", "many-rows", "odd-width", "one-row"])
 @pytest.mark.parametrize("into", [False, True])
 def test_sum_rows(pair: Pair, dtype: Any, shape: tuple[int, int], into: bool) -> None:
-    """Widths of whole 16-byte vectors take the GPU's two-pass kernels (sum_rows.cu), others
-    its GEMM; with `into`, both add into the given buffer and return None."""
+    """A few rows of the accumulation dtype (float32, float64) take the GPU's one small kernel
+    (sum_rows.cu: small, odd-width, one-row), more rows its ones-GEMM (many-rows); with
+    `into`, both add into the given buffer and return None."""
     x, start = pair.randn(*shape, dtype=dtype), pair.randn(shape[1], dtype=dtype)
     got = []
     for k in (pair.mine, pair.ref):

@@ -130,3 +130,19 @@ def test_a_layernorm_joins_the_residual_gradient_in_its_backward(device: str, dt
     assert "grad_sum" in ran_separately and "grad_sum" not in ran
     for got, want in zip(joined, separate, strict=True):
         np.testing.assert_allclose(got, want, rtol=1e-5 if dtype == np.float32 else 1e-12)
+
+
+def test_a_residual_must_match_the_layers_output() -> None:
+    """linear/mlp add a residual as it is and hand it their output's gradient as it is, so a
+    residual that would broadcast or be cast is refused, naming both."""
+    rng = np.random.default_rng(1)
+    x, w, b = (Tensor(rng.standard_normal(s).astype(np.float32)) for s in ((3, 4, 8), (8, 8),
+                                                                           (8,)))
+    ok = Tensor(rng.standard_normal((3, 4, 8)).astype(np.float32))
+    np.testing.assert_allclose(ops.linear(x, w, b, residual=ok).numpy(),
+                               ok.numpy() + x.numpy() @ w.numpy() + b.numpy(), atol=1e-5)
+    for bad in (Tensor(np.zeros(8, np.float32)), Tensor(np.zeros((3, 4, 8), np.float64))):
+        with pytest.raises(ValueError, match="must match the layer's output"):
+            ops.linear(x, w, b, residual=bad)
+        with pytest.raises(ValueError, match="must match the layer's output"):
+            ops.mlp(x, w, b, w, b, residual=bad)

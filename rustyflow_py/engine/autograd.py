@@ -177,9 +177,8 @@ class Function:
                out: Any = None, accumulate: bool = False) -> Any:
         """a @ b by the backend's kernel (b's last two axes swapped with transpose_b; into
         `out` when given, added to it with `accumulate`): every op's matrix product goes
-        through here. Inside a fused op it
-        is timed as its own 'matmul' entry; a matmul op (category 'matmul') is timed as one
-        already, so its product is not recorded twice."""
+        through here. Inside a fused op it is timed as its own 'matmul' entry; a matmul op
+        (category 'matmul') is timed as one already, so its product is not recorded twice."""
         mm = self.kernels.matmul
         if self.category == "matmul":
             return count_gemm(a, mm(a, b, transpose_b=transpose_b, out=out,

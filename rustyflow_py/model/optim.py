@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -44,7 +44,7 @@ class Optimizer:
 
     state_names: tuple[str, ...] = ()
     # True: _update's kernel writes the 16-bit compute copy too (no compute_copy pass)
-    writes_compute_copy = False
+    writes_compute_copy: ClassVar[bool] = False
 
     def __init__(self, buffer: ParameterBuffer, schedule: Schedule, grad_clip: float) -> None:
         self.buffer, self.schedule, self.grad_clip = buffer, schedule, grad_clip

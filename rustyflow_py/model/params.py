@@ -7,8 +7,8 @@ tensor or per group of tensors reads its offsets from the table instead of recom
 Decayed tensors (2-D and up) are packed first, so weight decay is a single boundary index.
 
 Mixed precision adds a third allocation: a 16-bit copy of the parameters that the forward
-reads, refreshed from the float32 master once per step (by AdamW's own update kernel, or a
-cast kernel after the other optimizers). The model's tensors
+reads, refreshed from the float32 master once per step (by AdamW's and Adam's own update
+kernel, or a cast kernel after the other optimizers). The model's tensors
 are views of that copy, but their gradients are views of the float32 gradient buffer, so every
 contribution to a parameter's gradient is summed in float32 and the optimizer never sees a
 16-bit value.

@@ -444,7 +444,7 @@ class CublasLt:
         return self._gemm(a, b, out, EPILOGUE_DEFAULT, accumulate=accumulate)[0]
 
     def matmul_bgrad(self, a_t: Any, g: Any, *, out: Any = None, bias_grad_out: Any = None,
-                     out_dtype: Any = None, accumulate: bool = False) -> tuple[Any, Any]:
+                     out_dtype: Any = None) -> tuple[Any, Any]:
         """(dW, db) = (a_t @ g, column sums of g): a Linear layer's weight and bias gradients in
         one GEMM (epilogue BGRADA). The Linear layers no longer use it (cuBLASLt ran the
         column sums as a pass of its own, slower than a ones-GEMM, and cannot add db into a
@@ -453,9 +453,7 @@ class CublasLt:
         with M rows in all; dW (K, N), db (N,).
 
         dW and db have g's dtype, or `out_dtype` (float32 for 16-bit inputs: fp32 gradients
-        straight from the GEMM); `out` and `bias_grad_out` must agree with it. With
-        `accumulate`, dW is added into `out` (beta = 1); db is written, never added (the
-        epilogue has no beta).
+        straight from the GEMM); `out` and `bias_grad_out` must agree with it.
 
         Which epilogue: cuBLASLt computes D = dW^T (N x K) = g^T (N x M) @ a_t^T (M x K), so
         its A is g^T (op N on g's row-major memory) and the reduction dimension k is M.
@@ -472,12 +470,10 @@ class CublasLt:
         dtype = _out_dtype("matmul_bgrad", in_dtype, out_dtype, out, bias_grad_out)
         _check_out(out, (k, n), dtype, "matmul_bgrad", "out")
         _check_out(bias_grad_out, (n,), dtype, "matmul_bgrad", "bias_grad_out")
-        if accumulate and out is None:
-            raise CublasLtUnsupported("matmul_bgrad: accumulate needs out")
         return self._gemm(a_t, g2, _Alloc((k, n), dtype) if out is None else out,
                           EPILOGUE_BGRADA,
                           bias=_Alloc((n,), dtype) if bias_grad_out is None else bias_grad_out,
-                          lt_a_untransposed=True, accumulate=accumulate)
+                          lt_a_untransposed=True)
 
     def close(self) -> None:
         """Destroy the plans, the preference and the handle (the object is unusable after)."""

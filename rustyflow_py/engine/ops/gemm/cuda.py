@@ -54,10 +54,10 @@ class CudaGemm(GemmReference):
         this GEMM, and it cannot add into a buffer (benchmarks/results/bias-grads-h100.md)."""
         rows, cols = x.shape
         acc = accumulate_dtype(x.dtype)
-        fits = rows and (into is None or into.dtype == acc)
+        fits = rows and (into is None or (into.dtype == acc and into.flags.c_contiguous))
         if fits and x.dtype == acc and rows <= _SUM_DIRECT_ROWS and x.flags.c_contiguous:
             out = self.xp.empty(cols, dtype=acc) if into is None else into
-            _SUM.typed("sum_rows_into", x.dtype)(
+            _SUM.typed("sum_rows_into", x.dtype, defines=(f"-DSUM_LANES={_SUM_LANES}",))(
                 (-(-cols // 32),), (32, _SUM_LANES),
                 (x, out, np.int32(rows), np.int32(cols), np.int32(into is not None)))
             return out if into is None else None
@@ -84,7 +84,7 @@ class CudaGemm(GemmReference):
                 self._ones[(n, dtype)] = ones
         return ones
 
-    # ---- Linear layers: bias, GELU and the bias gradient in the GEMM's epilogue --------------
+    # ---- Linear layers: bias, GELU and a residual in the GEMM's epilogue ---------------------
     # cuBLASLt refuses (CublasLtUnsupported) float64, the odd layout, and a problem first seen
     # during graph capture (its plan must come from an eager call, which the trainer's warm-up
     # steps make); each refusal takes the shared formulation: GEMM, then a kernel.

@@ -103,6 +103,7 @@ def linear(x: Tensor, w: Tensor, b: Tensor, residual: Tensor | None = None) -> T
     """x @ w + b, plus `residual` (..., N) when given (added inside the GEMM where it can)."""
     if residual is None:
         return Linear.apply(x, w, b)
+    _check_residual(residual, (*x.shape[:-1], w.shape[-1]), x)
     return Linear.apply(x, w, b, residual)
 
 
@@ -112,5 +113,14 @@ def mlp(x: Tensor, w1: Tensor, b1: Tensor, w2: Tensor, b2: Tensor,
     second GEMM where it can)."""
     if residual is None:
         return MLP.apply(x, w1, b1, w2, b2)
+    _check_residual(residual, (*x.shape[:-1], w2.shape[-1]), x)
     return MLP.apply(x, w1, b1, w2, b2, residual)
+
+
+def _check_residual(residual: Tensor, shape: tuple[int, ...], x: Tensor) -> None:
+    """A residual is added as it is and gets the output's gradient as it is: it must have the
+    output's shape and dtype (no broadcasting, no casting)."""
+    if residual.shape != shape or residual.dtype != x.dtype:
+        raise ValueError(f"residual of shape {residual.shape} and dtype {residual.dtype}: it "
+                         f"must match the layer's output, {shape} {x.dtype}")
 

@@ -12,10 +12,10 @@ with a fused epilogue) through it.
         a @ b: (M, K) @ (K, N) -> (M, N); batched (..., M, K) @ (..., K, N) with equal batch
         shapes; or (..., M, K) @ (K, N). transpose_b=True multiplies by b with its last two
         axes swapped, b of (..., N, K), without copying it (the tied LM head). `out`, a
-        C-contiguous array of the result's shape and dtype, receives the product and is
-        returned; otherwise the result is a fresh array. With `accumulate` the product is
-        added into `out` (required; of the inputs' dtype, or their accumulation dtype: a
-        gradient buffer).
+        C-contiguous array of the result's shape and dtype (or the accumulation dtype: a
+        float32 gradient from 16-bit inputs), receives the product and is returned;
+        otherwise the result is a fresh array. With `accumulate` the product is added into
+        `out` (required).
 
     sum_rows(x, into=None) -> Any
         Column sums (C,) of x (N, C): bias gradients; added into `into` (None returned)

@@ -6,8 +6,10 @@
 // dst[c] (+)= the sum of part[p][c] over the `parts` rows; add = 0 overwrites dst. A block is
 // 32 columns x SUM_LANES lanes, each lane summing every SUM_LANES-th row, then the lanes' sums
 // are added in shared memory in a fixed order.
-#define SUM_LANES 32
-extern "C" __global__ void sum_rows_into(const acc* __restrict__ part, acc* __restrict__ dst,
+#ifndef SUM_LANES
+#define SUM_LANES 32  // gemm/cuda.py passes its own (-DSUM_LANES), the block's y extent
+#endif
+extern "C" __global__ void __launch_bounds__(32 * SUM_LANES) sum_rows_into(const acc* __restrict__ part, acc* __restrict__ dst,
                                          int parts, int cols, int add) {
     __shared__ acc lanes[SUM_LANES][33];
     int c = blockIdx.x * 32 + threadIdx.x;

@@ -65,8 +65,7 @@ class CudaLayerNorm(LayerNormReference):
         it, by the others), and the partial sums of dw and db (rows of acc) that sum_rows
         then sums, straight into the gradient buffers when given."""
         xp = self.xp
-        if residual is not None and residual.shape != x.shape or (
-                residual is not None and residual.dtype != x.dtype):
+        if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
             dx, dw, db = self.layernorm_backward(g, x, w, mean, rstd, into)
             return self.add(dx, residual), dw, db
         g, x = xp.ascontiguousarray(g), xp.ascontiguousarray(x)

@@ -93,7 +93,7 @@ extern "C" __global__ void xent_bwd(const real* logits, const int* targets, cons
 // factor: the NLL, then (softmax - onehot) / N written over the row. The row is read a second
 // time right after the first, by the same block, so that read comes mostly from L2: the
 // (N, V) logits cross HBM once each way instead of twice in and once out.
-extern "C" __global__ void xent_fwd_grad(real* logits, const int* targets, acc* lse, acc* nll,
+extern "C" __global__ void __launch_bounds__(1024) xent_fwd_grad(real* logits, const int* targets, acc* lse, acc* nll,
                                          int n, int v, int ld, int vec) {
     int row = blockIdx.x, t = targets[row];
     real* xr = logits + (long long)row * ld;
