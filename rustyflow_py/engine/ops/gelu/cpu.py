@@ -53,7 +53,7 @@ class CpuGelu(GeluReference):
         jit_fn = None if self.jit is None else self.jit.gelu_forward
         return self._gelu_pass(x, bias, fwd, jit_fn=jit_fn)
 
-    def gelu_backward(self, g: Any, x: Any, bias: Any | None, sums_into: Any = None) -> Any:
+    def _gelu_backward(self, g: Any, x: Any, bias: Any | None) -> Any:
         def bwd(z: Any, out: Any, gb: Any, z2: Any, sig: Any, tmp: Any) -> None:
             np.multiply(z, z, out=z2)
             np.multiply(z2, -2.0 * GELU_C * GELU_K, out=sig)
@@ -72,7 +72,4 @@ class CpuGelu(GeluReference):
             np.multiply(z2, gb, out=out)
 
         jit_fn = None if self.jit is None else self.jit.gelu_backward
-        dx = self._gelu_pass(x, bias, bwd, g, jit_fn=jit_fn)
-        if sums_into is not None:
-            self.sum_rows(dx.reshape(-1, dx.shape[-1]), sums_into)
-        return dx
+        return self._gelu_pass(x, bias, bwd, g, jit_fn=jit_fn)

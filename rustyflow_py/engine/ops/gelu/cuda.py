@@ -52,21 +52,22 @@ class CudaGelu(GeluReference):
         """With `sums_into`, rows of whole vectors take gelu_bwd_sums: the column sums of dx
         come out of the pass that writes dx (partial sums a block, then sum_rows), not from
         a second pass over it."""
+        c, per = x.shape[-1], cuda_build.per_vector(x.dtype)
+        if (sums_into is not None and _vectors(g, x, bias) and c % per == 0
+                and sums_into.dtype == accumulate_dtype(x.dtype)):
+            return self._backward_with_sums(g, x, bias, sums_into, c // per)
+        return super().gelu_backward(g, x, bias, sums_into)
+
+    def _gelu_backward(self, g: Any, x: Any, bias: Any | None) -> Any:
         vecs = _vectors(g, x, bias)
         if not vecs:
-            b = bias if bias is not None else x.dtype.type(0)
-            return self._add_sums(_kernels()["gelu_bwd"](g, x, b), sums_into)
-        c = x.shape[-1]
-        per = cuda_build.per_vector(x.dtype)
-        if sums_into is not None and c % per == 0 and sums_into.dtype == accumulate_dtype(
-                x.dtype):
-            return self._backward_with_sums(g, x, bias, sums_into, c // per)
+            return _kernels()["gelu_bwd"](g, x, bias if bias is not None else x.dtype.type(0))
         dx = self.xp.empty_like(x)
         _VEC.typed("gelu_bwd_vec", x.dtype)(
             *cuda_build.vector_grid(vecs),
             (g, x, np.uint64(0) if bias is None else bias, dx, np.int64(vecs),
              np.int32(x.shape[-1])))
-        return self._add_sums(dx, sums_into)
+        return dx
 
     def _backward_with_sums(self, g: Any, x: Any, bias: Any | None, sums_into: Any,
                             vcols: int) -> Any:
@@ -82,9 +83,4 @@ class CudaGelu(GeluReference):
             (g, x, np.uint64(0) if bias is None else bias, dx, part, np.int32(rows),
              np.int32(vcols), np.int32(chunk)))
         self.sum_rows(part, sums_into)
-        return dx
-
-    def _add_sums(self, dx: Any, sums_into: Any) -> Any:
-        if sums_into is not None:
-            self.sum_rows(dx.reshape(-1, dx.shape[-1]), sums_into)
         return dx

@@ -1,10 +1,10 @@
-"""LayerNorm on the GPU: one warp per row (layernorm.cu), or for rows of up to 32 * MAX_CPL
-columns the row held in registers and read once: as 16-byte vectors where the rows are whole
-vectors and aligned (layernorm_vec.cu), else a value at a time (layernorm_rows.cu).
+"""LayerNorm on the GPU: for rows of up to 32 * MAX_CPL columns the row held in registers
+and read once (layernorm_rows.cu), as 16-byte vectors where the rows are whole vectors and
+aligned, else a value at a time; wider rows one warp per row, read again for each pass
+(layernorm.cu).
 
-Why the vector kernels: at GPT-2's shape in bf16 the value-at-a-time kernels move 2-byte
-values per lane and ran well below the memory's bandwidth
-(benchmarks/results/gpt2-fusions-h100.md)."""
+Why 16-byte vectors: at GPT-2's shape in bf16, moving 2-byte values per lane ran well below
+the memory's bandwidth (benchmarks/results/gpt2-fusions-h100.md)."""
 
 from __future__ import annotations
 
@@ -19,28 +19,26 @@ from .reference import LayerNormReference
 
 _WIDE = cuda_build.source(__file__, "layernorm.cu", cuda_build.dtype_defines(np.float32))
 _ROWS = cuda_build.source(__file__, "layernorm_rows.cu",
-                          cuda_build.dtype_defines(np.float32) + ("-DCPL=4",))
-_VEC = cuda_build.source(__file__, "layernorm_vec.cu",
-                         cuda_build.dtype_defines(np.float32) + ("-DVPL=1",))
-# LayerNorm rows of up to 32 * MAX_CPL columns are held in registers (the *_rows kernels);
+                          cuda_build.dtype_defines(np.float32) + ("-DVPL=1", "-DLN_VEC=1"))
+# LayerNorm rows of up to 32 * MAX_CPL columns are held in registers (layernorm_rows.cu);
 # wider ones take the kernels that read the row from memory again for each pass.
 MAX_CPL = 32
 LN_BWD_WARPS = 1024  # ln_bwd_rows' warps (and rows of partial sums), about
 
 
-def _row_kernel(name: str, x: Any, *same: Any) -> tuple[Any, bool]:
-    """(ln_<name>_vec, True) when x's rows are whole vectors that fit the lanes' registers
-    and x and `same` (the other arrays of x's dtype) are aligned; else (ln_<name>_rows,
-    False) when the row fits; else (None, False): the multi-pass kernels."""
+def _row_kernel(name: str, x: Any, *same: Any) -> Any:
+    """ln_<name>_rows for x's rows when a row fits the lanes' registers (else None: the
+    multi-pass kernels): over 16-byte vectors when the rows are whole vectors and x and
+    `same` (the other arrays of x's dtype) are aligned, else a value at a time."""
     c, per = x.shape[-1], cuda_build.per_vector(x.dtype)
-    if per and c % per == 0 and all(a.data.ptr % cuda_build.VEC_BYTES == 0 for a in (x, *same)):
-        vpl = -(-c // (32 * per))
-        if vpl * per <= MAX_CPL:
-            return _VEC.typed(f"ln_{name}_vec", x.dtype, *same, defines=(f"-DVPL={vpl}",)), True
-    cpl = -(-c // 32)
-    if cpl <= MAX_CPL:
-        return _ROWS.typed(f"ln_{name}_rows", x.dtype, *same, defines=(f"-DCPL={cpl}",)), False
-    return None, False
+    if not (per and c % per == 0
+            and all(a.data.ptr % cuda_build.VEC_BYTES == 0 for a in (x, *same))):
+        per = 1
+    vpl = -(-c // (32 * per))
+    if vpl * per > MAX_CPL:
+        return None
+    return _ROWS.typed(f"ln_{name}_rows", x.dtype, *same,
+                       defines=(f"-DVPL={vpl}", f"-DLN_VEC={per}"))
 
 
 class CudaLayerNorm(LayerNormReference):
@@ -52,7 +50,7 @@ class CudaLayerNorm(LayerNormReference):
         y = xp.empty_like(x)
         mean = xp.empty(x.shape[:-1] + (1,), dtype=accumulate_dtype(x.dtype))
         rstd = xp.empty_like(mean)
-        kernel = _row_kernel("fwd", x, w, b)[0] or _WIDE.typed("ln_fwd", x.dtype, w, b)
+        kernel = _row_kernel("fwd", x, w, b) or _WIDE.typed("ln_fwd", x.dtype, w, b)
         kernel(*warp_grid(n), (x, w, b, y, mean, rstd, np.int32(n), np.int32(c),
                                acc_scalar(eps, x.dtype)))
         return y, mean, rstd
@@ -61,9 +59,9 @@ class CudaLayerNorm(LayerNormReference):
         self, g: Any, x: Any, w: Any, mean: Any, rstd: Any,
         into: tuple[Any, Any] = (None, None), residual: Any = None,
     ) -> tuple[Any, Any, Any]:
-        """dx, with the residual gradient added in the same pass by the vector kernel (after
-        it, by the others), and the partial sums of dw and db (rows of acc) that sum_rows
-        then sums, straight into the gradient buffers when given."""
+        """dx, with the residual gradient added in the same pass by the register-row kernel
+        (after it, by the multi-pass ones), and the partial sums of dw and db (rows of acc)
+        that sum_rows then sums, straight into the gradient buffers when given."""
         xp = self.xp
         if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
             dx, dw, db = self.layernorm_backward(g, x, w, mean, rstd, into)
@@ -74,15 +72,14 @@ class CudaLayerNorm(LayerNormReference):
         n = x.size // c
         dx = xp.empty_like(x)
         acc = accumulate_dtype(x.dtype)
-        kernel, vec = _row_kernel("bwd", x, g, w, *res)
+        kernel = _row_kernel("bwd", x, g, w, *res)
         if kernel is not None:  # one pass; about LN_BWD_WARPS warps, each a row of partials
             rows = -(-n // LN_BWD_WARPS)
             warps = -(-n // rows)
             pdw = xp.empty((warps, c), dtype=acc)
             pdb = xp.empty_like(pdw)
-            fused = (res or (np.uint64(0),)) if vec else ()
-            kernel(*warp_grid(warps), (g, x, w, mean, rstd, *fused, dx, pdw, pdb, np.int32(n),
-                                       np.int32(c), np.int32(rows)))
+            kernel(*warp_grid(warps), (g, x, w, mean, rstd, res[0] if res else np.uint64(0), dx,
+                                       pdw, pdb, np.int32(n), np.int32(c), np.int32(rows)))
         else:
             _WIDE.typed("ln_bwd_dx", x.dtype, g, w)(
                 *warp_grid(n), (g, x, w, mean, rstd, dx, np.int32(n), np.int32(c)))
@@ -94,8 +91,8 @@ class CudaLayerNorm(LayerNormReference):
                 ((c + 127) // 128, chunks), (128,),
                 (g, x, mean, rstd, pdw, pdb, np.int32(n), np.int32(c),
                  np.int32(rows_per_chunk)))
-        if res and not vec:
-            dx = self.add(dx, res[0])
+            if res:
+                dx = self.add(dx, res[0])
         return dx, self._param_grad(pdw, w, into[0]), self._param_grad(pdb, w, into[1])
 
     def _param_grad(self, partial: Any, w: Any, into: Any) -> Any:

@@ -63,9 +63,8 @@ class CpuAdam(AdamReference):
     ) -> None:
         """The shared formulation's arithmetic, op for op (bit-identical), per cache block;
         numba's fused loop instead when loaded (equal to within float32 rounding)."""
-        self._adam(p, g, m, v, lr, step, scale, betas, eps, weight_decay, decay_size, False)
-        if copy_to is not None:
-            copy_to[...] = p
+        self._adam(p, g, m, v, lr, step, scale, betas, eps, weight_decay, decay_size, False,
+                   copy_to)
 
     def adam(
         self, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any, scale: Any,
@@ -73,14 +72,13 @@ class CpuAdam(AdamReference):
         copy_to: Any = None,
     ) -> None:
         """adamw's passes with the weight decay as an L2 term of the gradient."""
-        self._adam(p, g, m, v, lr, step, scale, betas, eps, weight_decay, decay_size, True)
-        if copy_to is not None:
-            copy_to[...] = p
+        self._adam(p, g, m, v, lr, step, scale, betas, eps, weight_decay, decay_size, True,
+                   copy_to)
 
     def _adam(
         self, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any, scale: Any,
         betas: tuple[float, float], eps: float, weight_decay: float, decay_size: int,
-        l2: bool,
+        l2: bool, copy_to: Any,
     ) -> None:
         b1, b2 = betas
         t = step.astype(p.dtype)
@@ -132,6 +130,8 @@ class CpuAdam(AdamReference):
                 pb -= t1
 
         self._parallel(worker, p.size, BLOCK, p.size)
+        if copy_to is not None:
+            copy_to[...] = p
 
 
 class CudaAdam(AdamReference, CudaOptimizerFamily):
