@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from typing import Any
 
@@ -140,12 +141,16 @@ def _with_init_shape(init_from: str | None, resume: str | None,
 @click.option("--init-from", "init_from", type=click.Path(dir_okay=False), default=None,
               metavar="CKPT", help="start from a checkpoint's weights (fine-tuning, e.g. one "
               "`rustyflow import hf` wrote): its model shape, a new optimizer and schedule")
+@click.option("--allow-data-change", is_flag=True,
+              help="let --resume continue on training data other than the checkpoint's "
+                   "(its fingerprint differs)")
 def train(config: str | None, resume: str | None, trace: str | None, overwrite: bool,
-          init_from: str | None, **overrides: Any) -> None:
+          init_from: str | None, allow_data_change: bool, **overrides: Any) -> None:
     """Train a GPT; append the profiling report to the log."""
     from .distributed.world import World
     from .reporting.progress import TrainingProgress
     from .training.loop import train as run_training
+    from .training.signals import Stopped
 
     cfg = _load(config, _with_init_shape(init_from, resume, overrides))
     if cfg.num_gpus > 1 and not World.from_env().distributed:
@@ -156,9 +161,29 @@ def train(config: str | None, resume: str | None, trace: str | None, overwrite: 
     progress = TrainingProgress(cfg.num_epochs)
     try:
         run_training(cfg, progress.say, resume, progress, progress.warn, trace, overwrite,
-                     init_from)
+                     init_from, allow_data_change)
+    except Stopped as exc:
+        if exc.checkpoint:
+            argv = click.get_current_context().find_root().meta["argv"]
+            progress.say(f"To continue: {resume_command(argv, exc.checkpoint)}")
+        raise
     finally:
         progress.close()
+
+
+def resume_command(argv: list[str], checkpoint: str) -> str:
+    """The command that continues an interrupted run: its own arguments, with `--resume
+    checkpoint` in place of the options that start a run afresh."""
+    starts = {"--resume", "--init-from"}
+    kept, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg in starts:
+            skip = True
+        elif arg != "--overwrite" and arg.split("=", 1)[0] not in starts:
+            kept.append(arg)
+    return shlex.join(["rustyflow", *kept, "--resume", checkpoint])
 
 
 def _warn(message: str) -> None:
@@ -421,6 +446,7 @@ def banner(train_args: tuple[str, ...]) -> None:
         params = dict(ctx.params)
     config, resume, trace = params.pop("config"), params.pop("resume"), params.pop("trace")
     params.pop("overwrite")
+    params.pop("allow_data_change")
     init_from = params.pop("init_from")
     params = _with_init_shape(init_from, resume, params)
     try:

@@ -15,15 +15,18 @@ from __future__ import annotations
 import errno
 import json
 import os
+import queue
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -40,6 +43,7 @@ from helpers import (
 
 from rustyflow_py.engine.backend import gpu_unavailable_reason
 from rustyflow_py.engine.precision import Precision
+from rustyflow_py.model.params import ParameterBuffer
 from rustyflow_py.reporting import logfile
 from rustyflow_py.training import checkpoint, evaluate, lock, outputs, run_parts
 from rustyflow_py.training.checkpoint import Checkpoint
@@ -67,6 +71,7 @@ class Case:
     setup: Callable[[Path], None] | None = None
     patch: Patch | None = None
     check: Callable[[Path], None] | None = None  # what else must hold afterwards
+    never: str | None = None  # a regex the output must not match
 
 
 def run_case(case: Case, root: Path, monkeypatch: pytest.MonkeyPatch) -> str:
@@ -81,6 +86,7 @@ def run_case(case: Case, root: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     assert result.exception is None or isinstance(result.exception, SystemExit), out
     assert "Traceback" not in out
     assert re.search(case.message, out), f"{case.message!r} not in:\n{out}"
+    assert case.never is None or not re.search(case.never, out), out
     assert not re.search(r"\s(to|from|at|in|file|checkpoint)\s+[:;,]", out), (
         f"an empty path in:\n{out}")
     assert_intact(before, snapshot(root), case.replaced)
@@ -113,6 +119,30 @@ def another_run_at(path: str) -> Callable[[Path], None]:
     return setup
 
 
+def data_unreadable(root: Path) -> None:
+    """The dataset is found, but is no text: the run fails after claiming its outputs."""
+    (root / "tiny.txt").write_bytes(b"\xff\xfe not UTF-8\n")
+
+
+def lines_swapped(root: Path) -> None:
+    """Two lines of the training text swapped: the same words, another token stream."""
+    lines = (root / "tiny.txt").read_text().splitlines(keepends=True)
+    lines[100], lines[101] = lines[101], lines[100]
+    (root / "tiny.txt").write_text("".join(lines))
+
+
+def quoting_a_block(path: str) -> Callable[[Path], None]:
+    """A user's text that quotes a log block's header (a copy of the README, say)."""
+    def setup(root: Path) -> None:
+        (root / path).write_text("# Notes\n\n```\n=== RustyFlow run 2026 | completed\n```\n")
+    return setup
+
+
+def quoting_the_trace_mark(root: Path) -> None:
+    (root / "trace.json").write_text('{"notes": "a trace says"}\n"producer":"rustyflow train '
+                                     '--trace"\n')
+
+
 def a_sweep(root: Path) -> None:
     """A bench.json of a sweep with no rows (what `bench --from-json` reads)."""
     (root / "sweep.json").write_text(json.dumps({
@@ -138,6 +168,13 @@ def last_record(status: str, message: str) -> Callable[[Path], None]:
         record = log_records()[-1]
         assert record["status"] == status, record["status"]
         assert re.search(message, record["message"] or ""), record["message"]
+    return check
+
+
+def blocks_whole(count: int) -> Callable[[Path], None]:
+    """log.txt holds `count` blocks, each whole (the parser warns of any torn one)."""
+    def check(_root: Path) -> None:
+        assert len(log_records()) == count
     return check
 
 
@@ -200,6 +237,29 @@ def no_locks(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(lock.fcntl, "flock", flock)
 
 
+def nan_in_saved_weights(mp: pytest.MonkeyPatch) -> None:
+    """The weights handed to the saver hold a nan (in wte), while the loss stays finite."""
+    real = ParameterBuffer.state_dict
+
+    def state_dict(self: ParameterBuffer) -> dict[str, np.ndarray]:
+        weights = real(self)
+        weights["wte"].flat[0] = np.nan
+        return weights
+    mp.setattr(ParameterBuffer, "state_dict", state_dict)
+
+
+def torn_log_write(mp: pytest.MonkeyPatch) -> None:
+    """The disk fills part-way through the log block: half of it is written, then ENOSPC."""
+    real = os.write
+
+    def write(fd: int, data: bytes) -> int:
+        if os.readlink(f"/proc/self/fd/{fd}").endswith("/log.txt"):
+            real(fd, bytes(data[: len(data) // 2]))
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(fd, data)
+    mp.setattr(logfile.os, "write", write)
+
+
 def nan_validation(mp: pytest.MonkeyPatch) -> None:
     mp.setattr(Trainer, "evaluate", lambda self, split: float("nan"))
 
@@ -258,11 +318,11 @@ CASES = [
          r"--model-path to a new file, or pass --overwrite"),
     Case("same-command-again", "the command that trained the model, run again",
          (*TRAIN, "--max-steps", "3"), 0,
-         r"replacing the checkpoint models/tiny-cpu.npz of an earlier run of the same "
+         r"replaced the checkpoint models/tiny-cpu.npz of an earlier run of the same "
          r"configuration", replaced=TRAINED, check=checkpoint_at(TRAINED[0], 3)),
     Case("told-to-overwrite", "--overwrite replaces another run's checkpoint",
          (*TRAIN, "--max-steps", "2", "--overwrite"), 0,
-         r"--overwrite: replacing the checkpoint models/tiny-cpu.npz of another run",
+         r"--overwrite: replaced the checkpoint models/tiny-cpu.npz of another run",
          replaced=TRAINED, check=checkpoint_at(TRAINED[0], 2)),
     Case("resume-replaces-its-own", "--resume writes over its own checkpoint",
          (*TRAIN, "--resume", TRAINED[0], "--max-steps", "5"), 0,
@@ -275,9 +335,13 @@ CASES = [
          setup=another_run_at("models/other.npz")),
     Case("fallback-never-overwrites", "the checkpoint folder is full, and the fallback "
          "folder holds files of the checkpoint's name",
-         (*TRAIN, *NEW), 0, r"wrote it to \S+/new-cpu-rescued1.npz instead",
+         (*TRAIN, *NEW), 1, r"wrote it to \S+/new-cpu-rescued1.npz instead: the run will end "
+         r"failed",
          setup=both(text_at("new-cpu.npz"), text_at("new-cpu-best.npz")),
-         patch=disk_full("models/"), check=checkpoint_at("new-cpu-rescued1.npz", 29)),
+         patch=disk_full("models/"),
+         check=both(checkpoint_at("new-cpu-rescued1.npz", 29),
+                    last_record("failed", r"the checkpoint went to \S+/new-cpu-rescued1.npz "
+                                          r"instead of models/new-cpu.npz \(No space left"))),
     Case("bench-out-holds-their-report", "`bench --out` names a folder with someone's "
          "bench.md", ("bench", "--from-json", "sweep.json", "--out", "results"), 1,
          r"bench report results/bench.md exists and was not written by rustyflow",
@@ -291,6 +355,48 @@ CASES = [
          ("plot", "--log", "log.txt", "--format", "png"), 1,
          r"plots/loss-curves.png exists and was not drawn by rustyflow",
          setup=text_at("plots/loss-curves.png")),
+    # -- a run's outputs are a transaction: nothing of an earlier run goes before it is replaced
+    Case("failed-start-keeps-earlier-files", "the same configuration run again, and its "
+         "data cannot be read", (*TRAIN, "--max-steps", "3"), 1,
+         r"tiny.txt is not UTF-8 text", setup=data_unreadable, never="replac"),
+    Case("overwrite-failed-start", "--overwrite, and the data cannot be read",
+         (*TRAIN, "--max-steps", "2", "--overwrite"), 1, r"tiny.txt is not UTF-8 text",
+         setup=data_unreadable, never="replac"),
+    Case("nan-weights-never-saved", "the same configuration again, and the weights turn "
+         "non-finite while the loss does not", (*TRAIN, "--max-steps", "3"), 1,
+         r"the weights at step 3 are not finite \(wte holds 1 nan/inf of 288 values\): the "
+         r"best checkpoint is not written, and the files already at models/tiny-cpu.npz stay",
+         patch=nan_in_saved_weights, never="replaced",
+         check=last_record("failed", "are not finite")),
+    Case("resume-on-changed-data", "--resume after two lines of the training text were "
+         "swapped (same vocabulary)", (*TRAIN, "--resume", TRAINED[0], "--max-steps", "5"), 1,
+         r"--resume models/tiny-cpu.npz: the training data changed: the checkpoint trained on "
+         r"1,890 tokens, sha256 [0-9a-f]{16}, tiny.txt's training split is now 1,890 tokens, "
+         r"sha256 [0-9a-f]{16}; resume with the data it trained on, or pass "
+         r"--allow-data-change", setup=lines_swapped),
+    Case("resume-on-changed-data-allowed", "--resume on changed data, accepted",
+         (*TRAIN, "--resume", TRAINED[0], "--max-steps", "5", "--allow-data-change"), 0,
+         r"WARN: --allow-data-change: the checkpoint trained on 1,890 tokens",
+         setup=lines_swapped, replaced=TRAINED, check=checkpoint_at(TRAINED[0], 5)),
+    Case("log-file-quotes-a-block", "LOG_FILE names a text that quotes a log block's header",
+         (*TRAIN, *NEW, "--log-file", "readme.md"), 1,
+         r"log file readme.md exists and was not written by rustyflow",
+         setup=quoting_a_block("readme.md")),
+    Case("trace-quotes-the-mark", "--trace names a file that quotes a trace's mark",
+         (*TRAIN, *NEW, "--profile", "--trace", "trace.json"), 1,
+         r"trace file trace.json exists and was not written by rustyflow",
+         setup=quoting_the_trace_mark),
+    Case("torn-log-block", "the disk fills half-way through the log block",
+         (*TRAIN, *NEW, "--max-steps", "3"), 1,
+         r"Error: the log block went to \S+training_log.txt instead of log.txt \(No space "
+         r"left on device\)", patch=torn_log_write, check=blocks_whole(1)),
+    Case("log-is-the-lock", "LOG_FILE names the checkpoint's lock file",
+         (*TRAIN, *NEW, "--log-file", "models/new-cpu.npz.lock"), 1,
+         r"the checkpoint's lock file and the log file are both models/new-cpu.npz.lock"),
+    Case("trace-is-the-best-lock", "--trace names the best checkpoint's lock file",
+         (*TRAIN, *NEW, "--profile", "--trace", "models/new-cpu-best.npz.lock"), 1,
+         r"the best checkpoint's lock file and the trace file are both "
+         r"models/new-cpu-best.npz.lock"),
     # -- run lock
     Case("stale-lock", "a lock file left by a killed run",
          (*TRAIN, "--resume", TRAINED[0], "--max-steps", "5"), 0,
@@ -365,7 +471,8 @@ def paused(root: Path, point: str, *args: str) -> Iterator[subprocess.Popen[str]
     """`rustyflow train args` in a subprocess, held at the pause point `point` (see
     training/hooks.py) until the block ends; killed if it outlives the test."""
     marker = root / "pause.marker"
-    env = subprocess_env(RUSTYFLOW_PAUSE_AT=point, RUSTYFLOW_PAUSE_MARKER=str(marker))
+    env = subprocess_env(RUSTYFLOW_PAUSE_AT=point, RUSTYFLOW_PAUSE_MARKER=str(marker),
+                         PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "rustyflow_py", *TRAIN, *args],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env)
@@ -452,6 +559,64 @@ def test_sigterm_while_the_log_block_is_written(workspace: Path) -> None:
     record = log_records()[-1]
     assert record["status"] == "completed" and record["steps"] == 3
     assert_intact(before, snapshot(workspace))
+
+
+def test_a_first_ctrl_c_saves_and_names_the_resume_command(workspace: Path) -> None:
+    """Ctrl-C during evaluation: the run saves its checkpoint, writes an `interrupted` block,
+    exits 130, and prints the command that continues it."""
+    before = snapshot(workspace)
+    with paused(workspace, "evaluation:1", *NEW, "--max-steps", "3", "--overwrite") as proc:
+        proc.send_signal(signal.SIGINT)
+    out = proc.communicate()[0]
+    assert proc.returncode == 130, out
+    assert "Traceback" not in out
+    assert ("To continue: rustyflow train --config tiny.env --model-path models/new.npz "
+            "--max-steps 3 --resume models/new-cpu.npz") in out
+    assert Checkpoint("models/new-cpu.npz").meta["train"]["step"] == 3
+    assert log_records()[-1]["status"] == "interrupted"
+    assert_intact(before, snapshot(workspace))
+
+
+def test_a_second_ctrl_c_saves_nothing_and_says_what_is_on_disk(workspace: Path) -> None:
+    """The same configuration again; Ctrl-C while its best checkpoint is being written, and
+    Ctrl-C again: nothing more is written (the cut write leaves no temporary), the console
+    says so and what is on disk, and every file of the earlier run is as it was."""
+    before = snapshot(workspace)
+    with paused(workspace, "checkpoint-rename:1", "--max-steps", "3") as proc:
+        out = Lines(proc.stdout)
+        proc.send_signal(signal.SIGINT)
+        out.wait_for(r"SIGINT: stopping once the checkpoint being written is whole")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130, out.text()
+    text = out.text()
+    assert ("SIGINT again: stopping now, without saving a checkpoint or the log block; this "
+            "run wrote no checkpoint, and models/tiny-cpu.npz is as it was before") in text
+    assert "Traceback" not in text and "saving checkpoint" not in text
+    assert "replaced" not in text
+    assert not list(Path("models").glob(".*.tmp")), "a temporary was left behind"
+    assert_intact(before, snapshot(workspace))
+    assert len(log_records()) == 1
+
+
+class Lines:
+    """The lines a subprocess prints, read as they come by a thread (so a wait is bounded)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.lines: list[str] = []
+        self.new: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream: Any) -> None:
+        for line in stream:
+            self.lines.append(line)
+            self.new.put(line)
+
+    def wait_for(self, pattern: str, timeout: float = 60) -> None:
+        while not re.search(pattern, self.new.get(timeout=timeout)):
+            pass
+
+    def text(self) -> str:
+        return "".join(self.lines)
 
 
 def test_a_second_run_on_a_locked_checkpoint_stops_at_once(workspace: Path) -> None:

@@ -8,6 +8,7 @@ steps this process never ran.
 from __future__ import annotations
 
 import math
+import re
 import signal
 import warnings
 from pathlib import Path
@@ -86,16 +87,18 @@ def test_a_checkpoint_that_cannot_be_saved_at_the_end_goes_to_a_fallback(
 
     monkeypatch.setattr(checkpoint, "save", save)
     messages: list[str] = []
-    record = Trainer(make_cfg(MAX_STEPS=3), quiet, warn=messages.append).run()
+    fallback = tmp_path / "tiny-cpu.npz"
+    with pytest.raises(TrainingError, match=re.escape(
+            f"the checkpoint went to {fallback} instead of models/tiny-cpu.npz (No space left")):
+        Trainer(make_cfg(MAX_STEPS=3), quiet, warn=messages.append).run()
     [best, warning] = [m for m in messages if m.startswith("WARN")]
     assert "could not write the best checkpoint to models/tiny-cpu-best.npz" in best
     assert "could not write the checkpoint to models/tiny-cpu.npz (No space left on device)" in (
         warning)
-    fallback = tmp_path / "tiny-cpu.npz"
-    assert f"wrote it to {fallback} instead" in warning
-    assert record["checkpoint"] == str(fallback)
+    assert f"wrote it to {fallback} instead: the run will end failed" in warning
     assert Checkpoint(fallback).meta["train"]["step"] == 3  # a usable checkpoint
-    assert log_records()[-1]["checkpoint"] == str(fallback)
+    record = log_records()[-1]
+    assert record["status"] == "failed" and record["checkpoint"] == str(fallback)
 
 
 def test_a_log_block_that_cannot_be_appended_goes_to_a_fallback(
@@ -110,11 +113,15 @@ def test_a_log_block_that_cannot_be_appended_goes_to_a_fallback(
 
     monkeypatch.setattr(logfile, "append_block", append)
     messages: list[str] = []
-    Trainer(make_cfg(MAX_STEPS=3), messages.append).run()
     fallback = tmp_path / "training_log.txt"
+    with pytest.raises(TrainingError, match=re.escape(
+            f"the log block went to {fallback} instead of log.txt (Read-only file system)")):
+        Trainer(make_cfg(MAX_STEPS=3), messages.append).run()
     assert any(f"could not write the log block to log.txt (Read-only file system); wrote it to "
                f"{fallback} instead" in m for m in messages)
-    assert log_records(fallback)[-1]["steps"] == 3
+    record = log_records(fallback)[-1]  # the block at the fallback says the run failed
+    assert record["steps"] == 3 and record["status"] == "failed"
+    assert record["message"] == "the log block could not be appended to log.txt, so it is here"
     assert any(f"\nFull report: appended to {fallback} " in m for m in messages)
 
 

@@ -99,7 +99,7 @@ def export_hf(model: str, out: str, say: Callable[[str], None]) -> dict[str, Any
     its tokenizer's files."""
     folder = Path(out)
     check_folder(folder)
-    ckpt = Checkpoint(model)
+    ckpt = Checkpoint(model, flag="`rustyflow export`")
     try:
         cfg = Config.from_dict(ckpt.config)
     except ConfigError as exc:

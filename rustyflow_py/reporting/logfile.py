@@ -4,11 +4,13 @@ Two runs may finish at the same moment (a CPU and a GPU job side by side), and a
 being interrupted must still leave a whole block behind. So each block goes to the file in one
 write made while holding an exclusive ``flock`` on the descriptor, which keeps concurrent
 writers from interleaving, and is fsynced before the lock is released so a crash right after
-the run cannot lose it. The file is never rewritten or truncated.
+the run cannot lose it. The file is never rewritten; a write that fails part-way (a full disk,
+a signal) is cut back to where the log ended, so no partial block is left behind.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -27,11 +29,17 @@ def append_block(path: str | os.PathLike[str], text: str) -> None:
         locked = _lock(fd)
         try:
             # The size is read under the lock, so it already includes any block just appended.
-            data = (("\n" if os.fstat(fd).st_size > 0 else "") + body).encode("utf-8")
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
+            end = os.fstat(fd).st_size
+            data = (("\n" if end > 0 else "") + body).encode("utf-8")
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            except BaseException:
+                with contextlib.suppress(OSError):  # the first error is the one to report
+                    os.ftruncate(fd, end)  # no torn block: the log ends where it ended
+                raise
         finally:
             if locked:
                 fcntl.flock(fd, fcntl.LOCK_UN)

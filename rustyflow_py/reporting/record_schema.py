@@ -49,6 +49,7 @@ class RunRecord(TypedDict, total=False):
     hardware: str
     backend: str
     dataset: str
+    data: dict[str, Any]  # the training tokens: {"train_tokens", "train_sha256"}
     model: dict[str, int]  # layers heads embed seq_len batch vocab params
     precision: str
     optimizer: str

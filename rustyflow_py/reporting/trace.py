@@ -1,9 +1,11 @@
 """The profiled steps as a Chrome trace (`rustyflow train --trace FILE.json`), for
 ui.perfetto.dev and chrome://tracing.
 
-The file is the Trace Event Format's JSON Object Format: ``{"traceEvents": [...],
-"displayTimeUnit": "ms", "otherData": {...}}``. Every timed event is a complete ("X") event with
-``ts`` and ``dur`` in microseconds from the first traced op; ``M`` events name the tracks.
+The file is the Trace Event Format's JSON Object Format: ``{"otherData": {...},
+"traceEvents": [...], "displayTimeUnit": "ms"}``, ``otherData`` first so that the file's first
+bytes carry its producer (the mark a later run checks before writing over it). Every timed
+event is a complete ("X") event with ``ts`` and ``dur`` in microseconds from the first traced
+op; ``M`` events name the tracks.
 On each track the events nest: ``step N`` > phase (forward, backward, optimizer) > op > the
 matmuls a fused op runs inside itself. Tracks:
 
@@ -26,6 +28,7 @@ from ..engine.kernel_records import KernelRecord, OpKey, short_kernel_name
 from ..engine.profiler import OpSpan
 
 MAX_STEPS = 20  # profiled steps a trace keeps
+PRODUCER = "rustyflow train --trace"  # the mark a trace file starts with
 HOST_PID, DEVICE_PID, TID = 1, 2, 1
 
 Times = Callable[[OpSpan], tuple[float, float]]
@@ -54,11 +57,11 @@ def chrome_trace(spans: Sequence[OpSpan], step_numbers: Sequence[int], *, gpu: b
     what = ("host: wall time spent launching each op; GPU stream: device time from CUDA "
             "events, placed at the host time of each step's first event" if gpu
             else "wall time of each op on the main thread (the host runs the ops itself)")
-    return {
+    return marked({
         "traceEvents": events,
         "displayTimeUnit": "ms",
         "otherData": {
-            "producer": "rustyflow train --trace",
+            "producer": PRODUCER,
             "device": device,
             "hardware": hardware,
             "timing": "cuda-events" if gpu else "wall",
@@ -68,7 +71,7 @@ def chrome_trace(spans: Sequence[OpSpan], step_numbers: Sequence[int], *, gpu: b
             "note": f"the first {traced} of {profiled_steps} profiled steps (at most {cap} are "
                     f"traced); {what}",
         },
-    }
+    })
 
 
 def _device_times(span: OpSpan) -> tuple[float, float]:
@@ -136,7 +139,7 @@ def graph_trace(first: Sequence[tuple[OpKey, KernelRecord]], step: int, *, devic
     kernels = [_x(short_kernel_name(r.name), "kernel", DEVICE_PID, r.start_ns / 1e9,
                   r.end_ns / 1e9, t0, {"op": op[0], "phase": op[1], "kernel": r.name},
                   tid=TID + 1) for op, r in first]
-    return {
+    return marked({
         "traceEvents": [
             _meta("process_name", DEVICE_PID, {"name": f"GPU {device} ({hardware})"}),
             _meta("thread_name", DEVICE_PID, {"name": "ops (from their kernels)"}),
@@ -147,10 +150,17 @@ def graph_trace(first: Sequence[tuple[OpKey, KernelRecord]], step: int, *, devic
         ],
         "displayTimeUnit": "ms",
         "otherData": {
-            "producer": "rustyflow train --trace", "device": device, "hardware": hardware,
+            "producer": PRODUCER, "device": device, "hardware": hardware,
             "timing": "cupti-graph", "steps_traced": 1, "steps_profiled": replays,
             "note": f"replayed CUDA-graph step {step}, the first of {replays} sampled replays: "
                     "device times from CUPTI kernel records, each kernel tagged with its op "
                     "when the step was captured",
         },
-    }
+    })
+
+
+def marked(doc: dict[str, Any]) -> dict[str, Any]:
+    """`doc` with its `otherData` (the producer first) as the first key, so the file starts
+    with the mark."""
+    other = doc["otherData"]
+    return {"otherData": {"producer": other["producer"], **other}, **doc}

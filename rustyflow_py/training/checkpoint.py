@@ -10,16 +10,14 @@ leaves a half-written checkpoint where a good one was.
 from __future__ import annotations
 
 import json
-import math
 import os
-import zipfile
-import zlib
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import CheckpointError
+from . import npz
 from .outputs import write_atomically
 
 FORMAT_VERSION = 1
@@ -51,50 +49,31 @@ def _not_ours(path: Path, reason: str, flag: str) -> CheckpointError:
 
 
 def _read_arrays(path: Path, flag: str) -> dict[str, Any]:
-    """Every member of the .npz, with NumPy's errors reworded.
-
-    NumPy answers a non-.npz file with advice to load it with allow_pickle, which would run
-    code from an untrusted file; a checkpoint never holds pickles, so that advice is dropped.
-    """
+    """Every member of the .npz, each size checked before it is allocated (npz.read)."""
     try:
-        with open(path, "rb") as f:
-            magic = f.read(4)
+        return npz.read(path)
     except OSError as exc:
         raise CheckpointError(f"{path} cannot be read ({exc.strerror}); pass another file to "
                               f"{flag}") from None
-    if magic != b"PK\x03\x04":
-        raise _not_ours(path, "it is not an .npz (zip) archive", flag)
-    try:
-        oversized = _oversized_member(path)
-        if oversized:
-            raise _not_ours(path, f"its array {oversized!r} declares more data than the file "
-                                  f"holds", flag)
-        with np.load(path, allow_pickle=False) as z:
-            return {k: z[k] for k in z.files}
-    except ValueError as exc:
-        reason = ("it holds pickled Python objects, which a checkpoint never does"
-                  if "pickle" in str(exc) else "an array in it is damaged")
-        raise _not_ours(path, reason, flag) from None
-    except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
-        detail = "" if "pickle" in str(exc) else f" ({exc})"
-        raise _not_ours(path, f"the archive is damaged or truncated{detail}", flag) from None
+    except npz.NpzError as exc:
+        raise _not_ours(path, str(exc), flag) from None
 
 
-def _oversized_member(path: Path) -> str | None:
-    """The first .npy member whose header declares more bytes than the member holds (None
-    if none): loading it would first allocate the declared size, which a damaged or hostile
-    header can make terabytes."""
-    with zipfile.ZipFile(path) as archive:
-        for info in archive.infolist():
-            if not info.filename.endswith(".npy"):
+def nonfinite(arrays: dict[str, np.ndarray]) -> tuple[str, int] | None:
+    """The first array (in dict order) holding nan/inf and how many such values it has; None
+    when all are finite.
+
+    One pass per float array: its sum is finite exactly when every value is (a nan or inf
+    carries into the sum), unless finite values overflow it; only then are values counted."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        for name, a in arrays.items():
+            if a.dtype.kind != "f":
+                continue  # integers are always finite
+            if np.isfinite(a.sum(dtype=np.promote_types(a.dtype, np.float32))):
                 continue
-            with archive.open(info) as f:
-                version = np.lib.format.read_magic(f)
-                read = (np.lib.format.read_array_header_1_0 if version == (1, 0)
-                        else np.lib.format.read_array_header_2_0)
-                shape, _fortran, dtype = read(f)
-            if math.prod(shape) * dtype.itemsize > info.file_size:
-                return info.filename[: -len(".npy")]
+            bad = a.size - int(np.count_nonzero(np.isfinite(a)))
+            if bad:
+                return name, bad
     return None
 
 
@@ -155,6 +134,20 @@ class Checkpoint:
                     if not isinstance(v, np.ndarray) or v.dtype.kind not in "fiu"), None)
         if odd is not None:
             raise _not_ours(self.path, f"its array {odd!r} is not numeric", flag)
+        self._check_finite()
+
+    def _check_finite(self) -> None:
+        """A CheckpointError when a weight (or a weight average) is nan or inf: such a model
+        scores nan and generates nothing, and training from it fails at its first step."""
+        arrays = {**self.weights, **{f"avg/{k}": v for k, v in self.averages.items()}}
+        found = nonfinite(arrays)
+        if found is not None:
+            name, count = found
+            raise CheckpointError(
+                f"{self.path}: tensor {name} holds {count:,} non-finite "
+                f"value{'s' if count > 1 else ''} (nan/inf) of {arrays[name].size:,}: the "
+                f"model diverged or the file is damaged; pass another checkpoint to "
+                f"{self.flag}")
 
     @property
     def config(self) -> dict[str, Any]:

@@ -2,16 +2,17 @@
 
 At the start (`claim_outputs`): its output paths are distinct, none is someone else's file or
 another run's checkpoint (without --overwrite), and the checkpoint is locked against a second
-run. At the end: a run is "completed" only if its results are finite, its loss scale did not
-collapse, every output was written, and no stop signal arrived while it was writing them;
-otherwise it says which, and the command exits non-zero.
+run; nothing is removed. At the end: a run is "completed" only if its results are finite,
+its loss scale did not collapse, every output was written where it was planned, and no stop
+signal arrived while it was writing them; otherwise it says which, and the command exits
+non-zero.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
-import os
 from collections.abc import Callable
 from typing import Any
 
@@ -27,6 +28,7 @@ from .ownership import (
     is_log,
     is_trace,
     run_id_of,
+    same_file,
 )
 from .saver import best_path
 from .signals import Stopped
@@ -34,15 +36,26 @@ from .signals import Stopped
 Say = Callable[[str], None]
 
 
+@dataclasses.dataclass
+class Claim:
+    """What a run claimed at its start: the lock on its checkpoints (the caller's to release),
+    and for each output that holds an earlier run's file the line to say when this run's
+    first write replaces it (ownership.check_replace). Nothing is removed at the start: an
+    earlier run's files stay as they were until this run writes something in their place."""
+
+    lock: RunLock
+    replacing: dict[str, str]
+
+
 def claim_outputs(ckpt: str, log: str, trace: str | None, resume: str | None,
                   overwrite: bool, say: Say, warn: Say,
-                  recipe: dict[str, Any] | None = None) -> RunLock:
+                  recipe: dict[str, Any] | None = None) -> Claim:
     """Check every output path of a run before any work, lock its checkpoints and clean the
-    partial writes its killed predecessors left; the lock is the caller's to release.
-    `recipe`: the run's configuration (an earlier run of the same one may be replaced)."""
+    partial writes its killed predecessors left. `recipe`: the run's configuration (an
+    earlier run of the same one may be replaced)."""
     best = best_path(ckpt)
     check_distinct({"checkpoint": ckpt, "best checkpoint": best, "log file": log,
-                    "trace file": trace})
+                    "trace file": trace}, locked=("checkpoint", "best checkpoint"))
     outputs.check_checkpoint_target(ckpt)
     foreign(log, "log file", is_log, "set LOG_FILE to another file")
     if trace:
@@ -52,18 +65,20 @@ def claim_outputs(ckpt: str, log: str, trace: str | None, resume: str | None,
         lock.acquire(ckpt, "checkpoint", warn)
         lock.acquire(best, "best checkpoint", warn)
         run_id = _run_id(resume)
-        check_replace(ckpt, "checkpoint", run_id, resume, overwrite, warn, recipe)
-        if check_replace(best, "best checkpoint", run_id, resume, overwrite, warn, recipe):
-            # now, not at this run's first validation: until then the old run's best file
-            # would sit beside this run's checkpoint as if it were this run's
-            os.unlink(best)
+        replacing = {
+            path: line for path, line in (
+                (ckpt, check_replace(ckpt, "checkpoint", run_id, resume, overwrite, recipe)),
+                (best, check_replace(best, "best checkpoint", run_id, resume, overwrite,
+                                     recipe, heir=resume is not None
+                                     and same_file(resume, ckpt))))
+            if line is not None}
         for path in (ckpt, best, trace):
             if path:
                 clean_stale_temporaries(path, say)
     except BaseException:
         lock.release()
         raise
-    return lock
+    return Claim(lock, replacing)
 
 
 def releases_on_failure(init: Callable[..., None]) -> Callable[..., None]:
@@ -110,13 +125,17 @@ def check_results(val_ppl: float | None, test_ppl: float | None) -> None:
                                 f"outputs are not finite, so the run did not complete")
 
 
-def final_status(status: str, message: str | None, lost: list[str],
+def final_status(status: str, message: str | None, lost: list[str], rescued: list[str],
                  signal_during_write: int | None) -> tuple[str, str | None]:
     """The status the log block states once the final checkpoint write is over: a lost
-    write fails the run; a stop signal that arrived during the write (which was finished)
-    makes a completed run an interrupted one."""
+    write, or one that went to a fallback instead of its path, fails the run; a stop signal
+    that arrived during the write (which was finished) makes a completed run an interrupted
+    one."""
+    trouble = list(rescued)
     if lost:
-        what = f"lost writes: {', '.join(lost)} could not be written anywhere"
+        trouble.append(f"lost writes: {', '.join(lost)} could not be written anywhere")
+    if trouble:
+        what = "; ".join(trouble)
         return "failed", f"{message}; {what}" if message else what
     if signal_during_write is not None and status == "completed":
         name = Stopped(signal_during_write).args[0]

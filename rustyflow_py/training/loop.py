@@ -24,7 +24,7 @@ from . import guard, hooks
 from .config import Config
 from .finish import finish
 from .run_parts import RunParts, Say, silent
-from .signals import Stopped
+from .signals import FINAL, WRITES, Stopped
 from .step import quiet_float_errors
 
 
@@ -65,21 +65,23 @@ class Trainer(RunParts):
                 if self.early_stopped:
                     message = self.early_stopped
             except Stopped as exc:
+                if exc.abandoned:
+                    raise  # a second Ctrl-C: it said what is on disk; nothing more is written
                 stop = exc
                 status, message = "interrupted", f"interrupted at step {self.pos.step}"
-                if not self.in_step:  # the bar shows the step the run stopped at
-                    self._drain_losses()
-                    self._show_progress()
+                self._drain_losses()  # the bar shows the step the run stopped at
+                self._show_progress()
                 self.say(f"Interrupted at step {self.pos.step} ({exc}): saving checkpoint "
                          "and log block")
             except TrainingError as exc:
                 status, message = "failed", str(exc)
             train_time = time.perf_counter() - start  # evaluation included
             self.clock.end_run()
-            with self.signals.deferring():
+            with self.signals.deferring(FINAL):
                 record, (status, message) = finish(self, status, message, train_time)
         stop = guard.late_stop(self.signals.requested, stop)
         if stop is not None:
+            stop.checkpoint = self.checkpoints.written  # where to resume from
             raise stop
         if status == "failed":
             raise TrainingError(message)
@@ -112,7 +114,7 @@ class Trainer(RunParts):
             self.say(f"epoch {pos.epoch}/{cfg.num_epochs}: {self.epoch_times[-1]:.2f}s")
             if self._val_step != pos.step:
                 self._validate()
-            with self.signals.deferring():
+            with self.signals.deferring(WRITES):
                 self.save()
             self._check_stop()
 
@@ -120,11 +122,9 @@ class Trainer(RunParts):
         """One step, with stop signals deferred to its end; the losses are read back (and
         progress shown) once the ring is full."""
         with self.signals.deferring():
-            self.in_step = True
             self.runner.run(self.pos.step)
             self.pos.step += 1
             self.pos.batch += 1
-            self.in_step = False
         if self.pos.step - len(self.losses) == len(self.runner.ring):
             self._drain_losses()
             self._show_progress()
@@ -172,7 +172,7 @@ class Trainer(RunParts):
                      f"{self.evaluator.on('valid')}")
             if best:
                 # deferred: a best file and the history that names it agree
-                with self.signals.deferring(), self.clock.timed("checkpoint"):
+                with self.signals.deferring(WRITES), self.clock.timed("checkpoint"):
                     self.checkpoints.save_best()
         if stop:
             self.early_stopped = stop
@@ -220,16 +220,18 @@ def divergence_advice(cfg: Config) -> str:
 
 def train(cfg: Config, say: Say = print, resume: str | None = None, progress: Any = None,
           warn: Say | None = None, trace: str | None = None,
-          overwrite: bool = False, init_from: str | None = None) -> RunRecord | None:
+          overwrite: bool = False, init_from: str | None = None,
+          allow_data_change: bool = False) -> RunRecord | None:
     """Train per `cfg`, as one process or as one of a data-parallel run's (the launcher's
     environment says which); returns the run record also appended to the log (None when a
     resumed run had nothing left to do, and on every process but rank 0). `trace`: see
-    Trainer; `init_from`: a checkpoint whose weights the run starts from (init_from.py)."""
+    Trainer; `init_from`: a checkpoint whose weights the run starts from (init_from.py);
+    `allow_data_change`: a resume may continue on other training data (resume.check_data)."""
     world = World.from_env()
     check_world(cfg, world)
     with process_group(world, cfg.comm_timeout) as group:
         trainer = Trainer(cfg, say, resume, progress, warn, trace, group, world, overwrite,
-                          init_from)
+                          init_from, allow_data_change)
         clean = False
         try:
             record = trainer.run()

@@ -8,6 +8,7 @@ file that the message names.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import stat
@@ -141,23 +142,35 @@ def _free(place: Path) -> Path:
     return place
 
 
+@dataclasses.dataclass(frozen=True)
+class Written:
+    """Where an output went: `place` (None: nowhere), and `rescued`, a phrase naming both
+    paths when that place is a fallback. A run whose output went to a fallback or nowhere
+    did not complete."""
+
+    place: str | None
+    rescued: str | None = None
+
+
 def write_with_fallback(path: str, write: Callable[[str], object], what: str,
-                        warn: Callable[[str], None], name: str | None = None) -> str | None:
+                        warn: Callable[[str], None], name: str | None = None) -> Written:
     """write(path); if that fails, write(fallback) for each fallback in turn. Returns where it
-    went (None if nowhere), after one warning line that names the failure and the place."""
+    went, after one warning line that names the failure and the place."""
     try:
         write(path)
-        return path
+        return Written(path)
     except OSError as exc:
-        first = f"could not write the {what} to {path} ({_reason(exc)})"
+        reason = _reason(exc)
+    first = f"could not write the {what} to {path} ({reason})"
     places = fallbacks(path, name)
     for place in places:
         try:
             write(str(place))
         except OSError:
             continue
-        warn(f"WARN: {first}; wrote it to {place} instead")
-        return str(place)
+        warn(f"WARN: {first}; wrote it to {place} instead: the run will end failed")
+        return Written(str(place), f"the {what} went to {place} instead of {path} ({reason})")
     tried = f", nor to {' or '.join(map(str, places))}" if places else ""
     warn(f"WARN: {first}{tried}: it is lost")
-    return None
+    return Written(None)
+

@@ -1,13 +1,15 @@
 """Whose file is it? A run writes only files that are its own, or rustyflow's and meant to be
 replaced.
 
-Every file rustyflow writes carries its mark: a checkpoint's `meta` entry (format version,
-writer, run id), a log's `=== RustyFlow run` block headers, a trace's `producer` field, a
-lock file's first line. Before a run starts, each output path it will write is checked: one
-that exists without the mark is someone else's file, and the run stops naming it; a checkpoint
-of a *different* run (another run id) is replaced only with `--overwrite` (a resumed run
-carries its checkpoint's run id, so it replaces its own files as before). The paths must also
-be distinct: a trace written over the log would destroy the log.
+Every file rustyflow writes carries its mark where a reader meets it first: a checkpoint's
+`meta` entry (format version, writer, run id), a log's first line (a `=== RustyFlow run`
+block header), a trace's first bytes (its `otherData.producer`), a lock file's first line. A
+mark found anywhere else does not count: a README that quotes a log block is not a log. Before
+a run starts, each output path it will write is checked: one that exists without the mark is
+someone else's file, and the run stops naming it; a checkpoint of a *different* run (another
+run id) is replaced only with `--overwrite` or when that run had the same configuration, and
+only when this run writes its own file there (see `Replacement`): nothing is removed at the
+start. The paths must also be distinct: a trace written over the log would destroy the log.
 """
 
 from __future__ import annotations
@@ -16,20 +18,19 @@ import json
 import os
 import re
 import uuid
-import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ..errors import TrainingError
 from ..reporting.record_schema import BLOCK_START
+from ..reporting.trace import PRODUCER
+from . import npz
 from .checkpoint import WRITER
 from .config import KEYS
+from .lock import lock_path
 
-TRACE_MARK = b'"producer":"rustyflow train --trace"'
-_SNIFF = 1 << 16  # bytes read to find a mark: marks sit at a file's start (or a trace's end)
+TRACE_HEAD = f'{{"otherData":{{"producer":{json.dumps(PRODUCER)}'.encode()  # its first bytes
 
 
 def new_run_id() -> str:
@@ -38,17 +39,15 @@ def new_run_id() -> str:
 
 
 def checkpoint_meta(path: str | os.PathLike[str]) -> dict[str, Any] | None:
-    """A rustyflow checkpoint's `meta` (read without loading its arrays), or None when the
-    file is not one (another program's .npz, text, a damaged archive)."""
+    """A rustyflow checkpoint's `meta` (read alone, its size checked before it is loaded), or
+    None when the file is not one (another program's .npz, text, a damaged archive, a `meta`
+    larger than the file can hold)."""
     try:
-        with open(path, "rb") as f:
-            if f.read(4) != b"PK\x03\x04":
-                return None
-        with np.load(path, allow_pickle=False) as z:
-            if "meta" not in z.files:
-                return None
-            meta = json.loads(str(z["meta"]))
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile):
+        members = npz.read(path, ["meta"])
+        if "meta" not in members:
+            return None
+        meta = json.loads(str(members["meta"]))
+    except (OSError, ValueError, npz.NpzError):
         return None
     ours = isinstance(meta, dict) and (meta.get("writer") == WRITER or "format_version" in meta)
     return meta if ours else None
@@ -61,25 +60,22 @@ def run_id_of(meta: dict[str, Any] | None) -> str | None:
     return run_id if isinstance(run_id, str) else None
 
 
-def _head(path: Path) -> bytes:
+def _head(path: Path, size: int) -> bytes:
     with open(path, "rb") as f:
-        return f.read(_SNIFF)
-
-
-def _tail(path: Path) -> bytes:
-    with open(path, "rb") as f:
-        f.seek(max(0, path.stat().st_size - _SNIFF))
-        return f.read()
+        return f.read(size)
 
 
 def is_log(path: Path) -> bool:
-    """An empty file, or one holding rustyflow run blocks (the log is append-only)."""
-    head = _head(path)
-    return not head.strip() or BLOCK_START.encode() in head
+    """An empty file, or one whose first line is a rustyflow block header (every block starts
+    with one, and the first block starts the file)."""
+    mark = BLOCK_START.encode()
+    head = _head(path, len(mark))
+    return head == b"" or head == mark
 
 
 def is_trace(path: Path) -> bool:
-    return TRACE_MARK in _tail(path)
+    """A file that starts as a trace `rustyflow train --trace` wrote."""
+    return _head(path, len(TRACE_HEAD)) == TRACE_HEAD
 
 
 def foreign(path: str, what: str, owned: Callable[[Path], bool], fix: str) -> None:
@@ -98,34 +94,40 @@ def foreign(path: str, what: str, owned: Callable[[Path], bool], fix: str) -> No
 
 
 def check_replace(path: str, what: str, run_id: str | None, resume: str | None,
-                  overwrite: bool, warn: Callable[[str], None],
-                  recipe: dict[str, Any] | None = None) -> bool:
-    """`path` may be (re)written by the run `run_id` (None: a new run): it does not exist,
-    or it is this run's, or (then True) `overwrite` says a different run's may go, or that
-    run had this run's `recipe` (its whole configuration): running the same command again
-    repeats it and replaces its result, while any other run's model (a trained one under a
-    short try, say) is kept."""
+                  overwrite: bool, recipe: dict[str, Any] | None = None,
+                  heir: bool = False) -> str | None:
+    """Whether the run `run_id` (None: a new run) may write `path`, and what that replaces.
+
+    None: nothing of another run's is there (no file, or this run's own). A line to say when
+    this run's first write there replaces the other run's file (nothing is removed before):
+    `overwrite` says a different run's may go; that run had this run's `recipe` (its whole
+    configuration), so running the same command again repeats it; or `heir`: the file is the
+    best checkpoint beside the checkpoint this run resumes, whose run replaced that file's
+    run at this path. Any other run's model (a trained one under a short try, say) is kept:
+    TrainingError saying how to go on."""
     target = Path(path)
     if not target.is_file():
-        return False
+        return None
     meta = checkpoint_meta(target)
     if meta is None:
         raise TrainingError(f"{what} {path} exists and is not a rustyflow checkpoint: it is "
                             f"not overwritten; move it away, or set --model-path to another "
                             f"file")
     theirs = run_id_of(meta)
-    same_file = resume is not None and _same(resume, path)
-    if (run_id is not None and theirs == run_id) or same_file:
-        return False
-    if overwrite:
-        warn(f"WARN: --overwrite: replacing the {what} {path} of another run")
-        return True
-    if recipe is not None and same_recipe(meta.get("config"), recipe):
-        warn(f"INFO: replacing the {what} {path} of an earlier run of the same configuration")
-        return True
+    resumed = resume is not None and same_file(resume, path)
+    if (run_id is not None and theirs == run_id) or resumed:
+        return None
     train = meta.get("train")
     step = train.get("step") if isinstance(train, dict) else None
     at = f" (trained {step} steps)" if isinstance(step, int) else ""
+    if overwrite:
+        return f"WARN: --overwrite: replaced the {what} {path} of another run{at}"
+    if heir:
+        return (f"INFO: replaced the {what} {path}{at}, which the run this one resumes had "
+                f"not replaced yet")
+    if recipe is not None and same_recipe(meta.get("config"), recipe):
+        return (f"INFO: replaced the {what} {path} of an earlier run of the same "
+                f"configuration{at}")
     how = (f"resume it with --resume {path}, " if resume is None else "")
     raise TrainingError(
         f"{what} {path} holds another run's model{at}, which this run would replace: "
@@ -153,26 +155,28 @@ def _json(value: Any) -> str:
     return json.dumps(value, sort_keys=True, default=str)
 
 
-def _same(a: str, b: str) -> bool:
+def same_file(a: str, b: str) -> bool:
+    """Whether the paths `a` and `b` name one file (or would, once written)."""
     try:
         return os.path.samefile(a, b)
     except OSError:
         return Path(a).resolve() == Path(b).resolve()
 
 
-def check_distinct(paths: dict[str, str | None]) -> None:
-    """No output of a run may be another of its outputs (or its lock file)."""
+def check_distinct(paths: dict[str, str | None], locked: tuple[str, ...]) -> None:
+    """No file a run writes may be another one it writes: its outputs `paths` and the lock
+    files of those named in `locked`. A log at a lock's path would wait forever for the lock
+    the run itself holds, and the lock's removal at the end would take the log with it."""
+    files = [(what, path) for what, path in paths.items() if path]
+    files += [(f"{what}'s lock file", str(lock_path(path))) for what, path in files
+              if what in locked]
     seen: dict[Path, str] = {}
-    for what, path in paths.items():
-        if not path:
-            continue
-        for name, p in ((what, path), (f"{what} lock", f"{path}.lock")):
-            key = Path(p).resolve()
-            if key in seen:
-                raise TrainingError(f"the {name} and the {seen[key]} are both {path}: one "
-                                    f"would overwrite the other; give each its own path")
-            if name == what:
-                seen[key] = what
+    for what, path in files:
+        key = Path(path).resolve()
+        if key in seen:
+            raise TrainingError(f"the {what} and the {seen[key]} are both {path}: one "
+                                f"would overwrite the other; give each its own path")
+        seen[key] = what
 
 
 def clean_stale_temporaries(path: str, say: Callable[[str], None]) -> None:

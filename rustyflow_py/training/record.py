@@ -78,6 +78,7 @@ def build_record(trainer: Any, status: str, message: str | None, train_time: flo
         "hardware": trainer.backend.hardware(),
         "backend": trainer.backend.describe(),
         "dataset": cfg.dataset,
+        "data": trainer.data,
         "model": {"layers": m.n_layer, "heads": m.n_head, "embed": m.n_embd,
                   "seq_len": m.seq_len, "batch": cfg.batch_size, "vocab": m.vocab_size,
                   "params": trainer.model.num_params()},

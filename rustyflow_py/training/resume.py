@@ -12,6 +12,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+from ..data import fingerprint
 from ..errors import CheckpointError, TrainingError
 from . import checkpoint
 from .config import KEYS, Config
@@ -106,6 +107,29 @@ def _bad_history_field(t: dict[str, Any]) -> str | None:
     return None
 
 
+def check_data(path: str, stored: Any, current: dict[str, Any], dataset: str,
+               allow: bool, warn: Callable[[str], None]) -> None:
+    """The checkpoint trained on the tokens this run would continue on (data.fingerprint):
+    else TrainingError with both fingerprints, or with `allow` (--allow-data-change) a
+    warning. A checkpoint that records none (an older rustyflow's) cannot be checked: said."""
+    agrees = fingerprint.same(stored, current)
+    if agrees:
+        return
+    if agrees is None:
+        warn(f"WARN: --resume {path}: the checkpoint records no fingerprint of its training "
+             f"data (written by an older rustyflow), so a change of {dataset}'s training text "
+             f"cannot be detected")
+        return
+    what = (f"the checkpoint trained on {fingerprint.describe(stored)}, {dataset}'s training "
+            f"split is now {fingerprint.describe(current)}")
+    if allow:
+        warn(f"WARN: --allow-data-change: {what}; continuing on the new data")
+        return
+    raise TrainingError(f"--resume {path}: the training data changed: {what}; resume with "
+                        f"the data it trained on, or pass --allow-data-change to continue on "
+                        f"this data")
+
+
 def global_batch(config: dict[str, Any], world_size: int) -> tuple[int, str]:
     """The streams of one optimizer step, and how they are made up."""
     b, a = config["BATCH_SIZE"], config["GRAD_ACCUM_STEPS"]
@@ -115,7 +139,8 @@ def global_batch(config: dict[str, Any], world_size: int) -> tuple[int, str]:
 
 def restore(path: str, cfg: Config, vocab: list[str], buffer: Any, optimizer: Any,
             warn: Callable[[str], None], world_size: int = 1,
-            averager: Any = None) -> History:
+            averager: Any = None, data: dict[str, Any] | None = None,
+            allow_data_change: bool = False) -> History:
     """Load `path` into `buffer` and `optimizer` after checking it fits; its history.
 
     The number of processes may change on a resume, as long as a step's global batch (its
@@ -139,6 +164,8 @@ def restore(path: str, cfg: Config, vocab: list[str], buffer: Any, optimizer: An
     if list(ckpt.vocab) != vocab:
         raise TrainingError(f"--resume {path}: the checkpoint's vocabulary differs from the "
                             f"dataset's ({cfg.dataset})")
+    if data is not None:
+        check_data(path, ckpt.meta.get("data"), data, cfg.dataset, allow_data_change, warn)
     ignored = set().union(*OPTIMIZER_KEYS.values()) - set(relevant_keys(cfg.optimizer))
     changed = [k for k in MATH_KEYS if saved.get(k) != mine[k] and k not in ignored]
     layout = set(optimizer.state_sizes())

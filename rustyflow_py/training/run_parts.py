@@ -13,6 +13,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import data
+from ..data.fingerprint import fingerprint
 from ..distributed.comm import communicator
 from ..distributed.data_parallel import BucketedAllReduce, ReduceScatter, ShardedOptimizer
 from ..distributed.group import check_same_config, rank_device
@@ -59,7 +60,7 @@ class RunParts:
                  progress: Any = None, warn: Say | None = None,
                  trace: str | None = None, group: Any = None,
                  world: World | None = None, overwrite: bool = False,
-                 init_from: str | None = None) -> None:
+                 init_from: str | None = None, allow_data_change: bool = False) -> None:
         self.world = world = world or World()
         main = world.main  # only rank 0 talks, logs and writes checkpoints
         self.cfg, self.say = cfg, say if main else silent
@@ -74,11 +75,11 @@ class RunParts:
         self.device, self.fallback = resolve_device(
             rank_device(cfg.device, world), cfg.strict_device or world.distributed, self.say,
             self.warn)
-        # held until run() ends (or this object goes): see lock.py
-        self.lock = (guard.claim_outputs(cfg.model_path_for(self.device), cfg.log_file,
-                                         self.trace, resume, overwrite, self.say, self.warn,
-                                         recipe=cfg.to_dict())
-                     if main else None)
+        claim = (guard.claim_outputs(cfg.model_path_for(self.device), cfg.log_file,
+                                     self.trace, resume, overwrite, self.say, self.warn,
+                                     recipe=cfg.to_dict())
+                 if main else None)
+        self.lock = claim.lock if claim else None  # held until run() ends: see lock.py
         check_precision(cfg.precision, parse_device(self.device)[0], self.fallback)
         # the run's settings, frozen: its backend's kernels read them, nothing sets them
         self.backend = run_backend(self.device, run_policy(cfg), self.say, self.warn)
@@ -88,6 +89,7 @@ class RunParts:
         if cfg.shard_optimizer and not sharded:
             self.warn("WARN: SHARD_OPTIMIZER=true in a single process: nothing to shard")
         self.corpus = corpus_for_run(cfg, self.warn, resume)
+        self.data = fingerprint(self.corpus.train)  # what the checkpoints say it trained on
         if self.corpus.tokenizer is not None:
             self.say(f"Tokenizer: {self.corpus.tokenizer.describe()}")
         streams = cfg.batch_size * cfg.grad_accum_steps * world.size  # a step's global batch
@@ -119,7 +121,8 @@ class RunParts:
         self.shards = Shards(world.rank, world.size, cfg.grad_accum_steps, self.comm, sync)
         self.averager = averager_for(cfg, buffer)  # EMA_DECAY / AVERAGE_LAST_K, or None
         self.history = (restore(resume, cfg, self.corpus.vocab.itos, buffer, self.optimizer,
-                                self.warn, world.size, self.averager)
+                                self.warn, world.size, self.averager, self.data,
+                                allow_data_change)
                         if resume else History())
         if resume:
             self.say(f"Resumed from {resume} at step {self.pos.step} (epoch "
@@ -150,16 +153,16 @@ class RunParts:
             cfg.model_path_for(self.device), cfg, self.device, self.model, self.optimizer,
             self.corpus.vocab.to_array(), self.history, self.ledger.set_aside, self.warn,
             world.size, writes=main, barrier=self.comm.barrier if self.comm else None,
-            tokenizer=self.corpus.tokenizer, averager=self.averager)
+            tokenizer=self.corpus.tokenizer, averager=self.averager,
+            replacing=claim.replacing if claim else None, data=self.data)
         self.evaluator = SplitEvaluator(self.model, self.corpus, cfg.batch_size, cfg.seq_len,
                                         cfg.eval_stride, self.progress, self.ledger.set_aside,
                                         cfg.eval_tokens)
-        self.signals = StopSignals(self.say)
+        self.signals = StopSignals(self.say, self.checkpoints.on_disk)
         # Processes must stop at the same step: a stop request waits for the next agreement
         # (see Trainer._check_stop) instead of interrupting evaluation on one process only.
         self.signals.deferred = world.distributed
         self.clock = RunClock(self.runner, self.backend.synchronize, self.pos.step)
-        self.in_step = False  # a stop forced inside a step must not overwrite the checkpoint
 
     # The history's parts, as the loop and the record read them.
     pos = property(lambda self: self.history.pos)

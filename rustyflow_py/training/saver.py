@@ -1,5 +1,10 @@
 """A run's checkpoints: the resumable one and the best one, each written atomically, and each
-to a fallback the warning names when its place cannot be written."""
+to a fallback the warning names when its place cannot be written.
+
+An earlier run's file at either path stays, byte for byte, until this run writes its own
+there (the resumable one at its first save, the best one at its first finite validation),
+and the line saying so comes then. Weights that are not finite are never written: such a
+checkpoint would pass for a result."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from ..errors import TrainingError
 from . import checkpoint, outputs
 from .config import Config
 from .ownership import checkpoint_meta, run_id_of
@@ -32,20 +38,29 @@ class RunCheckpoints:
                  vocab: Any, history: History, set_aside: Callable[[], Any],
                  warn: Callable[[str], None], world_size: int = 1,
                  writes: bool = True, barrier: Callable[[], None] | None = None,
-                 tokenizer: Any = None, averager: Any = None) -> None:
+                 tokenizer: Any = None, averager: Any = None,
+                 replacing: dict[str, str] | None = None,
+                 data: dict[str, Any] | None = None) -> None:
         self.path, self.best = path, best_path(path)
+        self.replacing = dict(replacing or {})  # guard.Claim.replacing: said when replaced
+        self.data = data  # the fingerprint of the tokens trained on (data.fingerprint)
         self.averager = averager
         self.tokenizer = tokenizer  # a subword run's: written beside every checkpoint
         self.cfg, self.device, self.model, self.optimizer = cfg, device, model, optimizer
         self.vocab, self.history, self.set_aside, self.warn = vocab, history, set_aside, warn
         self.world_size, self.writes, self.barrier = world_size, writes, barrier
         self.lost: list[str] = []  # outputs no place could take: the run cannot succeed
+        self.rescued: list[str] = []  # outputs written to a fallback: nor can it then
+        self.written: str | None = None  # where this run last wrote its resumable checkpoint
+        self.written_step = 0  # and at which step
         # the step whose weights the best file holds, when this run's history can trust it
         self.best_written: int | None = _best_on_disk(self.best, history)
 
     def _meta(self) -> dict[str, Any]:
         meta = {"config": self.cfg.to_dict(), "device": self.device,
                 "world_size": self.world_size, "train": self.history.to_meta()}
+        if self.data is not None:
+            meta["data"] = self.data
         if self.tokenizer is not None:
             meta["tokenizer"] = self.tokenizer.meta()
         return meta
@@ -70,14 +85,27 @@ class RunCheckpoints:
                 return None
             weights = self.model.buffer.state_dict()
             averages = self.averager.state_dict() if self.averager is not None else None
-            saved = outputs.write_with_fallback(
+            self._check_finite(weights, "checkpoint")
+            written = outputs.write_with_fallback(
                 self.path, lambda p: self._write(p, weights, meta, state, averages),
                 "checkpoint", self.warn)
-        if saved is not None:
-            self.path = saved
-        else:
-            self.lost.append(f"checkpoint (step {self.history.pos.step})")
-        return saved
+        self._account(self.path, written, f"checkpoint (step {self.history.pos.step})")
+        if written.place is not None:
+            self.path = self.written = written.place
+            self.written_step = self.history.pos.step
+        return written.place
+
+    def on_disk(self) -> str:
+        """What stopping now, without another save, leaves on disk (in words)."""
+        best = (f"its best checkpoint {self.best} holds step {self.best_written}; "
+                if self.best_written is not None else "")
+        if self.written is not None:
+            return (f"{best}{self.written} holds this run's step {self.written_step} "
+                    f"(--resume {self.written} continues from there)")
+        if Path(self.path).is_file():
+            return (f"{best}this run wrote no checkpoint, and {self.path} is as it was "
+                    f"before")
+        return f"{best}this run wrote no checkpoint"
 
     def save_best(self) -> None:
         """The best weights so far (no optimizer state: this file is for evaluation and
@@ -90,14 +118,38 @@ class RunCheckpoints:
             meta["averaged"] = self.averager.describe()
         with self.set_aside():
             weights = self.model.buffer.state_dict()
-            saved = outputs.write_with_fallback(
+            self._check_finite(weights, "best checkpoint")
+            written = outputs.write_with_fallback(
                 self.best, lambda p: self._write(p, weights, meta),
                 "best checkpoint", self.warn)
-        if saved is not None:
-            self.best, self.best_written = saved, self.history.best_step
+        self._account(self.best, written, f"best checkpoint (step {self.history.best_step})")
+        if written.place is not None:
+            self.best, self.best_written = written.place, self.history.best_step
         else:
             self.best_written = None  # the file on disk is an older best: never load it
-            self.lost.append(f"best checkpoint (step {self.history.best_step})")
+
+    def _check_finite(self, weights: dict[str, Any], what: str) -> None:
+        """TrainingError when a weight is nan or inf: nothing is written, the files already
+        on disk stay."""
+        bad = checkpoint.nonfinite(weights)
+        if bad is not None:
+            name, count = bad
+            raise TrainingError(
+                f"the weights at step {self.history.pos.step} are not finite ({name} holds "
+                f"{count:,} nan/inf of {weights[name].size:,} values): the {what} is not "
+                f"written, and the files already at {self.path} stay as they were")
+
+    def _account(self, planned: str, written: outputs.Written, what: str) -> None:
+        """After a write meant for `planned`: say what it replaced of an earlier run (only
+        once that is so), or count it lost or rescued (the run then ends failed)."""
+        if written.place == planned:
+            line = self.replacing.pop(planned, None)
+            if line is not None:
+                self.warn(line)
+        elif written.rescued is not None:
+            self.rescued.append(f"{what}: {written.rescued}")
+        else:
+            self.lost.append(what)
 
     @property
     def best_file(self) -> str | None:
