@@ -10,7 +10,7 @@ from typing import Any
 import click
 
 from . import __version__
-from .errors import RustyFlowError
+from .errors import RustyFlowError, command
 from .training.config import KEYS, ConfigError, load_config
 
 # the run's own keys, listed first in `train --help`; every key is an option of train
@@ -183,7 +183,7 @@ def resume_command(argv: list[str], checkpoint: str) -> str:
             skip = True
         elif arg != "--overwrite" and arg.split("=", 1)[0] not in starts:
             kept.append(arg)
-    return shlex.join(["rustyflow", *kept, "--resume", checkpoint])
+    return f"{command()} {shlex.join([*kept, '--resume', checkpoint])}"
 
 
 def _warn(message: str) -> None:

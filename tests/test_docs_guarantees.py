@@ -1,5 +1,7 @@
 """The guarantees tables (README's "Faults and guarantees", docs/faults.md) name tests that
-exist: every `test_file.py::test_name` node and every fault-matrix case they cite."""
+exist: every `test_file.py::test_name` node and every fault-matrix case they cite; and
+docs/faults.md cites every case and test of the fault matrix, so the two match case for
+case."""
 
 from __future__ import annotations
 
@@ -38,3 +40,14 @@ def test_every_cited_matrix_case_exists(doc: Path) -> None:
     assert cases, f"{doc.name} cites no fault-matrix case"
     missing = [c for c in cases if f'"{c}"' not in matrix]
     assert missing == [], f"{doc.name} cites matrix cases that do not exist: {missing}"
+
+
+def test_faults_doc_cites_every_matrix_case_and_test() -> None:
+    matrix = (TESTS / "test_fault_matrix.py").read_text()
+    cells = "\n".join(held_by_cells(ROOT / "docs" / "faults.md"))
+    cases = re.findall(r'^\s+(?:Signal)?Case\("([a-z0-9-]+)"', matrix, re.M)
+    tests = re.findall(r"^def (test_\w+)\(", matrix, re.M)
+    assert cases and tests
+    missing = [c for c in cases if f"`{c}`" not in cells and f"[{c}]" not in cells]
+    missing += [t for t in tests if t not in cells]
+    assert missing == [], f"docs/faults.md does not cite these fault-matrix cases: {missing}"
