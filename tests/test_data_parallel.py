@@ -481,7 +481,7 @@ def test_a_rank_that_fails_after_joining_ends_the_job_naming_it(runs: Runs) -> N
     assert seconds < 60
     warning = next((line for line in output.splitlines() if "Error: rank 1 failed: " in line),
                    "")
-    assert "too few for BATCH_SIZE=8 streams" in warning, output
+    assert "too few for BATCH_SIZE=4 x 2 processes = 8 streams" in warning, output
     assert not runs.checkpoint_path("short_data").exists()
 
 

@@ -412,6 +412,11 @@ CASES = [
          r"the final validation perplexity is nan", patch=nan_validation,
          check=both(absent("models/new-cpu-best.npz", "models/new-cpu.npz"),
                     last_record("failed", "validation perplexity is nan"))),
+    Case("learning-rate-overflows", "a learning rate so large that the validation loss "
+         "overflows exp()", (*TRAIN, *NEW, "--learning-rate", "33", "--max-steps", "2"), 1,
+         r"Error: the final validation perplexity is inf: the model's outputs are not finite",
+         check=both(absent("models/new-cpu-best.npz", "models/new-cpu.npz"),
+                    last_record("failed", "validation perplexity is inf"))),
     Case("loss-scale-collapse", "an overflow storm: every step's gradients overflow",
          (*TRAIN, *NEW, "--num-epochs", "2"), 1,
          r"loss scale collapsed at step 29: the loss scale fell below 0.000977 \(scale "

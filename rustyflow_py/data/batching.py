@@ -43,41 +43,82 @@ def get_batch(stream: Any, i: int, seq_len: int, partial: bool = False) -> tuple
     return stream[:, start:end], stream[:, start + 1: end + 1]
 
 
+def streams_of(batch_size: int, accum: int = 1, processes: int = 1) -> str:
+    """The streams of one optimizer step in the settings that make them, for messages:
+    `BATCH_SIZE=4`, or `BATCH_SIZE=4 x GRAD_ACCUM_STEPS=2 x 2 processes = 16`."""
+    parts = [f"BATCH_SIZE={batch_size}", *([f"GRAD_ACCUM_STEPS={accum}"] if accum > 1 else []),
+             *([f"{processes} processes"] if processes > 1 else [])]
+    total = f" = {batch_size * accum * processes}" if len(parts) > 1 else ""
+    return " x ".join(parts) + total
+
+
 def layout_advice(tokens: int, batch_size: int, seq_len: int) -> str:
     """Concrete settings under which `tokens` fill one window per stream, for error messages."""
+    return _advice({"split": tokens}, batch_size, seq_len)
+
+
+def _advice(sizes: dict[str, int], batch_size: int, seq_len: int, accum: int = 1,
+            processes: int = 1) -> str:
+    """Settings under which every split of `sizes` fills one window per stream: the train
+    split is read as a step's BATCH_SIZE x GRAD_ACCUM_STEPS x processes streams, the others
+    as BATCH_SIZE streams. GRAD_ACCUM_STEPS is advised only when it alone is the cause."""
+    per = {split: accum * processes if split == "train" else 1 for split in sizes}
     fixes = []
-    if tokens // (seq_len + 1) >= 1:
-        fixes.append(f"BATCH_SIZE={tokens // (seq_len + 1)} or less (at SEQ_LEN={seq_len})")
-    if tokens // batch_size - 1 >= 1:
-        fixes.append(f"SEQ_LEN={tokens // batch_size - 1} or less (at BATCH_SIZE={batch_size})")
-    if not fixes and tokens >= 2:
-        fixes.append(f"BATCH_SIZE=1 with SEQ_LEN={tokens - 1} or less")
+    batch = min(n // (seq_len + 1) // per[split] for split, n in sizes.items())
+    if batch >= 1:
+        fixes.append(f"BATCH_SIZE={batch} or less (at SEQ_LEN={seq_len})")
+    seq = min(n // (batch_size * per[split]) for split, n in sizes.items()) - 1
+    if seq >= 1:
+        fixes.append(f"SEQ_LEN={seq} or less (at BATCH_SIZE={batch_size})")
+    if accum > 1 and list(sizes) == ["train"]:
+        steps = sizes["train"] // (seq_len + 1) // (batch_size * processes)
+        if steps >= 1:
+            fixes.append(f"GRAD_ACCUM_STEPS={steps} or less")
+    longest = min(n // per[split] for split, n in sizes.items()) - 1  # at BATCH_SIZE=1
+    if not fixes and longest >= 1:
+        fixes.append(f"BATCH_SIZE=1 with SEQ_LEN={longest} or less")
     return "use " + ", or ".join([*fixes, "more text"])
 
 
-def check_layout(corpus: Corpus, batch_size: int, seq_len: int, shifted: bool = False) -> None:
+def check_layout(corpus: Corpus, batch_size: int, seq_len: int, shifted: bool = False,
+                 accum: int = 1, processes: int = 1) -> None:
     """DataError unless every split fills one window of seq_len + 1 tokens per stream.
 
-    Each split is cut into `batch_size` contiguous streams (batchify) and read in windows of
-    seq_len + 1 tokens (inputs plus shifted targets). Checking all splits before the first
-    step turns a validation split that is too short into an error now, not after an epoch.
-    shifted (RANDOM_OFFSETS): the training split also needs room for an offset of up to
-    seq_len - 1 tokens before its first window.
+    The training split is cut into the streams of one optimizer step (batchify): BATCH_SIZE
+    x GRAD_ACCUM_STEPS (`accum`) x `processes`; validation and test into BATCH_SIZE streams,
+    as evaluation reads them. Each is read in windows of seq_len + 1 tokens (inputs plus
+    shifted targets). Checking all splits before the first step turns a validation split
+    that is too short into an error now, not after an epoch, and the message names the keys
+    the user sets, never the product of them. shifted (RANDOM_OFFSETS): the training split
+    also needs room for an offset of up to seq_len - 1 tokens before its first window.
     """
-    tokens = int(corpus.train.shape[0])
-    if shifted and tokens // batch_size < 2 * seq_len:
+    tokens, per = int(corpus.train.shape[0]), accum * processes
+    streams = batch_size * per
+    if shifted and tokens // streams < 2 * seq_len:
+        steps = tokens // (2 * seq_len) // (batch_size * processes)
+        fewer = f", GRAD_ACCUM_STEPS={steps} or less" if accum > 1 and steps >= 1 else ""
         raise DataError(
             f"{corpus.name}: RANDOM_OFFSETS=true needs at least 2*SEQ_LEN={2 * seq_len} "
             f"training tokens per stream (a window after an offset of up to SEQ_LEN-1), but "
-            f"BATCH_SIZE={batch_size} streams have {tokens // batch_size} each; use "
-            f"RANDOM_OFFSETS=false, BATCH_SIZE={max(1, tokens // (2 * seq_len))} or less, or "
-            f"SEQ_LEN={max(1, tokens // batch_size // 2)} or less")
-    need = batch_size * (seq_len + 1)
-    sizes = {split: int(getattr(corpus, split).shape[0]) for split in SPLITS
-             if not (split == "test" and corpus.test_is_valid)}
-    short = [f"the {split} split has {n} tokens" for split, n in sizes.items() if n < need]
+            f"{streams_of(batch_size, accum, processes)} streams have {tokens // streams} "
+            f"each; use RANDOM_OFFSETS=false, BATCH_SIZE="
+            f"{max(1, tokens // (2 * seq_len) // per)} or less{fewer}, or "
+            f"SEQ_LEN={max(1, tokens // streams // 2)} or less")
+    rows = {split: batch_size * (per if split == "train" else 1) for split in SPLITS
+            if not (split == "test" and corpus.test_is_valid)}
+    sizes = {split: int(getattr(corpus, split).shape[0]) for split in rows}
+    short = {split: n for split, n in sizes.items() if n < rows[split] * (seq_len + 1)}
     if short:
-        raise DataError(
-            f"{corpus.name}: {' and '.join(short)}, too few for BATCH_SIZE={batch_size} streams "
-            f"of SEQ_LEN+1={seq_len + 1} tokens (at least {need} tokens per split); "
-            f"{layout_advice(min(sizes.values()), batch_size, seq_len)}")
+        groups: dict[int, list[str]] = {}
+        for split in short:
+            groups.setdefault(rows[split], []).append(split)
+        clauses = []
+        for count, splits in groups.items():
+            has = " and ".join(f"the {split} split has {short[split]} tokens" for split in splits)
+            each = " per split" if len(splits) > 1 else ""
+            who = (streams_of(batch_size, accum, processes) if "train" in splits
+                   else streams_of(batch_size))
+            clauses.append(f"{has}, too few for {who} streams of SEQ_LEN+1={seq_len + 1} "
+                           f"tokens (at least {count * (seq_len + 1)} tokens{each})")
+        raise DataError(f"{corpus.name}: {', and '.join(clauses)}; "
+                        f"{_advice(short, batch_size, seq_len, accum, processes)}")

@@ -172,13 +172,23 @@ class _Rules:
                               f"{self.precision} ({where['PRECISION']}): set PRECISION=bf16 or "
                               "fp16, or ATTENTION=auto")
         if p > 0:
+            rate = (f"ATTN_DROPOUT={p:g} ({where['ATTN_DROPOUT']})" if self.attn_dropout >= 0
+                    else f"DROPOUT={p:g} ({where['DROPOUT']}), which ATTN_DROPOUT=-1 follows")
             raise ConfigError(f"{asked}, which cannot draw RustyFlow's dropout masks, but the "
-                              f"attention dropout is {p:g} (ATTN_DROPOUT, else DROPOUT): set "
-                              "ATTN_DROPOUT=0, or ATTENTION=auto (the own kernel drops inside)")
+                              f"attention dropout is {p:g} ({rate}): set ATTN_DROPOUT=0, or "
+                              "ATTENTION=auto (the own kernel drops inside)")
         if head % 8 or head > 128:
-            raise ConfigError(f"{asked}, which takes head dims that are multiples of 8 up to "
-                              f"128, but EMBED_DIM/NUM_HEADS = {head}: change EMBED_DIM or "
-                              "NUM_HEADS, or set ATTENTION=auto")
+            e, h = self.embed_dim, self.num_heads
+            heads = sorted((e // d for d in range(8, 129, 8) if e % d == 0),
+                           key=lambda n: (abs(n - h), n))
+            dims = sorted({h * min(max(d, 8), 128) for d in (head - head % 8, head - head % 8 + 8)})
+            fix = (f"NUM_HEADS={' or '.join(map(str, heads[:2]))} (at EMBED_DIM={e}), or "
+                   if heads else "")
+            raise ConfigError(
+                f"{asked}, which takes head dims that are multiples of 8 up to 128, but "
+                f"EMBED_DIM/NUM_HEADS = {head}, from EMBED_DIM={e} ({where['EMBED_DIM']}) and "
+                f"NUM_HEADS={h} ({where['NUM_HEADS']}): set {fix}EMBED_DIM="
+                f"{' or '.join(map(str, dims))} (at NUM_HEADS={h}), or ATTENTION=auto")
 
     def _expand_model_path(self, path: str) -> str:
         """Fill ${KEY} placeholders from the final values, so flags change the default path."""

@@ -1,15 +1,17 @@
 """Reading a config file: python-dotenv's values, with its parse complaints as warnings.
 
 Kept apart from config.py because it knows nothing of the keys: it turns a dotenv file into
-strings and warnings, and names what is wrong with a file that sets nothing.
+strings and warnings, and names what is wrong with a file that sets nothing or sets a key twice.
 """
 
 from __future__ import annotations
 
+import io
 import logging
 from pathlib import Path
 
 from dotenv import dotenv_values
+from dotenv.parser import parse_stream
 
 from ..errors import ConfigError
 from .config_key import config_error
@@ -39,6 +41,7 @@ def read_file(path: Path, label: str) -> tuple[dict[str, str], dict[str, str], l
                      f"of KEY=VALUE lines") from None
     finally:
         logger.removeHandler(collect)
+    _check_once(path.read_text(encoding="utf-8"), label)
     warnings = [f"{label}: {m}" for m in dict.fromkeys(collect.messages)]
     for key, value in values.items():
         if value is None:
@@ -59,3 +62,27 @@ def no_settings(path: Path, label: str) -> ConfigError:
     return config_error(f"{label}: no KEY=VALUE setting found ({what}): expected lines such as "
                   f"BATCH_SIZE=16. A config file that sets nothing is an error, not a run on "
                   f"the built-in defaults; to run on those, use no config file at all")
+
+
+def _check_once(text: str, label: str) -> None:
+    """A ConfigError naming the first key the file sets more than once, with every line and
+    value: python-dotenv keeps the last silently, so an edit near the top of a long file
+    would otherwise lose to a forgotten line further down."""
+    lines: dict[str, list[str]] = {}
+    for binding in parse_stream(io.StringIO(text)):
+        if binding.key is None:
+            continue
+        string = binding.original.string  # starts with the blank lines before the binding
+        line = binding.original.line + string[: len(string) - len(string.lstrip())].count("\n")
+        value = "no value" if binding.value is None else binding.value or "empty"
+        lines.setdefault(binding.key, []).append(f"line {line}: {_short(value)}")
+    key, where = next(((k, v) for k, v in lines.items() if len(v) > 1), ("", []))
+    if where:
+        times = "twice" if len(where) == 2 else f"{len(where)} times"
+        raise config_error(f"{label} sets {key} {times} ({', '.join(where)}): keep one")
+
+
+def _short(value: str) -> str:
+    """A value as a message quotes it: one line, at most 40 characters."""
+    value = " ".join(value.split()) if "\n" in value else value
+    return value if len(value) <= 40 else value[:37] + "..."

@@ -144,7 +144,7 @@ def perplexity(model: GPT, stream: Any, seq_len: int, stride: int = 0, budget: i
     finally:
         model.training = was_training
     nll = float(backend.to_host(total)) / scored
-    return {"perplexity": math.exp(nll), "nll": nll, "tokens": scored * rows, "of": full,
+    return {"perplexity": exp(nll), "nll": nll, "tokens": scored * rows, "of": full,
             "protocol": protocol(seq_len, stride)}
 
 
@@ -155,7 +155,7 @@ def per_word(nll: float, tokens: int, words: int) -> float:
     as the word-level tokenizer does, <eos> included). When only some tokens were scored
     (windows, EVAL_TOKENS) the total is their mean times the split's tokens."""
     try:
-        return math.exp(nll * tokens / words)
+        return exp(nll * tokens / words)
     except OverflowError:
         return math.inf
 
@@ -287,3 +287,12 @@ class SplitEvaluator:
         word = (f" ({self.word_ppl[split]:.2f} per word of the text)"
                 if split in self.word_ppl else "")
         return f" on {on_tokens(*self.counts[split])}{word}"
+
+
+def exp(nll: float) -> float:
+    """e**nll, inf where that overflows a float (a diverged model's perplexity is not a
+    number to compute, but inf: the run then ends failed, as for nan)."""
+    return math.exp(nll) if nll < MAX_EXP else math.inf
+
+
+MAX_EXP = math.log(sys.float_info.max)

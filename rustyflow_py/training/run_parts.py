@@ -93,7 +93,7 @@ class RunParts:
         if self.corpus.tokenizer is not None:
             self.say(f"Tokenizer: {self.corpus.tokenizer.describe()}")
         streams = cfg.batch_size * cfg.grad_accum_steps * world.size  # a step's global batch
-        data.check_layout(self.corpus, streams, cfg.seq_len, shifted=cfg.random_offsets)
+        data.check_trainable(self.corpus, cfg, world.size)
         sizing.check_fits(cfg, len(self.corpus.vocab), self.backend,
                           world_size=world.size if sharded else 1)
         self.model = build_model(cfg, len(self.corpus.vocab), self.backend,
@@ -106,6 +106,12 @@ class RunParts:
         self.steps_per_epoch = data.num_batches(self.train_stream, cfg.seq_len,
                                                 shifted=cfg.random_offsets)
         self.total_steps = cfg.num_epochs * self.steps_per_epoch
+        if cfg.warmup_steps >= self.total_steps:
+            self.warn(f"WARN: WARMUP_STEPS={cfg.warmup_steps} is not shorter than the "
+                      f"schedule's {self.total_steps} steps (NUM_EPOCHS={cfg.num_epochs} x "
+                      f"{self.steps_per_epoch}): the learning rate never reaches "
+                      f"LEARNING_RATE={cfg.learning_rate:g}; set WARMUP_STEPS below "
+                      f"{self.total_steps}")
         buffer = self.model.buffer
         sync: Any = None
         if sharded:
