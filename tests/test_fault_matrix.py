@@ -340,8 +340,9 @@ CASES = [
          setup=both(text_at("new-cpu.npz"), text_at("new-cpu-best.npz")),
          patch=disk_full("models/"),
          check=both(checkpoint_at("new-cpu-rescued1.npz", 29),
-                    last_record("failed", r"the checkpoint went to \S+/new-cpu-rescued1.npz "
-                                          r"instead of models/new-cpu.npz \(No space left"))),
+                    last_record("failed", r"the checkpoint \(step 29\) went to "
+                                          r"\S+/new-cpu-rescued1.npz instead of "
+                                          r"models/new-cpu.npz \(No space left"))),
     Case("bench-out-holds-their-report", "`bench --out` names a folder with someone's "
          "bench.md", ("bench", "--from-json", "sweep.json", "--out", "results"), 1,
          r"bench report results/bench.md exists and was not written by rustyflow",

@@ -89,7 +89,8 @@ def test_a_checkpoint_that_cannot_be_saved_at_the_end_goes_to_a_fallback(
     messages: list[str] = []
     fallback = tmp_path / "tiny-cpu.npz"
     with pytest.raises(TrainingError, match=re.escape(
-            f"the checkpoint went to {fallback} instead of models/tiny-cpu.npz (No space left")):
+            f"the checkpoint (step 3) went to {fallback} instead of models/tiny-cpu.npz (No space "
+            f"left")):
         Trainer(make_cfg(MAX_STEPS=3), quiet, warn=messages.append).run()
     [best, warning] = [m for m in messages if m.startswith("WARN")]
     assert "could not write the best checkpoint to models/tiny-cpu-best.npz" in best

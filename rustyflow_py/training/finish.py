@@ -46,7 +46,7 @@ def finish(run: Any, status: str, message: str | None,
         if trace.place is None:
             lost.append("trace")
         elif trace.rescued is not None:
-            rescued.append(trace.rescued)
+            rescued.append(f"the trace {trace.rescued}")
     status, message = outcome = guard.final_status(status, message, lost, rescued,
                                                    run.signals.requested)
     if not run.world.main:
@@ -70,7 +70,8 @@ def finish(run: Any, status: str, message: str | None,
     if log.place is None:
         outcome = "failed", f"the log block of this {status} run is lost (see above)"
     elif log.rescued is not None:
-        outcome = "failed", f"{message}; {log.rescued}" if message else log.rescued
+        what = f"the log block {log.rescued}"
+        outcome = "failed", f"{message}; {what}" if message else what
     elif run.signals.requested is not None and status != "interrupted":
         # the block was written as the run ended; the exit status will report the signal
         run.say(f"A stop request arrived while the log block was written: the run had "

@@ -144,9 +144,9 @@ def _free(place: Path) -> Path:
 
 @dataclasses.dataclass(frozen=True)
 class Written:
-    """Where an output went: `place` (None: nowhere), and `rescued`, a phrase naming both
-    paths when that place is a fallback. A run whose output went to a fallback or nowhere
-    did not complete."""
+    """Where an output went: `place` (None: nowhere), and when that place is a fallback,
+    `rescued`: the phrase `went to FALLBACK instead of PATH (REASON)` (its subject is the
+    caller's). A run whose output went to a fallback or nowhere did not complete."""
 
     place: str | None
     rescued: str | None = None
@@ -169,7 +169,7 @@ def write_with_fallback(path: str, write: Callable[[str], object], what: str,
         except OSError:
             continue
         warn(f"WARN: {first}; wrote it to {place} instead: the run will end failed")
-        return Written(str(place), f"the {what} went to {place} instead of {path} ({reason})")
+        return Written(str(place), f"went to {place} instead of {path} ({reason})")
     tried = f", nor to {' or '.join(map(str, places))}" if places else ""
     warn(f"WARN: {first}{tried}: it is lost")
     return Written(None)

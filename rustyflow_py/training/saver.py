@@ -147,7 +147,7 @@ class RunCheckpoints:
             if line is not None:
                 self.warn(line)
         elif written.rescued is not None:
-            self.rescued.append(f"{what}: {written.rescued}")
+            self.rescued.append(f"the {what} {written.rescued}")
         else:
             self.lost.append(what)
 
