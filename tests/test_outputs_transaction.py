@@ -189,3 +189,24 @@ def test_no_earlier_file_is_lost_in_any_sequence_of_runs(tiny_dir: Path, seed: i
         check_step(op, args, before, log_before, result.output)
         ran.append(op)
     assert set(ran) >= set(OPS) - {"resume", "resume-ctrl-c-twice"}
+
+
+def test_a_resumed_run_replaces_the_best_file_its_checkpoint_sat_beside(
+        workspace: Path) -> None:
+    """--overwrite by another configuration, stopped before its first validation: its
+    checkpoint replaced the earlier run's, whose best file stays. Resuming it is not refused
+    for that best file: the resumed run replaces it at its first validation, saying so."""
+    other = ("--learning-rate", "0.02")
+    with pytest.MonkeyPatch.context() as mp:
+        ctrl_c_in_step(1)(mp)
+        stopped = invoke("train", "--config", "tiny.env", *other, "--overwrite",
+                         "--max-steps", "5")
+    assert stopped.exit_code == 130, stopped.output
+    earlier_best = run_id_of(checkpoint_meta(BEST))
+    assert run_id_of(checkpoint_meta(CKPT)) != earlier_best
+    resumed = invoke("train", "--config", "tiny.env", *other, "--resume", CKPT,
+                     "--max-steps", "3")
+    assert resumed.exit_code == 0, resumed.output
+    assert (f"INFO: replaced the best checkpoint {BEST} (trained 3 steps), which the run this "
+            f"one resumes had not replaced yet") in resumed.output
+    assert run_id_of(checkpoint_meta(BEST)) == run_id_of(checkpoint_meta(CKPT))

@@ -8,7 +8,7 @@ mark found anywhere else does not count: a README that quotes a log block is not
 a run starts, each output path it will write is checked: one that exists without the mark is
 someone else's file, and the run stops naming it; a checkpoint of a *different* run (another
 run id) is replaced only with `--overwrite` or when that run had the same configuration, and
-only when this run writes its own file there (see `Replacement`): nothing is removed at the
+only when this run writes its own file there (see `check_replace`): nothing is removed at the
 start. The paths must also be distinct: a trace written over the log would destroy the log.
 """
 
