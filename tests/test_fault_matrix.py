@@ -584,6 +584,27 @@ def test_a_first_ctrl_c_saves_and_names_the_resume_command(workspace: Path) -> N
     assert_intact(before, snapshot(workspace))
 
 
+def test_a_second_ctrl_c_at_the_log_block_leaves_the_log_as_it_was(workspace: Path) -> None:
+    """Ctrl-C twice while the log block is about to be appended: no block (not part of one)
+    is written, and the console names the checkpoint the run did save."""
+    before = snapshot(workspace)
+    with paused(workspace, "log-append:1", *NEW, "--max-steps", "3") as proc:
+        out = Lines(proc.stdout)
+        proc.send_signal(signal.SIGINT)
+        out.wait_for(r"SIGINT: the run has ended: stopping once its checkpoint and log block "
+                     r"are written")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130, out.text()
+    text = out.text()
+    assert ("SIGINT again: stopping now, without saving a checkpoint or the log block; its "
+            "best checkpoint models/new-cpu-best.npz holds step 3; models/new-cpu.npz holds "
+            "this run's step 3 (--resume models/new-cpu.npz continues from there)") in text
+    assert "Traceback" not in text
+    assert Path("log.txt").read_bytes() == before["log.txt"]
+    assert Checkpoint("models/new-cpu.npz").meta["train"]["step"] == 3
+    assert_intact(before, snapshot(workspace))
+
+
 def test_a_second_ctrl_c_saves_nothing_and_says_what_is_on_disk(workspace: Path) -> None:
     """The same configuration again; Ctrl-C while its best checkpoint is being written, and
     Ctrl-C again: nothing more is written (the cut write leaves no temporary), the console
