@@ -278,6 +278,44 @@ def test_chat_loop_ends_at_eof() -> None:
     assert session.generated == 1 and "zebra" in err.getvalue()
 
 
+def test_chat_turns_carry_the_cache_and_reply_as_a_fresh_prefill_would(device: str) -> None:
+    """A second turn prefills only its own words into the KV cache the first left (no
+    re-prefill of the history); its reply is the one a fresh session gives after the whole
+    history prefilled at once (GPU: the replayed graph and the queued steps)."""
+    model = GPT(GPTConfig(len(WORDS), 64, LAYERS, HEADS, EMBED), device, 0)
+    model.p["wte"].data[...] *= 50
+    model.training = False
+    chat = Session(model, Vocab(WORDS), GREEDY, 0)
+    chat_loop(chat, io.StringIO("w1 w2 w3\n"), io.StringIO(), io.StringIO(), 6)
+    before = len(chat.decoder.context)
+    chat_loop(chat, io.StringIO("w4 w5\n"), io.StringIO(), io.StringIO(), 6)
+    assert chat.timing.prefilled in (2, 3)  # w4 w5, after an <eos> if the reply was cut
+    history = chat.decoder.context[: before + chat.timing.prefilled]
+    reply = chat.decoder.context[before + chat.timing.prefilled :]
+    fresh = Session(model, Vocab(WORDS), GREEDY, 0)
+    again = [int(ids[0]) for ids in fresh.tokens(history, len(reply))]
+    assert reply and again == reply
+    assert chat.decoder.cache.length == len(chat.decoder.context)
+
+
+def test_cli_generate_keeps_the_start_up_out_of_the_rate_and_quiet_keeps_stderr_empty(
+        ckpt: Path, isolated: Path) -> None:
+    """The prompt's prefill and the first token are the start-up line; the rate is of the
+    tokens after them. --quiet: nothing on stderr, not even the note on unknown words."""
+    runner = CliRunner()
+    base = ["generate", "--model", str(ckpt), "--prompt", "w1 zebra w2", "--max-tokens", "12",
+            "--temperature", "0", "--device", "cpu"]
+    loud, quiet = runner.invoke(main, base), runner.invoke(main, [*base, "--quiet"])
+    assert loud.exit_code == 0 and quiet.exit_code == 0, loud.output
+    note, start_up, rate = loud.stderr.splitlines()
+    assert "zebra" in note
+    assert re.fullmatch(r"Start-up: prefill of 3 prompt tokens \d+\.\d{3}s, first token "
+                        r"\d+\.\d{3}s; kept out of the tokens/s", start_up), start_up
+    assert re.fullmatch(r"Decoding: 11 tokens in \d+\.\d{3}s \([\d,]+\.\d tokens/s, cpu, "
+                        r"batch 1\)", rate), rate
+    assert quiet.stderr == "" and quiet.stdout == loud.stdout
+
+
 def test_cli_generate_and_chat(ckpt: Path, isolated: Path) -> None:
     runner = CliRunner()
     (isolated / "greedy.env").write_text("TEMPERATURE=0\nSEED=3\n")

@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from rustyflow_py.engine.backend import get_backend
-from rustyflow_py.engine.ops.sampling.reference import token_probs
+from rustyflow_py.engine.ops.sampling.cuda import blocks_per_row
+from rustyflow_py.engine.ops.sampling.reference import draw, token_probs
 from rustyflow_py.model.sampling import CHUNK, Sampler, Sampling
 
 
@@ -98,3 +99,91 @@ def test_samples_follow_the_nucleus_with_a_stream_per_sequence() -> None:
     for b in range(2):
         freq = np.bincount(draws[:, b], minlength=5)[[1, 3, 4]] / draws.shape[0]
         np.testing.assert_allclose(freq, np.array([0.5, 0.2, 0.15]) / 0.85, atol=0.03)
+
+
+# ---- the device sampler against the reference, every mode, both devices --------------------
+
+MODES = {"greedy": Sampling(0.0), "temperature": Sampling(0.8),
+         "top_k": Sampling(0.8, top_k=50), "top_p_alone": Sampling(0.8, top_p=0.9),
+         "top_k_and_top_p": Sampling(0.8, top_k=50, top_p=0.95),
+         "top_p_near_one": Sampling(1.0, top_p=0.999), "top_p_tiny": Sampling(1.3, top_p=0.01),
+         "top_k_wide": Sampling(1.0, top_k=900, top_p=0.9)}
+ALMOST_ONE = float(np.nextafter(1.0, 0.0))  # the largest uniform a Generator can draw
+
+
+def tied_logits(rows: int, vocab: int, seed: int) -> np.ndarray:
+    """Logits with ties at every cut: rounded to halves, four tokens tied for the top and a
+    few -inf in every row; every third row from the second -inf on its first half, every
+    third from the third all one value."""
+    rng = np.random.default_rng(seed)
+    host = np.round(rng.standard_normal((rows, vocab)) * 4) / 2
+    host[:, 5:9] = host.max(axis=1, keepdims=True) + 1.0
+    host[:, -3:] = -np.inf
+    host[1::3, : vocab // 2] = -np.inf
+    host[2::3] = 0.25
+    return host.astype(np.float32)
+
+
+def reference_ids(logits: np.ndarray, s: Sampling, u: np.ndarray) -> list[int]:
+    """The reference rules (reference.py, on the host) at the uniforms u."""
+    if s.temperature == 0:
+        return np.argmax(logits, axis=-1).tolist()
+    return draw(np, token_probs(np, logits, s.temperature, s.top_k, s.top_p), u).tolist()
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize(("rows", "vocab"), [(3, 50257), (1, 33278), (140, 300)],
+                         ids=["gpt2-vocab", "one-row", "more-rows-than-multiprocessors"])
+def test_device_sampler_equals_the_reference(device: str, mode: str, rows: int,
+                                             vocab: int) -> None:
+    """Ties at every cut, and the uniforms' edges u = 0 and u -> 1 among random ones: the
+    device's ids are the reference's (GPU: a row over many blocks at GPT-2's vocabulary, one
+    block a row when the batch fills the GPU or top-k is on; top_k_wide and the rows of one
+    value leave top-k more candidates than a block sorts, so it takes the passes)."""
+    s = MODES[mode]
+    backend = get_backend(device)
+    logits = tied_logits(rows, vocab, seed=rows)
+    dev_logits = backend.from_host(logits)
+    rng = np.random.default_rng(7)
+    for u in [np.zeros(rows), np.full(rows, ALMOST_ONE), *rng.random((6, rows))]:
+        kernels = backend.kernels
+        ids = (kernels.argmax_rows(dev_logits) if s.temperature == 0 else
+               kernels.sample_rows(dev_logits, backend.from_host(u), s.temperature, s.top_k,
+                                   s.top_p))
+        assert backend.to_host(ids).tolist() == reference_ids(logits, s, u), u[:3]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_the_seeded_sampler_draws_the_reference_tokens(device: str, mode: str) -> None:
+    """Sampler (model/sampling.py) on either device: its uniforms are default_rng(seed)'s,
+    across a chunk of them, and its tokens the reference's at each."""
+    s = MODES[mode]
+    backend = get_backend(device)
+    logits = tied_logits(3, 1000, seed=4)
+    sampler = Sampler(backend, s, seed=9, batch=1)
+    rng = np.random.default_rng(9)
+    for step in range(CHUNK + 20):
+        row = logits[step % 3][None]
+        u = np.array([rng.random()]) if s.temperature else np.zeros(1)
+        got = backend.to_host(sampler(backend.from_host(row))).tolist()
+        assert got == reference_ids(row, s, u), step
+
+
+def test_a_draw_spreads_a_row_over_the_gpu_but_no_more_blocks_than_it_holds() -> None:
+    """About 4 logits a thread (GPT-2's vocabulary over 13 blocks of 1024 threads), every
+    block of a launch on the GPU at once (their rows wait for each other), one block a row
+    once the batch alone fills the GPU."""
+    assert blocks_per_row(50257, 1, 132) == 13
+    assert blocks_per_row(33278, 1, 132) == 9
+    assert blocks_per_row(50257, 8, 132) == 13
+    assert blocks_per_row(50257, 64, 132) == 2
+    assert blocks_per_row(300, 1, 132) == 1
+    assert blocks_per_row(50257, 140, 132) == 1
+
+
+def test_a_draw_with_top_k_takes_one_block_a_row() -> None:
+    """Top-k's candidates are sorted within one block, so a row meets no other block; a k
+    beyond the block's threads takes the spread passes."""
+    assert blocks_per_row(50257, 1, 132, top_k=50) == 1
+    assert blocks_per_row(50257, 1, 132, top_k=1024) == 1
+    assert blocks_per_row(50257, 1, 132, top_k=1025) == 13

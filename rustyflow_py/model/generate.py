@@ -12,14 +12,16 @@ cache: its logits are then exactly those of the uncached model on the same windo
 price of one full-window forward per token beyond SEQ_LEN.
 
 The next tokens are chosen on the device (sampling.py); the one host read per token is the
-chosen ids, which the text needs.
+chosen ids, which the text needs, copied asynchronously while the step that feeds them back is
+already queued (Decoder.feed_chosen), so the device never waits for Python between tokens.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, Protocol, TextIO
 
 import numpy as np
@@ -31,7 +33,7 @@ from .gpt import GPT
 from .graph_decode import GraphDecode
 from .sampling import Sampler, Sampling
 
-__all__ = ["Decoder", "Sampling", "Session", "chat_loop", "generate_text"]
+__all__ = ["Decoder", "Sampling", "Session", "Timing", "chat_loop", "generate_text"]
 
 QUIT_WORDS = ("exit", "quit")
 CHAT_PROMPT = "> "
@@ -71,23 +73,14 @@ class Decoder:
         """Append `ids` to every sequence; host logits (V,) of the first one's next token."""
         return self.backend.to_host(self.feed_rows([list(ids)] * len(self.contexts))[0])
 
-    def feed_rows(self, rows: Sequence[Sequence[int]], on_device: Any = None) -> Any:
-        """Append rows[b] to sequence b (all of one length); device logits (B, V) after them.
-
-        `on_device` (B,), when given, holds the same single tokens already on the device
-        (the sampler's choice), so the step needs no upload.
-        """
+    def feed_rows(self, rows: Sequence[Sequence[int]]) -> Any:
+        """Append rows[b] to sequence b (all of one length); device logits (B, V) after them."""
         if not rows[0]:
             raise ValueError("feed() needs at least one token")
         contexts = [[*c, *r] for c, r in zip(self.contexts, rows, strict=True)]
         n, seq_len = len(contexts[0]), self.model.cfg.seq_len
         if len(rows[0]) == 1 and n <= seq_len:
-            step = self.step
-            step.tokens[...] = (self.backend.from_host(np.asarray(rows, np.int64)[:, 0])
-                                if on_device is None else on_device)
-            step.pos.fill(n - 1)
-            self.run_step(n)
-            self.cache.length, self.logits = n, step.logits
+            self._step(n, self.backend.from_host(np.asarray(rows, np.int64)[:, 0]))
         else:
             new = [list(r) for r in rows]
             if n > seq_len:  # slide: re-prefill the new window
@@ -98,6 +91,32 @@ class Decoder:
                 self.logits = self.model(idx, cache=self.cache).data[:, -1]  # (B, V)
         self.contexts = contexts
         return self.logits
+
+    def feed_chosen(self, chosen: Any, wait: Callable[[], np.ndarray]) -> tuple[np.ndarray, Any]:
+        """Append the sampler's ids (B,), on the device, to every sequence: the host ids
+        (from `wait`, which waits for their copy) and the device logits (B, V) after them.
+
+        Inside the window the step is queued before the ids reach the host, so the device
+        decodes while the host handles them and queues the next token's work; sliding the
+        window needs the ids first (feed_rows).
+        """
+        n = len(self.contexts[0]) + 1
+        if n > self.model.cfg.seq_len:
+            host = wait()
+            return host, self.feed_rows(host[:, None].tolist())
+        self._step(n, chosen)
+        host = wait()
+        for context, token in zip(self.contexts, host.tolist(), strict=True):
+            context.append(token)
+        return host, self.logits
+
+    def _step(self, n: int, tokens: Any) -> None:
+        """Queue the decode step of `tokens` (B,) on the device at position n - 1."""
+        step = self.step
+        step.tokens[...] = tokens
+        step.pos.fill(n - 1)
+        self.run_step(n)
+        self.cache.length, self.logits = n, step.logits
 
 
 # --------------------------------------------------------------------------- text
@@ -188,21 +207,68 @@ def render(words: Iterable[str]) -> str:
 # --------------------------------------------------------------------------- sessions
 
 
+@dataclasses.dataclass
+class Timing:
+    """Where a session's time went, kept apart the way `train` keeps its start-up out of the
+    epoch times: the start-up (the first prompt's prefill and the first token, which compile
+    the kernels and capture the decode step's graph), later prompts, and decoding."""
+
+    prompt: int = 0  # tokens of the first prefill
+    prompt_s: float = 0.0
+    first_token_s: float = 0.0  # 0: no token decoded yet
+    capture_s: float = 0.0
+    cache: str = ""  # the GPU's kernel cache at start-up: "cold" (it grew) or "warm"
+    prefilled: int = 0  # tokens of later prompts (chat turns)
+    prefill_s: float = 0.0
+    decoded: int = 0  # tokens decoded after the first (all sequences counted)
+    decode_s: float = 0.0
+
+
+class IdsToHost:
+    """Copies the chosen ids (B,) to the host without waiting for them: on the GPU into
+    pinned memory, queued on the backend's stream behind the sampler, with an event to wait
+    for when the ids are needed."""
+
+    def __init__(self, backend: Any, batch: int) -> None:
+        self.backend = backend
+        if backend.kind == "gpu":
+            self.memory = backend.xp.cuda.alloc_pinned_memory(8 * batch)
+            self.pinned = np.frombuffer(self.memory, np.int64, batch)
+            self.event = backend.xp.cuda.Event(disable_timing=True)
+
+    def start(self, ids: Any) -> Callable[[], np.ndarray]:
+        """Queue the copy of `ids`; the returned function waits for it and gives the ids."""
+        if self.backend.kind != "gpu":
+            return lambda: ids
+        runtime, stream = self.backend.xp.cuda.runtime, self.backend.stream
+        runtime.memcpyAsync(self.memory.ptr, ids.data.ptr, self.pinned.nbytes,
+                            runtime.memcpyDeviceToHost, stream.ptr)
+        self.event.record(stream)
+        return self._wait
+
+    def _wait(self) -> np.ndarray:
+        self.event.synchronize()
+        return self.pinned.copy()
+
+
 class Session:
     """A model, its vocabulary (or Text) and the sampling settings: text in, sampled text out,
     for `batch` samples at once, each with its own random stream.
 
-    The context persists across `generate` calls (chat turns share it); the counters give
-    the generation speed.
+    The context and its KV cache persist across `generate` calls (chat turns share them: a
+    turn prefills only its own tokens); `timing` says where the time went.
     """
 
     def __init__(self, model: GPT, vocab: Vocab | Text, sampling: Sampling, seed: int,
                  batch: int = 1, graphs: bool = True, warn: Any = None) -> None:
         self.model, self.vocab, self.sampling, self.batch = model, vocab, sampling, batch
         self.text: Text = WordText(vocab) if isinstance(vocab, Vocab) else vocab
+        self.backend = model.buffer.backend
         self.decoder = Decoder(model, batch, graphs, warn)
-        self.sampler = Sampler(model.buffer.backend, sampling, seed, batch)
-        self.generated, self.seconds = 0, 0.0
+        self.sampler = Sampler(self.backend, sampling, seed, batch)
+        self.to_host = IdsToHost(self.backend, batch)
+        self.generated = 0  # tokens sampled, all sequences counted
+        self.timing = Timing()
         self.path = ""  # where the model was loaded from, for messages
 
     @property
@@ -219,23 +285,53 @@ class Session:
         the next call. No ids continue the context, or start from <eos> (a line's beginning)
         when it is empty.
         """
-        eos, backend = self.text.eos_id, self.model.buffer.backend
         if not ids and not self.decoder.context:
-            ids = [eos]  # type: ignore[list-item]
-        start = time.perf_counter()
+            ids = [self.text.eos_id]  # type: ignore[list-item]
+        t, started = self.timing, self.timing.first_token_s > 0
+        cache_files = self._kernel_cache() if not started else 0
+        logits = self._prefill(ids, started) if ids else self.decoder.logits
+        tick, decoded = time.perf_counter(), 0
         try:
-            logits = self.decoder.feed_rows([list(ids)] * self.batch) if ids else \
-                self.decoder.logits
             for _ in range(max_tokens):
                 chosen = self.sampler(logits)  # (B,) on the device
-                host = backend.to_host(chosen)  # the one read per token
-                logits = self.decoder.feed_rows(host[:, None].tolist(), chosen)
+                host, logits = self.decoder.feed_chosen(chosen, self.to_host.start(chosen))
                 self.generated += self.batch
+                if started:
+                    decoded += self.batch
+                else:  # the first token compiled the kernels and captured the graph
+                    self.backend.synchronize()
+                    t.first_token_s, tick = time.perf_counter() - tick, time.perf_counter()
+                    t.capture_s = getattr(self.decoder.run_step, "capture_s", 0.0)
+                    if self.backend.kind == "gpu":
+                        t.cache = "cold" if self._kernel_cache() != cache_files else "warm"
+                    started = True
                 yield host
                 if stop_at_eos and self.text.ends_line(int(host[0])):
                     return
         finally:
-            self.seconds += time.perf_counter() - start
+            self.backend.synchronize()  # the last token's step too
+            t.decoded += decoded
+            t.decode_s += time.perf_counter() - tick if decoded else 0.0
+
+    def _prefill(self, ids: Sequence[int], started: bool) -> Any:
+        """Feed a prompt (every sequence the same), timed to its logits on the device."""
+        start = time.perf_counter()
+        logits = self.decoder.feed_rows([list(ids)] * self.batch)
+        self.backend.synchronize()
+        seconds, t = time.perf_counter() - start, self.timing
+        if started:
+            t.prefilled, t.prefill_s = t.prefilled + len(ids), t.prefill_s + seconds
+        else:
+            t.prompt, t.prompt_s = len(ids), seconds
+        return logits
+
+    def _kernel_cache(self) -> int:
+        """How many kernels CuPy's on-disk cache holds (GPU only: 0 on the CPU)."""
+        if self.backend.kind != "gpu":
+            return 0
+        from ..engine.ops.cuda_build import kernel_cache_files
+
+        return kernel_cache_files()
 
     def generate(self, ids: Sequence[int], max_tokens: int,
                  stop_at_eos: bool = False) -> Iterator[Any]:
@@ -244,11 +340,26 @@ class Session:
         for host in self.tokens(ids, max_tokens, stop_at_eos):
             yield self.text.piece(int(host[0]))
 
+    def decode_rate(self) -> float:
+        """Tokens per second of decoding (start-up and prompts kept out); 0 before any."""
+        t = self.timing
+        return t.decoded / t.decode_s if t.decode_s else 0.0
+
     def speed(self) -> str:
-        """The tokens/s line shown at the end."""
-        rate = self.generated / self.seconds if self.seconds else 0.0
-        return (f"{self.generated} tokens in {self.seconds:.2f}s ({rate:.1f} tokens/s, "
-                f"{self.model.device})")
+        """The lines shown at the end: the start-up, then the decode rate."""
+        t, gpu = self.timing, self.backend.kind == "gpu"
+        up = [f"prefill of {t.prompt} prompt tokens {t.prompt_s:.3f}s"] if t.prompt else []
+        if t.first_token_s:
+            why = f" (kernel compilation; kernel cache {t.cache})" if gpu else ""
+            up.append(f"first token {t.first_token_s:.3f}s{why}")
+        capture = f", graph capture {t.capture_s:.3f}s" if t.capture_s else ""
+        lines = [f"Start-up: {', '.join(up)}{capture}; kept out of the tokens/s"] if up else []
+        later = (f"; later prompts: {t.prefilled} tokens prefilled in {t.prefill_s:.3f}s"
+                 if t.prefilled else "")
+        lines.append(f"Decoding: {t.decoded} tokens in {t.decode_s:.3f}s "
+                     f"({self.decode_rate():,.1f} tokens/s, {self.model.device}, "
+                     f"batch {self.batch}){later}")
+        return "\n".join(lines)
 
 
 def generate_text(session: Session, prompt: str, max_tokens: int, out: TextIO,
@@ -301,8 +412,8 @@ def chat_loop(session: Session, inp: TextIO, out: TextIO, err: TextIO,
         ids, note = session.text.encode(text)
         if note:
             print(note, file=err)
-        if not session.at_line_start:
-            ids.insert(0, session.text.eos_id)  # type: ignore[arg-type]
+        if not session.at_line_start and session.text.eos_id is not None:
+            ids.insert(0, session.text.eos_id)  # a vocabulary without <eos> just runs on
         stream = session.text.stream(out, True)
         for word in session.generate(ids, max_tokens, stop_at_eos=True):
             stream.write(word)

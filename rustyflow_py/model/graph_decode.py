@@ -11,6 +11,7 @@ is used from then on, with a warning.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 from ..engine.graph import CapturedStep, GraphCaptureError
@@ -25,6 +26,7 @@ class GraphDecode:
         self.full = step.cfg.seq_len
         self.graph: CapturedStep | None = None
         self.failed = False
+        self.capture_s = 0.0  # the capture's time (generation's start-up line shows it)
 
     def __call__(self, n: int) -> None:
         """The step for the current tokens and position (n: the eager step's window)."""
@@ -40,6 +42,7 @@ class GraphDecode:
         # the replay below writes again for the same inputs.
         self.step(self.full)
         graph = CapturedStep(self.step.backend, lambda: self.step(self.full))
+        start = time.perf_counter()
         try:
             graph.capture()
         except GraphCaptureError as exc:
@@ -47,4 +50,5 @@ class GraphDecode:
             self.warn(f"WARN: the decode step could not be captured as a CUDA graph ({exc}); "
                       "decoding eagerly")
             return
+        self.capture_s = time.perf_counter() - start
         self.graph = graph

@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import gc
 import math
-import os
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,6 +27,7 @@ import numpy as np
 from ..distributed.comm import Communicator
 from ..engine.cupti_trace import CuptiUnavailable
 from ..engine.graph import CapturedStep, GraphCaptureError
+from ..engine.ops.cuda_build import kernel_cache_files
 from ..engine.profiler import Profiler
 from ..engine.tensor import Tensor, run_op
 from ..errors import TrainingError
@@ -268,13 +268,6 @@ class StepRunner:
 def window_profiled(profiler: Profiler | None, sampler: GraphSampler | None) -> bool:
     """Whether eager steps are profiled before the capture (the eager window)."""
     return profiler is not None and sampler is None
-
-
-def kernel_cache_files() -> int:
-    """How many compiled kernels CuPy's on-disk cache holds (0 while it does not exist)."""
-    # CuPy's documented cache location: CUPY_CACHE_DIR, else ~/.cupy/kernel_cache
-    folder = os.environ.get("CUPY_CACHE_DIR") or os.path.expanduser("~/.cupy/kernel_cache")
-    return sum(len(files) for _, _, files in os.walk(folder)) if os.path.isdir(folder) else 0
 
 
 def use_graph(mode: str, kind: str, warn: Callable[[str], None]) -> bool:

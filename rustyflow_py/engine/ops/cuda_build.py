@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 import re
 from pathlib import Path
 from typing import Any
@@ -174,3 +175,11 @@ def vector_grid(vecs: int) -> tuple[tuple[int], tuple[int]]:
 def _options(src: CudaSource) -> dict[str, Any]:
     """CuPy's keyword for the options, only when there are any (the defaults otherwise)."""
     return {"options": src.options} if src.options else {}
+
+
+def kernel_cache_files() -> int:
+    """How many compiled kernels CuPy's on-disk cache holds (0 while it does not exist): a
+    count that grows during a step means its kernels were compiled (a cold cache)."""
+    # CuPy's documented cache location: CUPY_CACHE_DIR, else ~/.cupy/kernel_cache
+    folder = os.environ.get("CUPY_CACHE_DIR") or os.path.expanduser("~/.cupy/kernel_cache")
+    return sum(len(files) for _, _, files in os.walk(folder)) if os.path.isdir(folder) else 0

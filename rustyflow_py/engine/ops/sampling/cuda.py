@@ -1,15 +1,23 @@
-"""The next token on the GPU (sampling.cu): one block per row, one launch per token.
+"""The next token on the GPU (sampling.cu): one launch per token, in every sampling mode.
 
 Why kernels of their own: as CuPy array ops a draw is about 40 launches a token (two of
-them sorts, of the whole vocabulary or of its partition), each a Python call, and CuPy's
-argmax of one row is a single block reading it one element per thread at a time. At batch 1
-that, not the decode step, set the speed of sampled generation. The kernel reads the row a few
-times from L2 instead: its maximum, a radix select of the k-th largest logit, the kept mass,
-and the draw; only the entries above the k-th largest are sorted (for top-p).
+them sorts of the whole vocabulary), each a Python call, and CuPy's argmax of one row is a
+single block reading it one element per thread at a time. At batch 1 that, not the decode
+step, set the speed of sampled generation.
+
+A draw spreads each row over several blocks (a row of GPT-2's 50,257 logits over 13), which
+meet between the passes: the maximum, a radix select of the k-th largest logit (top-k), a
+radix select of top-p's threshold by probability mass (no sort), and the inverse CDF. The
+blocks of a row wait for each other, so all of a launch's blocks must be on the GPU at once:
+at most one per multiprocessor is started, and a batch too large for that takes one block a
+row. Each meeting costs a few microseconds, the most of a draw at batch 1; with top-k on
+(k <= THREADS) a row takes one block, which meets no other: it sorts only the candidates for
+the k largest (about k of them) and draws among those.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -18,10 +26,29 @@ from .. import cuda_build
 from .reference import SamplingReference
 
 THREADS = 1024  # sampling.cu's block size (it needs exactly 32 warps)
-KEPT_MAX = 1024  # top-p with top-k sorts fewer than top_k <= this many entries
-_DEFINES = (f"-DTHREADS={THREADS}", f"-DKEPT_MAX={KEPT_MAX}")
+PER_THREAD = 4  # logits per thread a block of a draw takes: the row's blocks follow from it
+DIGITS, MAX_ROUNDS = 256, 8  # a radix select's histogram, and its passes over 64-bit keys
+_DEFINES = (f"-DTHREADS={THREADS}",)
 _SAMPLING = cuda_build.source(__file__, "sampling.cu",
                               cuda_build.dtype_defines(np.float32) + _DEFINES)
+_STATES: dict[tuple[int, int], tuple[Any, ...]] = {}  # (rows, device) -> sample_rows' state
+
+
+@functools.cache
+def _multiprocessors(device: int) -> int:
+    import cupy
+
+    return int(cupy.cuda.Device(device).attributes["MultiProcessorCount"])
+
+
+def blocks_per_row(vocab: int, rows: int, multiprocessors: int, top_k: int = 0) -> int:
+    """How many blocks draw from each row: 1 with top-k on (sampling.cu's top_k_draw);
+    else about PER_THREAD logits a thread, and no more blocks in all than multiprocessors
+    (every block of a row must run at once); 1 when the batch alone fills the GPU."""
+    if 0 < top_k <= THREADS:
+        return 1
+    wanted = -(-vocab // (THREADS * PER_THREAD))
+    return max(1, min(wanted, multiprocessors // rows))
 
 
 class CudaSampling(SamplingReference):
@@ -36,15 +63,28 @@ class CudaSampling(SamplingReference):
 
     def sample_rows(self, logits: Any, u: Any, temperature: float, top_k: int,
                     top_p: float) -> Any:
-        """sampling.cu, except top-p without a top-k of at most KEPT_MAX (the nucleus would
-        need the whole vocabulary sorted): the reference's array ops then."""
+        if not logits.flags.c_contiguous:  # (a check costs less than the call it saves)
+            logits = self.xp.ascontiguousarray(logits)
+        if u.dtype != np.float64 or not u.flags.c_contiguous:
+            u = self.xp.ascontiguousarray(u, dtype=np.float64)
         b, v = logits.shape
-        if top_p < 1.0 and not 0 < top_k <= min(KEPT_MAX, v - 1):
-            return super().sample_rows(logits, u, temperature, top_k, top_p)
-        logits = self.xp.ascontiguousarray(logits)
-        u = self.xp.ascontiguousarray(u, dtype=np.float64)
+        blocks = blocks_per_row(v, b, _multiprocessors(logits.device.id), top_k)
         ids = self.xp.empty(b, dtype=np.int64)
         _SAMPLING.typed("sample_rows", logits.dtype, defines=_DEFINES)(
-            (b,), (THREADS,), (logits, u, ids, np.int32(v), np.float64(temperature),
-                               np.int32(top_k), np.float64(top_p)))
+            (blocks, b), (THREADS,), (logits, u, ids, np.int32(v), np.float64(temperature),
+                                      np.int32(top_k), np.float64(top_p),
+                                      *self._row_state(b, logits.device.id)))
         return ids
+
+    def _row_state(self, rows: int, device: int) -> tuple[Any, ...]:
+        """sampling.cu's row_state for `rows` rows: made zeroed once per batch size and device
+        (a launch leaves its barrier counters as it found them), then reused."""
+        state = _STATES.get((rows, device))
+        if state is None:
+            xp, most = self.xp, _multiprocessors(device)
+            state = (xp.zeros(2 * rows, np.uint32), xp.zeros(rows * most, np.float64),
+                     xp.zeros(rows * most, np.float64),
+                     xp.zeros(rows * MAX_ROUNDS * DIGITS, np.uint32),
+                     xp.zeros(rows * MAX_ROUNDS * DIGITS, np.float64))
+            _STATES[(rows, device)] = state
+        return state
