@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Chat on the GPU with the model ./train_gpu.sh trained: ./chat_gpu.sh [CONFIG]
-# (default: config.env). Same as ./chat_cpu.sh, for the -gpu checkpoint and device.
+# Chat on the GPU with a model you trained: ./chat_gpu.sh [CONFIG] [OPTIONS], in any order.
+# Same as ./chat_cpu.sh (the same choice of model: any checkpoint loads on either device),
+# on the GPU, its checkpoint (-gpu) looked for first when the log names none.
 set -euo pipefail
 
 RUSTYFLOW_CHAT_DEVICE=gpu exec "$(dirname "${BASH_SOURCE[0]}")/chat_cpu.sh" "$@"

@@ -5,39 +5,46 @@ from __future__ import annotations
 import json
 import shlex
 import sys
+from pathlib import Path
 from typing import Any
 
 import click
 
 from . import __version__
-from .errors import RustyFlowError, command
-from .training.config import KEYS, ConfigError, load_config
-
-# the run's own keys, listed first in `train --help`; every key is an option of train
-_RUN_KEYS = ("DEVICE", "MAX_STEPS", "PROFILE", "SEED", "NUM_GPUS")
-_TRAIN_KEYS = [KEYS[k] for k in _RUN_KEYS] + [k for k in KEYS.values() if k.name not in _RUN_KEYS]
+from .cli_help import SectionedCommand
+from .errors import RustyFlowError, command, install_command
+from .training.config import KEYS, ConfigError, check_data_dir, load_config
 
 
 def _hyperparameter_options(fn: Any) -> Any:
-    """One --<key> option per config key (values are validated by load_config)."""
-    for key in reversed(_TRAIN_KEYS):
+    """One --<key> option per config key (values are validated by load_config), in the
+    order of the config's declaration; `--help` lists them by section (cli_help)."""
+    for key in reversed(KEYS.values()):
         if key.type == "bool":
             name = key.flag[2:]
             fn = click.option(f"--{name}/--no-{name}", key.attr, default=None,
-                              help=key.help)(fn)
+                              help=f"{key.help} [default: {str(key.default).lower()}]")(fn)
         else:
+            shown = f" [default: {key.default}]" if key.default != "" else ""
             fn = click.option(key.flag, key.attr, default=None, metavar=key.type.upper(),
-                              help=f"{key.help} [default: {key.default}]")(fn)
+                              help=key.help + shown)(fn)
     return fn
 
 
-def _load(config: str | None, overrides: dict[str, Any]) -> Any:
+def _load(config: str | None, overrides: dict[str, Any],
+          allow_unknown_keys: bool = False) -> Any:
+    """The validated config; its warnings on stderr, unless RUSTYFLOW_CONFIG_WARNED says the
+    train scripts' banner has just printed them (warmup and train would repeat them)."""
+    import os
+
     try:
-        cfg, warnings = load_config(config, {k.upper(): v for k, v in overrides.items()})
+        cfg, warnings = load_config(config, {k.upper(): v for k, v in overrides.items()},
+                                    allow_unknown_keys=allow_unknown_keys)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    for w in warnings:
-        click.echo(f"WARN: {w}", err=True)
+    if not os.environ.get("RUSTYFLOW_CONFIG_WARNED"):
+        for w in warnings:
+            click.echo(f"WARN: {w}", err=True)
     return cfg
 
 
@@ -61,7 +68,14 @@ def _path_error(exc: OSError) -> str:
 class _Main(click.Group):
     """The command group: every expected error (a RustyFlowError, a GPU out-of-memory, a path
     the file system refuses) becomes one line and exit status 1; a stop signal exits 128 + its
-    number; anything else is a bug and keeps its traceback."""
+    number; anything else is a bug and keeps its traceback. Usage lines name the program as
+    the hints do (errors.command), whichever way it was started; `--help` lists options in
+    sections (cli_help)."""
+
+    command_class = SectionedCommand
+
+    def main(self, *args: Any, prog_name: str | None = None, **kwargs: Any) -> Any:
+        return super().main(*args, prog_name=prog_name or command(), **kwargs)
 
     def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
         ctx.meta["argv"] = list(args)  # what `train --gpus N` starts each worker with
@@ -105,16 +119,56 @@ def main() -> None:
     """RustyFlow: train a GPT on WikiText-2 with a from-scratch engine on NumPy or CuPy."""
 
 
+def _load_run(config: str | None, positional: str | None, overrides: dict[str, Any],
+              allow_unknown_keys: bool) -> Any:
+    """The config of a training run (train, warmup, banner): the file given as `train CONFIG`
+    (as nanoGPT's `train.py config/x.py`) or as `--config CONFIG` (both at once leave it
+    unclear which one to read), and a DATA_DIR that exists."""
+    if config is not None and positional is not None:
+        raise click.ClickException(f"two config files: {positional} and --config {config}: "
+                                   f"pass one")
+    cfg = _load(config if positional is None else positional, overrides, allow_unknown_keys)
+    try:
+        check_data_dir(cfg)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    return cfg
+
+
+def _resume_file(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """--resume's checkpoint must exist. A path that lacks the -cpu/-gpu which train adds to
+    a MODEL_PATH from the config gets the file that has it named."""
+    if value is None or Path(value).is_file():
+        return value
+    stem = value[: -len(".npz")] if value.endswith(".npz") else value
+    near = [f"{stem}-{d}.npz" for d in ("cpu", "gpu") if Path(f"{stem}-{d}.npz").is_file()]
+    where = "" if Path(value).is_absolute() else f" ({Path(value).absolute()})"
+    hint = (f"; {' and '.join(near)} {'exists' if len(near) == 1 else 'exist'} (train adds "
+            f"-cpu or -gpu to a MODEL_PATH from the config): pass --resume {near[0]}" if near
+            else ": pass the checkpoint a run wrote (its `Checkpoint:` line)")
+    raise click.ClickException(f"--resume {value}: no such file{where}{hint}")
+
+
 def _train_options(fn: Any) -> Any:
-    """The options of `train` (`warmup` takes the same, so a script can pass one list)."""
+    """The options of `train` (`warmup` and `banner` take the same, so a script can pass one
+    list): the config file, as CONFIG or --config, anywhere among the options."""
     for option in reversed((
+        click.argument("config_file", metavar="[CONFIG]", required=False,
+                       type=click.Path(dir_okay=False)),
         click.option("--config", "config", type=click.Path(dir_okay=False), default=None,
-                     help="config file (default: ./config.env when present)"),
-        click.option("--resume", type=click.Path(dir_okay=False, exists=True), default=None,
-                     help="continue exactly from a checkpoint written by train"),
+                     help="config file, as CONFIG (default: ./config.env when present)"),
+        click.option("--allow-unknown-keys", is_flag=True,
+                     help="a config file's unknown keys are warnings, not an error"),
+        click.option("--resume", type=click.Path(dir_okay=False), default=None,
+                     callback=_resume_file,
+                     help="continue exactly from a checkpoint written by train, writing to "
+                          "it (unless --model-path)"),
         click.option("--trace", "trace", type=click.Path(dir_okay=False), default=None,
                      metavar="FILE.json", help="write the profiled steps as a Chrome/Perfetto "
                      "trace (needs PROFILE)"),
+        click.option("--processes", type=click.IntRange(min=1), default=None, metavar="N",
+                     help="data-parallel processes on the CPU (DEVICE=cpu), started through "
+                     "mpiexec like --gpus N, which takes GPUs"),
     )):
         fn = option(fn)
     return _hyperparameter_options(fn)
@@ -140,24 +194,28 @@ def _with_init_shape(init_from: str | None, resume: str | None,
                    "replaces its own without this)")
 @click.option("--init-from", "init_from", type=click.Path(dir_okay=False), default=None,
               metavar="CKPT", help="start from a checkpoint's weights (fine-tuning, e.g. one "
-              "`rustyflow import hf` wrote): its model shape, a new optimizer and schedule")
+              "`import hf` wrote): its model shape, a new optimizer and schedule")
 @click.option("--allow-data-change", is_flag=True,
               help="let --resume continue on training data other than the checkpoint's "
                    "(its fingerprint differs)")
-def train(config: str | None, resume: str | None, trace: str | None, overwrite: bool,
-          init_from: str | None, allow_data_change: bool, **overrides: Any) -> None:
-    """Train a GPT; append the profiling report to the log."""
+def train(config_file: str | None, config: str | None, allow_unknown_keys: bool,
+          resume: str | None, trace: str | None, overwrite: bool, init_from: str | None,
+          allow_data_change: bool, **overrides: Any) -> None:
+    """Train a GPT per CONFIG (or ./config.env) and the options; append the profiling
+    report to the log."""
+    from .distributed.launcher import launch, ranks_to_start
     from .distributed.world import World
     from .reporting.progress import TrainingProgress
     from .training.loop import train as run_training
     from .training.signals import Stopped
 
-    cfg = _load(config, _with_init_shape(init_from, resume, overrides))
-    if cfg.num_gpus > 1 and not World.from_env().distributed:
-        from .distributed.launcher import launch
-
+    processes = overrides.pop("processes")
+    cfg = _load_run(config, config_file, _with_init_shape(init_from, resume, overrides),
+                    allow_unknown_keys)
+    ranks = ranks_to_start(cfg, processes, World.from_env())
+    if ranks:
         argv = click.get_current_context().find_root().meta["argv"]
-        sys.exit(launch([sys.executable, "-m", "rustyflow_py", *argv], cfg.num_gpus, _warn))
+        sys.exit(launch([sys.executable, "-m", "rustyflow_py", *argv], ranks, _warn))
     progress = TrainingProgress(cfg.num_epochs)
     try:
         run_training(cfg, progress.say, resume, progress, progress.warn, trace, overwrite,
@@ -192,20 +250,24 @@ def _warn(message: str) -> None:
 
 @main.command()
 @_train_options
-def warmup(config: str | None, resume: str | None, trace: str | None,
-           **overrides: Any) -> None:
+def warmup(config_file: str | None, config: str | None, allow_unknown_keys: bool,
+           resume: str | None, trace: str | None, **overrides: Any) -> None:
     """Compile the GPU kernels a training run of this config needs into CuPy's disk cache, so
-    that the run itself starts warm. Takes train's options (--resume, --trace, --max-steps and
-    --gpus do not change the kernels); trains nothing and writes no file of its own."""
+    that the run itself starts warm. Takes train's options (--resume, --trace, --max-steps,
+    --gpus and --processes do not change the kernels); trains nothing and writes no file of
+    its own."""
     from .training.loop import warm_up
 
+    overrides.pop("processes")
     overrides.update(max_steps=None, num_gpus=None)
-    warm_up(_load(config, overrides), click.echo)
+    warm_up(_load_run(config, config_file, overrides, allow_unknown_keys), click.echo)
 
 
 @main.command("eval")
-@click.option("--model", "model_path", required=True, type=click.Path(dir_okay=False))
-@click.option("--split", type=click.Choice(["valid", "test"]), default="valid")
+@click.option("--model", "model_path", required=True, type=click.Path(dir_okay=False),
+              metavar="CKPT", help="the checkpoint (.npz) to score")
+@click.option("--split", type=click.Choice(["valid", "test"]), default="valid", show_default=True,
+              help="the dataset split to score")
 @click.option("--device", default="auto", metavar="DEVICE", show_default=True,
               help="auto, cpu, gpu or gpu:N")
 @click.option("--data-dir", default=None, help="where the dataset lives (DATA_DIR); must exist")
@@ -246,25 +308,37 @@ def _read_logs(logs: tuple[str, ...]) -> list[Any]:
     warnings: list[str] = []
     records = []
     for path in logs or ("training_log.txt",):
-        try:
-            records += read_log(path, warnings)
-        except FileNotFoundError as exc:
-            raise click.ClickException(str(exc)) from None
+        if not Path(path).is_file():
+            raise click.ClickException(_missing_log(path, given=bool(logs)))
+        records += read_log(path, warnings)
     for w in warnings:
         click.echo(f"WARN: {w}", err=True)
     return sorted(records, key=lambda r: str(r.get("timestamp", ""))) if len(logs) > 1 else records
+
+
+def _missing_log(path: str, given: bool) -> str:
+    """A log that is not there, named as the user gave it (or not: the default, in this
+    folder), with the absolute path when it was relative."""
+    where = "" if Path(path).is_absolute() else f" (looked for {Path(path).absolute()})"
+    if given:
+        return (f"{path} not found{where}: pass --log the LOG_FILE a run wrote (relative paths "
+                f"are read from the folder you are in)")
+    return (f"{path} not found{where}: no run has logged in this folder; run "
+            f"`{command()} train` here first, or pass --log FILE")
 
 
 @main.command()
 @_LOG_OPTION
 @click.option("--last", type=click.IntRange(min=1), default=None, help="only the last N runs")
 @click.option("--format", "fmt", type=click.Choice(["table", "markdown", "json"]),
-              default="table")
+              default="table", show_default=True,
+              help="table: text fitted to the terminal's width; markdown: for a file or an "
+                   "issue; json: the runs' records")
 def report(logs: tuple[str, ...], last: int | None, fmt: str) -> None:
     """The runs in the log(s), CPU-vs-GPU speed-ups and the latest profiling report."""
-    from .reporting.report_page import render_report
+    from .reporting.report_page import render_report, terminal_width
 
-    click.echo(render_report(_read_logs(logs), fmt, last))
+    click.echo(render_report(_read_logs(logs), fmt, last, terminal_width()))
 
 
 @main.command()
@@ -273,7 +347,7 @@ def report(logs: tuple[str, ...], last: int | None, fmt: str) -> None:
               type=click.Path(file_okay=False), help="folder for the PNG and SVG files")
 @click.option("--last", type=click.IntRange(min=1), default=None, help="only the last N runs")
 @click.option("--run", "runs", multiple=True, metavar="TIMESTAMP",
-              help="only the run with this timestamp (repeatable; see `rustyflow report`)")
+              help="only the run with this timestamp (repeatable; `report` lists them)")
 @click.option("--format", "formats", multiple=True, type=click.Choice(["png", "svg"]),
               help="file format; repeatable [default: png and svg]")
 def plot(logs: tuple[str, ...], folder: str, last: int | None, runs: tuple[str, ...],
@@ -302,7 +376,8 @@ def plot(logs: tuple[str, ...], folder: str, last: int | None, runs: tuple[str, 
               help="a model shape, e.g. 2x128x4 (layers x embed x heads); repeatable")
 @click.option("--batch", "batches", multiple=True, metavar="BxT",
               help="a batch layout, e.g. 16x64 (batch x seq_len); repeatable")
-@click.option("--vocab", type=click.IntRange(min=2), default=33278, show_default=True)
+@click.option("--vocab", type=click.IntRange(min=2), default=33278, show_default=True,
+              help="vocabulary size of the timed model (WikiText-2's word vocabulary)")
 @click.option("--seconds", type=click.FloatRange(min=0), default=1.0, show_default=True,
               help="timed seconds per point and device (at least 3 steps)")
 @click.option("--from-json", "saved", type=click.Path(dir_okay=False, exists=True),
@@ -347,7 +422,9 @@ def data_download(dataset: str, data_dir: str) -> None:
 
 @data.command("info")
 @click.argument("dataset", default="wikitext-2")
-@click.option("--data-dir", default=None)
+@click.option("--data-dir", default=None,
+              help="the folder to look in (must exist) [default: $RUSTYFLOW_DATA_DIR, then "
+                   "./data, then ../shared/data, as train looks]")
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def data_info(dataset: str, data_dir: str | None, as_json: bool) -> None:
     """Where DATASET was found, sizes, token counts and checksums; exit 1 if missing or damaged."""
@@ -418,7 +495,7 @@ def devices(as_json: bool) -> None:
                f"{cpu['blas_library']}, {cpu['threads']} threads (BLAS itself: "
                f"{cpu['blas_threads']} per call), {cpu['kernels']} kernels")
     if cpu["kernels"] == "NumPy":
-        click.echo("     (pip install 'rustyflow-py[jit]' adds compiled numba kernels for the "
+        click.echo(f"     ({install_command('jit')} adds compiled numba kernels for the "
                    "elementwise passes: 10-20% faster CPU steps in benchmarks/results/)")
     if gpu["usable"]:
         click.echo(f"gpu: usable - {gpu['name']} (compute {gpu['compute_capability']}), "
@@ -431,35 +508,31 @@ def devices(as_json: bool) -> None:
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.argument("train_args", nargs=-1, type=click.UNPROCESSED)
 def banner(train_args: tuple[str, ...]) -> None:
-    """Show what `rustyflow train TRAIN_ARGS...` would run: the train scripts' banner.
+    """Show what `train TRAIN_ARGS...` would run: the train scripts' banner.
 
     The arguments are parsed by `train` itself, so the banner cannot drift from the run.
-    Config warnings are left for `train` to print; errors stop here, before any work.
+    Config errors stop here, before any work; warnings are printed as train prints them.
     """
-    from pathlib import Path
-
     from .data import where_found
     from .reporting.text import plural
     from .training.optimizers import describe as describe_optimizer
 
-    with train.make_context("rustyflow train", list(train_args)) as ctx:
+    with train.make_context(f"{command()} train", list(train_args)) as ctx:
         params = dict(ctx.params)
-    config, resume, trace = params.pop("config"), params.pop("resume"), params.pop("trace")
+    config, positional = params.pop("config"), params.pop("config_file")
+    resume, trace = params.pop("resume"), params.pop("trace")
+    allow_unknown_keys = params.pop("allow_unknown_keys")
     params.pop("overwrite")
+    params.pop("processes")
     params.pop("allow_data_change")
     init_from = params.pop("init_from")
-    params = _with_init_shape(init_from, resume, params)
-    try:
-        cfg, _ = load_config(config, {k.upper(): v for k, v in params.items()})
-    except ConfigError as exc:
-        raise click.ClickException(str(exc)) from None
-    shown = config or ("config.env" if Path("config.env").is_file() else None)
-    if shown and Path(shown).is_absolute() and Path(shown).is_relative_to(Path.cwd()):
-        shown = str(Path(shown).relative_to(Path.cwd()))  # as the scripts' caller wrote it
-    cpu_path, gpu_path = cfg.model_path_for("cpu"), cfg.model_path_for("gpu")
-    model_path = {"cpu": cpu_path, "gpu": f"{gpu_path} ({cpu_path} if it falls back to the CPU)",
-                  "auto": f"{gpu_path} on a usable GPU, else {cpu_path}"}[
-                      cfg.device.partition(":")[0]]
+    cfg = _load_run(config, positional, _with_init_shape(init_from, resume, params),
+                    allow_unknown_keys)
+    shown = config or positional or ("config.env" if Path("config.env").is_file() else None)
+    cpu_path, gpu_path = cfg.model_path_for("cpu", resume), cfg.model_path_for("gpu", resume)
+    model_path = cpu_path if cpu_path == gpu_path else {
+        "cpu": cpu_path, "gpu": f"{gpu_path} ({cpu_path} if it falls back to the CPU)",
+        "auto": f"{gpu_path} on a usable GPU, else {cpu_path}"}[cfg.device.partition(":")[0]]
     epochs = f"{cfg.num_epochs}" + (f" (stop after {plural(cfg.max_steps, 'step')})"
                                     if cfg.max_steps else "")
     rows = [
@@ -518,19 +591,21 @@ def _sampling_options(fn: Any) -> Any:
                       help="tokens to generate (chat: per reply, which also ends at <eos>)")(fn)
     return click.option("--model", "model_path", default=None,
                         type=click.Path(dir_okay=False),
-                        help="checkpoint (.npz) [default: the one `rustyflow train` wrote for "
-                             "the config]")(fn)
+                        help="checkpoint (.npz) [default: the best checkpoint of the latest "
+                             "completed run in the log (of --config's runs when given), else "
+                             "the config's MODEL_PATH]")(fn)
 
 
 def _open_session(model_path: str | None, config: str | None, quiet: bool,
                   prompt_missing: bool = False, samples: int = 1, **overrides: Any) -> Any:
     """Config (flags > env > file), device and checkpoint; user errors as one clear line."""
     from .model.generate import Sampling
-    from .training.evaluate import find_checkpoint, open_session
+    from .training.evaluate import open_session
+    from .training.model_choice import choose_model
 
     cfg = _load(config, overrides)
     say = (lambda msg: None) if quiet else _warn
-    path = find_checkpoint(model_path, cfg, say, prompt_missing)
+    path = choose_model(model_path, config, cfg, say, prompt_missing)
     if prompt_missing:
         raise click.UsageError("generate needs --prompt TEXT (the text to continue)")
     return open_session(path, cfg.device, cfg.strict_device,
@@ -552,9 +627,17 @@ def generate(model_path: str | None, prompt: str | None, max_tokens: int, config
 
     session = _open_session(model_path, config, quiet, prompt is None, num_samples,
                             **overrides)
-    generate_text(session, prompt, max_tokens, sys.stdout, sys.stderr)
+    generate_text(session, prompt, max_tokens, sys.stdout, _notes(quiet))
     if not quiet:
         click.echo(session.speed(), err=True)
+
+
+def _notes(quiet: bool) -> Any:
+    """Where generate and chat write their notes (prompt words outside the vocabulary):
+    stderr, or nowhere under --quiet, which keeps stderr empty."""
+    import io
+
+    return io.StringIO() if quiet else sys.stderr
 
 
 @main.command()
@@ -569,7 +652,7 @@ def chat(model_path: str | None, max_tokens: int, config: str | None, quiet: boo
         click.echo(f"Chatting with {session.path} on {session.model.device}; it continues what "
                    f"you type. exit, quit or Ctrl-D ends.", err=True)
     try:
-        chat_loop(session, sys.stdin, sys.stdout, sys.stderr, max_tokens)
+        chat_loop(session, sys.stdin, sys.stdout, _notes(quiet), max_tokens)
     except KeyboardInterrupt:
         click.echo("", err=True)
     if not quiet:

@@ -6,6 +6,8 @@ line (no traceback) and exits 1. Anything else is a bug and keeps its traceback.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 
 class RustyFlowError(Exception):
     """An expected error whose message names the problem and the fix."""
@@ -48,6 +50,38 @@ def command() -> str:
     if os.access("rustyflow", os.X_OK) and os.path.isfile("rustyflow"):
         return "./rustyflow"
     return "python -m rustyflow_py"
+
+
+def _shown(path: Path) -> str:
+    """`path` as a command line writes it: relative to the working directory when inside it
+    (`.venv/bin/pip`, `.`), else absolute."""
+    here = Path.cwd()
+    return str(path.relative_to(here)) if path.is_relative_to(here) else str(path)
+
+
+def install_command(extra: str) -> str:
+    """The command that installs optional extra `extra` into the Python running now, for the
+    hints that name one. From a checkout (an editable install, the README's flow): its venv's
+    pip on the checkout, `.venv/bin/pip install -e '.[plot]'` (plain `pip` when that venv is
+    activated); an installed package: `pip install 'rustyflow-py[plot]'`. Never a bare `pip`
+    that reaches another Python (the system's refuses: externally-managed-environment)."""
+    import shlex
+    import shutil
+    import sys
+
+    scripts = Path(sys.executable).parent  # not resolved: a venv's python is a symlink
+    pip = next((p for p in (scripts / "pip", scripts / "pip3") if p.is_file()), None)
+    on_path = shutil.which("pip")
+    if pip is not None and on_path and Path(on_path).resolve() == pip.resolve():
+        runner = "pip"  # the activated venv's own
+    elif pip is not None:
+        runner = shlex.quote(_shown(pip))
+    else:
+        runner = f"{shlex.quote(_shown(Path(sys.executable)))} -m pip"
+    checkout = Path(__file__).resolve().parents[1]
+    if (checkout / "pyproject.toml").is_file() and (checkout / "rustyflow_py").is_dir():
+        return f"{runner} install -e {shlex.quote(f'{_shown(checkout)}[{extra}]')}"
+    return f"{runner} install {shlex.quote(f'rustyflow-py[{extra}]')}"
 
 
 class InteropError(RustyFlowError):

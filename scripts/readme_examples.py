@@ -7,7 +7,9 @@
   on a pseudo-terminal and rendered by a terminal emulator, exactly what a person sees;
 - README's GPU profile: the report of a real H100 run (its committed log block), rendered by
   today's report code;
-- docs/log-format.md: the log block of a two-epoch run of a tiny model on a small text file.
+- docs/log-format.md: the log block of a two-epoch run of a tiny model on a small text file;
+- docs/benchmarks.md's seed epoch: the committed CPU and GPU epoch logs as `report` renders
+  them today, so the figures the page quotes are the files' own.
 
 Each block sits between `<!-- example: NAME -->` and `<!-- end example -->` lines and is
 replaced whole. tests/test_readme.py checks that both still have the current output's form.
@@ -81,6 +83,26 @@ def gpu_profile() -> list[str]:
     return lines + profile_text.roofline_lines(record, top=5)
 
 
+SEED_LOGS = [ROOT / "benchmarks" / "results" / "runs" / name
+             for name in ("seed-epoch-h100.log", "seed-epoch-cpu-amd-epyc-2core.log")]
+
+
+def seed_epoch() -> list[str]:
+    """`report --log` over the committed seed-epoch logs: its runs table and the CPU-vs-GPU
+    speed-up, then the CPU epoch's matmul floor line from its block."""
+    sys.path.insert(0, str(ROOT))
+    from rustyflow_py.reporting.log_parser import read_log
+    from rustyflow_py.reporting.log_writer import format_block
+    from rustyflow_py.reporting.report_page import render_report
+
+    records = sorted((r for log in SEED_LOGS for r in read_log(log)),
+                     key=lambda r: str(r.get("timestamp", "")))
+    runs, speedup = render_report(records).split("\n\n")[:2]
+    cpu = next(r for r in records if r.get("device") == "cpu")
+    floor = [line for line in format_block(cpu).splitlines() if line.startswith("Matmul floor")]
+    return [*runs.splitlines(), "", *speedup.splitlines(), "", *floor]
+
+
 def log_block() -> list[str]:
     """The log block of the tiny run, its one-line [RUN_JSON] shortened."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -95,4 +117,5 @@ def log_block() -> list[str]:
 if __name__ == "__main__":
     put(ROOT / "README.md", "gpu profile", gpu_profile())
     put(ROOT / "docs" / "log-format.md", "log block", log_block())
+    put(ROOT / "docs" / "benchmarks.md", "seed epoch", seed_epoch())
     put(ROOT / "README.md", "quick start", quick_start())

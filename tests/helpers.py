@@ -81,7 +81,11 @@ def env_file(values: dict[str, Any]) -> str:
 
 
 def make_cfg(**changes: Any) -> Config:
-    cfg, warnings = load_config(None, {**TINY, **changes}, environ={})
+    """TINY with `changes`; MODEL_PATH as a config file gives it (the trainer adds -cpu, as
+    for `train --config tiny.env`), not as a --model-path typed on the command line."""
+    values = {**TINY, **changes}
+    model_path = str(values.pop("MODEL_PATH"))
+    cfg, warnings = load_config(None, values, environ={"MODEL_PATH": model_path})
     assert warnings == []
     return cfg
 

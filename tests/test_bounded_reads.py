@@ -21,7 +21,7 @@ from rustyflow_py.training import npz
 
 BIG = 1 << 26  # 64 MiB: more than any command here allocates for the tiny model
 TERA = 2**40  # elements a hostile header declares
-BAD = "bad-cpu.npz"  # where `train --model-path bad.npz` writes on the CPU
+BAD = "bad-cpu.npz"  # where `train --model-path bad-cpu.npz` writes: the path as typed
 
 
 def npy_header(shape: tuple[int, ...], dtype: str) -> bytes:
@@ -77,7 +77,7 @@ READERS = {
                  "--max-tokens", "2"),
 }
 TRAINERS = {
-    "model-path": (*TRAIN, "--model-path", "bad.npz", "--max-steps", "2"),
+    "model-path": (*TRAIN, "--model-path", BAD, "--max-steps", "2"),
     "resume": (*TRAIN, "--resume", BAD, "--model-path", "models/r.npz"),
     "init-from": (*TRAIN, "--init-from", BAD, "--model-path", "models/f.npz",
                   "--max-steps", "2"),

@@ -170,10 +170,10 @@ def test_booleans(text: str, value: bool) -> None:
 
 def test_unknown_key_and_unparsable_line_warn(tmp_path: Path) -> None:
     path = write(tmp_path, "BATCHSIZE=3\nbatch_size=4\nthis is not a setting\nSEQ_LEN=8\n")
-    config, warnings = load_config(path, environ={})
+    config, warnings = load_config(path, environ={}, allow_unknown_keys=True)
     assert config.seq_len == 8 and config.batch_size == 16
-    assert f"{path}: unknown key 'BATCHSIZE' ignored (did you mean BATCH_SIZE?)" in warnings
-    assert f"{path}: unknown key 'batch_size' ignored (did you mean BATCH_SIZE?)" in warnings
+    assert f"{path} line 1: unknown key 'BATCHSIZE' ignored (did you mean BATCH_SIZE?)" in warnings
+    assert f"{path} line 2: unknown key 'batch_size' ignored (did you mean BATCH_SIZE?)" in warnings
     assert any("could not parse statement starting at line 3" in w for w in warnings)
 
 
@@ -249,10 +249,10 @@ def test_file_without_any_setting_is_an_error(tmp_path: Path, text: str, why: st
 
 def test_control_characters_are_escaped_in_warnings_and_errors(tmp_path: Path) -> None:
     path = write(tmp_path, "BAD\x1b[31mKEY=1\n\u202eEVIL=2\nSEQ_LEN=8\n")
-    config, warnings = load_config(path, environ={})
+    config, warnings = load_config(path, environ={}, allow_unknown_keys=True)
     assert config.seq_len == 8
-    assert f"{path}: unknown key 'BAD\\x1b[31mKEY' ignored" in warnings
-    assert f"{path}: unknown key '\\u202eEVIL' ignored" in warnings
+    assert f"{path} line 1: unknown key 'BAD\\x1b[31mKEY' ignored" in warnings
+    assert f"{path} line 2: unknown key '\\u202eEVIL' ignored" in warnings
     assert all(w.isprintable() for w in warnings)
     path = write(tmp_path, "BATCH_SIZE=\x1b[2J\x07\n")
     with pytest.raises(ConfigError) as err:

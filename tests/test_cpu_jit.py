@@ -6,6 +6,7 @@ correctness is covered by the gradient checks and the PyTorch parity tests)."""
 from __future__ import annotations
 
 import importlib.util
+import re
 import sys
 from collections.abc import Callable
 from typing import TypeVar
@@ -18,6 +19,7 @@ from rustyflow_py.engine.ops.cpu_pool import load_jit
 from rustyflow_py.engine.ops.cpu_set import CpuKernels
 from rustyflow_py.engine.policy import RunPolicy
 from rustyflow_py.engine.tensor import Tensor
+from rustyflow_py.errors import install_command
 from rustyflow_py.model.gpt import GPT, GPTConfig
 from rustyflow_py.model.optim import AdamW, Schedule
 
@@ -248,5 +250,5 @@ def test_cpu_jit_on_without_numba_names_the_fix(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.delattr("rustyflow_py.engine.ops.cpu_jit", raising=False)
     assert load_jit("auto") is None
     assert load_jit("off") is None
-    with pytest.raises(RuntimeError, match=r"CPU_JIT=on.*pip install 'rustyflow-py\[jit\]'"):
+    with pytest.raises(RuntimeError, match=r"CPU_JIT=on.*" + re.escape(install_command("jit"))):
         load_jit("on")

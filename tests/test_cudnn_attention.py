@@ -54,7 +54,7 @@ def test_without_the_frontend_attention_cudnn_names_the_extra(monkeypatch: Any) 
     cudnn.load.cache_clear()
     cudnn.available.cache_clear()
     try:
-        with pytest.raises(cudnn.CudnnUnavailable, match=r"rustyflow-py\[cudnn\].*ATTENTION=own"):
+        with pytest.raises(cudnn.CudnnUnavailable, match=r"install -e .*\[cudnn\].*ATTENTION=own"):
             cudnn.load()
         assert not cudnn.available()
     finally:

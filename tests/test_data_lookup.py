@@ -107,7 +107,7 @@ def test_a_missing_data_dir_is_an_error_not_a_fallback(cwd: Path, command: list[
     if command[0] == "eval":  # a checkpoint to evaluate: a 1-step run's
         trained = CliRunner().invoke(main, ["train", "--device", "cpu", "--max-steps", "1",
                                             "--batch-size", "1", "--seq-len", "1",
-                                            "--model-path", "m.npz", "--no-profile"])
+                                            "--model-path", "m-cpu.npz", "--no-profile"])
         assert trained.exit_code == 0, trained.output
     args = [a.replace("{dir}", str(missing)) for a in command]
     result = CliRunner().invoke(main, args)

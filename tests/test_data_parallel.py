@@ -36,6 +36,7 @@ from click.testing import CliRunner
 from rustyflow_py.cli import main
 from rustyflow_py.distributed.data_parallel import BucketedAllReduce
 from rustyflow_py.distributed.launcher import find_mpiexec
+from rustyflow_py.distributed.mpi import EXTRA_HINT
 from rustyflow_py.distributed.world import World
 from rustyflow_py.engine.autograd import Function, Tensor
 from rustyflow_py.engine.backend import get_backend
@@ -237,16 +238,20 @@ class Runs:
 
     def train(self, name: str, workers: int, resume: Path | None = None,
               **keys: Any) -> Checkpoint:
-        """Run `name` (in this process when `workers` is 1, else launched); its checkpoint."""
+        """Run `name` (in this process when `workers` is 1, else launched); its checkpoint. A
+        resumed run writes its own checkpoint, named by a typed --model-path (without it, it
+        would go on writing the file it resumed)."""
         config = self.config(name, **keys)
+        own = {"MODEL_PATH": str(self.checkpoint_path(name))} if resume else {}
         if workers == 1:
-            cfg, warnings = load_config(config, environ={})
+            cfg, warnings = load_config(config, own, environ={})
             assert warnings == []
             Trainer(cfg, lambda _: None, resume=str(resume) if resume else None).run()
         else:
             if not HAVE_MPI:
                 pytest.skip("needs MPI: pip install -e '.[mpi]'")
-            flags = ["--resume", str(resume)] if resume else []
+            flags = (["--resume", str(resume), "--model-path", own["MODEL_PATH"]] if resume
+                     else [])
             status, output, _ = launch_run(train_command(config, *flags), workers)
             assert status == 0, output
         return Checkpoint(self.checkpoint_path(name))
@@ -499,19 +504,18 @@ def test_a_rank_that_fails_before_joining_ends_the_job_naming_it(runs: Runs) -> 
     assert not runs.checkpoint_path("bad_flag").exists()
 
 
-def start_training(runs: Runs, name: str, mark: str, until: str, *, via_gpus: bool = False,
+def start_training(runs: Runs, name: str, mark: str, until: str, *,
+                   via_launcher: bool = False,
                    **keys: Any) -> tuple[subprocess.Popen[str], Path, Path]:
     """A long run on 2 ranks (1000 epochs of ~23 steps), returned once `until` has shown (a
-    checkpoint's path, or a line of the output to wait for): under mpiexec, or `via_gpus`
-    as `rustyflow train --gpus 2` (DEVICE=auto, no GPU: both ranks on the CPU).
+    checkpoint's path, or a line of the output to wait for): under mpiexec, or `via_launcher`
+    as `rustyflow train --processes 2` (rustyflow's own launcher, as for --gpus, on the CPU).
     (mpiexec or rustyflow, checkpoint, its output file)"""
-    if via_gpus:
-        keys.setdefault("DEVICE", "auto")
     config = runs.config(name, BATCH_SIZE=4, NUM_EPOCHS=1000, MAX_STEPS=0, **keys)
     out = runs.folder / f"{name}.out"
-    if via_gpus:
+    if via_launcher:
         with open(out, "w") as stream:
-            proc = subprocess.Popen([*train_command(config), "--gpus", "2"], stdout=stream,
+            proc = subprocess.Popen([*train_command(config), "--processes", "2"], stdout=stream,
                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                     text=True, env=child_env(mark))
     else:
@@ -534,13 +538,17 @@ def mark() -> Iterator[str]:
 
 
 @needs_mpi
-def test_a_sigkilled_rank_ends_the_job_naming_it_through_gpus(runs: Runs, mark: str) -> None:
-    """`rustyflow train --gpus 2` (DEVICE=auto, no GPU: both ranks on the CPU): mpiexec kills
-    the job when rank 1 dies, and --gpus turns its report into one line naming the rank."""
-    proc, ckpt, out = start_training(runs, "sigkill", mark, "checkpoint", via_gpus=True)
+def test_a_sigkilled_rank_ends_the_job_naming_it_through_the_launcher(runs: Runs,
+                                                                      mark: str) -> None:
+    """`rustyflow train --processes 2` (the launcher of --gpus, on the CPU): mpiexec kills the
+    job when rank 1 dies, and the launcher turns its report into one line naming the rank,
+    in place of MPI's own (Hydra's BAD TERMINATION banner and exit codes)."""
+    proc, ckpt, out = start_training(runs, "sigkill", mark, "checkpoint", via_launcher=True)
     status, output, _ = signal_rank_1(proc, mark, signal.SIGKILL, out, 30)
     assert status != 0, output
     assert "Error: rank 1 was killed by SIGKILL" in output, output
+    assert output.count("Error:") == 1, output
+    assert "BAD TERMINATION" not in output and "[mpiexec@" not in output, output
     assert not marked_pids(mark), "a rank was left behind"
     saved = Checkpoint(ckpt)  # atomically written: whole, whenever the kill landed
     assert saved.meta["world_size"] == 2 and saved.meta["train"]["step"] > 0
@@ -548,11 +556,11 @@ def test_a_sigkilled_rank_ends_the_job_naming_it_through_gpus(runs: Runs, mark: 
 
 
 @needs_mpi
-def test_killing_gpus_itself_stops_the_ranks_it_started(runs: Runs, mark: str) -> None:
-    """`rustyflow train --gpus 2` SIGKILLed (no chance to forward anything): mpiexec gets a
-    SIGTERM from the kernel as its parent dies (or SIGPIPE at its next line of output), and
+def test_killing_the_launcher_itself_stops_the_ranks_it_started(runs: Runs, mark: str) -> None:
+    """`rustyflow train --processes 2` SIGKILLed (no chance to forward anything): mpiexec gets
+    a SIGTERM from the kernel as its parent dies (or SIGPIPE at its next line of output), and
     no process of the job is left running."""
-    proc, ckpt, _ = start_training(runs, "orphans", mark, "checkpoint", via_gpus=True)
+    proc, ckpt, _ = start_training(runs, "orphans", mark, "checkpoint", via_launcher=True)
     assert len(marked_pids(mark, rank=0)) == len(marked_pids(mark, rank=1)) == 1
     proc.kill()
     proc.wait()
@@ -579,10 +587,10 @@ def test_a_stopped_rank_ends_the_job_within_the_timeout_naming_it(runs: Runs,
 
 
 @needs_mpi
-def test_sigterm_to_gpus_interrupts_once_and_resumes(runs: Runs, mark: str) -> None:
-    """SIGTERM to `rustyflow train --gpus 2`, which forwards it to mpiexec, which forwards it
-    to each rank; ZeRO-1, so the interrupted save also gathers the optimizer's shards."""
-    proc, ckpt, out = start_training(runs, "sigterm", mark, "  step 2 (", via_gpus=True,
+def test_sigterm_to_the_launcher_interrupts_once_and_resumes(runs: Runs, mark: str) -> None:
+    """SIGTERM to `rustyflow train --processes 2`, which forwards it to mpiexec, which forwards
+    it to each rank; ZeRO-1, so the interrupted save also gathers the optimizer's shards."""
+    proc, ckpt, out = start_training(runs, "sigterm", mark, "  step 2 (", via_launcher=True,
                                      SHARD_OPTIMIZER=True)
     try:
         proc.send_signal(signal.SIGTERM)
@@ -652,33 +660,33 @@ def test_gpus_without_mpi_is_a_clear_error_naming_the_extra(
     """No mpi4py (None in sys.modules makes its import fail) and no RUSTYFLOW_MPIEXEC."""
     monkeypatch.setitem(sys.modules, "mpi4py", None)
     monkeypatch.delenv("RUSTYFLOW_MPIEXEC", raising=False)
-    config = runs.config("no_mpi", BATCH_SIZE=4, DEVICE="auto")
-    result = CliRunner().invoke(main, ["train", "--config", str(config), "--gpus", "2"])
+    config = runs.config("no_mpi", BATCH_SIZE=4)
+    result = CliRunner().invoke(main, ["train", "--config", str(config), "--processes", "2"])
     assert result.exit_code == 1, result.output
     text = " ".join(result.output.split())
     assert "mpi4py is not installed" in text, text
-    assert "pip install 'rustyflow-py[mpi]'" in text, text
+    assert EXTRA_HINT in text and "[mpi]" in EXTRA_HINT, text
     assert "Traceback" not in result.output
     assert not runs.checkpoint_path("no_mpi").exists()
 
 
 @needs_mpi
-def test_train_gpus_launches_the_workers_itself(runs: Runs) -> None:
-    """`rustyflow train --gpus 2` starts its own command line under `mpiexec -n 2`; with
-    DEVICE=auto and no usable GPU each rank trains on the CPU: the same run as dp2."""
+def test_train_processes_launches_the_workers_itself(runs: Runs) -> None:
+    """`rustyflow train --processes 2` starts its own command line under `mpiexec -n 2`
+    (as --gpus 2 does on GPUs), each rank on the CPU: the same run as dp2."""
     runs["dp2"]
-    config = runs.config("cli_launch", BATCH_SIZE=4, DEVICE="auto")
+    config = runs.config("cli_launch", BATCH_SIZE=4)
     mark = uuid.uuid4().hex
     try:
         result = subprocess.run(
-            [*train_command(config), "--gpus", "2"], stdin=subprocess.DEVNULL,
+            [*train_command(config), "--processes", "2"], stdin=subprocess.DEVNULL,
             capture_output=True, text=True, timeout=RUN_TIMEOUT, env=child_env(mark))
     finally:
         kill_marked(mark)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "starting 2 processes: " in result.stderr and " -n 2 " in result.stderr
     ckpt = Checkpoint(runs.checkpoint_path("cli_launch"))
-    assert ckpt.meta["world_size"] == 2 and ckpt.meta["config"]["NUM_GPUS"] == 2
+    assert ckpt.meta["world_size"] == 2
     assert_same_losses(ckpt, runs["dp2"])
 
 

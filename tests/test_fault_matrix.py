@@ -51,7 +51,7 @@ from rustyflow_py.training.loop import Trainer
 
 pytestmark = pytest.mark.usefixtures("tiny_dir")
 
-NEW = ("--model-path", "models/new.npz")  # a path no earlier run used
+NEW = ("--model-path", "models/new-cpu.npz")  # a path no earlier run used, used as typed
 Patch = Callable[[pytest.MonkeyPatch], None]
 
 
@@ -293,11 +293,11 @@ CASES = [
          (*TRAIN, *NEW, "--profile", "--trace", "notes.txt"), 1,
          r"trace file notes.txt exists and was not written by rustyflow"),
     Case("model-path-is-a-text-file", "MODEL_PATH names a text file",
-         (*TRAIN, "--model-path", "notes.npz"), 1,
+         (*TRAIN, "--model-path", "notes-cpu.npz"), 1,
          r"checkpoint notes-cpu.npz exists and is not a rustyflow checkpoint",
          setup=text_at("notes-cpu.npz")),
     Case("model-path-is-their-npz", "MODEL_PATH names another program's .npz",
-         (*TRAIN, "--model-path", "models/their.npz"), 1,
+         (*TRAIN, "--model-path", "models/their-cpu.npz"), 1,
          r"checkpoint models/their-cpu.npz exists and is not a rustyflow checkpoint",
          setup=their_npz_at("models/their-cpu.npz")),
     Case("best-path-is-theirs", "the -best file beside MODEL_PATH is someone's",
@@ -329,10 +329,10 @@ CASES = [
          r"Resumed from models/tiny-cpu.npz at step 3", replaced=TRAINED,
          check=checkpoint_at(TRAINED[0], 5)),
     Case("resume-into-another-run", "--resume writing to a different run's checkpoint",
-         (*TRAIN, "--resume", TRAINED[0], "--model-path", "models/other.npz",
+         (*TRAIN, "--resume", TRAINED[0], "--model-path", "models/other-cpu.npz",
           "--max-steps", "5"), 1,
          r"checkpoint models/other-cpu.npz holds another run's model",
-         setup=another_run_at("models/other.npz")),
+         setup=another_run_at("models/other-cpu.npz")),
     Case("fallback-never-overwrites", "the checkpoint folder is full, and the fallback "
          "folder holds files of the checkpoint's name",
          (*TRAIN, *NEW), 1, r"wrote it to \S+/new-cpu-rescued1.npz instead: the run will end "
@@ -578,7 +578,7 @@ def test_a_first_ctrl_c_saves_and_names_the_resume_command(workspace: Path) -> N
     assert "Traceback" not in out
     assert re.search(r"To continue: (rustyflow|\./rustyflow|python -m rustyflow_py) train "
                      r"--config tiny.env --model-path "
-                     r"models/new.npz --max-steps 3 --resume models/new-cpu.npz", out), out
+                     r"models/new-cpu.npz --max-steps 3 --resume models/new-cpu.npz", out), out
     assert Checkpoint("models/new-cpu.npz").meta["train"]["step"] == 3
     assert log_records()[-1]["status"] == "interrupted"
     assert_intact(before, snapshot(workspace))

@@ -290,9 +290,11 @@ def test_generate_and_chat_find_the_checkpoint_train_wrote() -> None:
     assert given.exit_code == 0, given.output
     assert "models/tiny.npz does not exist; using models/tiny-cpu.npz" in given.output
     Path("models/tiny-cpu.npz").unlink()
-    neither = invoke("generate", "--config", "tiny.env")
-    assert neither.exit_code != 0
-    assert "--prompt" in neither.output and "models/tiny-cpu.npz" in neither.output
+    Path("models/tiny-cpu-best.npz").unlink()  # else the log's completed run offers it
+    no_prompt = invoke("generate", "--config", "tiny.env")  # stops before choosing a model
+    assert no_prompt.exit_code != 0 and "--prompt" in no_prompt.output
+    no_model = invoke("generate", "--config", "tiny.env", "--prompt", "the", "--device", "cpu")
+    assert no_model.exit_code == 1 and "models/tiny-cpu.npz" in no_model.output
 
 
 def test_version_and_expected_errors_without_traceback() -> None:

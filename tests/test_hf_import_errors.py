@@ -18,6 +18,7 @@ from helpers import make_cfg, quiet
 
 from rustyflow_py import data
 from rustyflow_py.cli import main
+from rustyflow_py.errors import command, install_command
 from rustyflow_py.model.gpt import GPTConfig, init_weights
 from rustyflow_py.training import checkpoint
 from rustyflow_py.training.loop import Trainer
@@ -149,7 +150,7 @@ def test_missing_extra_names_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     hf_folder(tmp_path / "hf")
     monkeypatch.setitem(sys.modules, "safetensors", None)  # import fails as if not installed
     one_line_error(run("import", "hf", "hf", "--out", "g.npz"), "optional extra 'hf'",
-                   "pip install 'rustyflow-py[hf]'")
+                   install_command("hf"))
 
 
 def test_hub_name_offline_says_how_to_pass_a_folder(tmp_path: Path) -> None:
@@ -159,7 +160,7 @@ def test_hub_name_offline_says_how_to_pass_a_folder(tmp_path: Path) -> None:
                           timeout=120)
     assert proc.returncode == 1 and "Traceback" not in proc.stderr
     assert "downloading it from the Hugging Face Hub failed" in proc.stderr
-    assert "pass its path: rustyflow import hf ./gpt2" in proc.stderr
+    assert f"pass its path: `{command()} import hf ./gpt2`" in proc.stderr
 
 
 def test_init_from_fine_tunes_an_imported_gpt2(tmp_path: Path) -> None:

@@ -13,7 +13,8 @@ PACKAGE = Path(__file__).resolve().parents[1] / "rustyflow_py"
 
 # Lower layers know nothing of higher ones. Layers of equal rank do not import each other.
 LAYERS = {"errors": 0, "engine": 1, "data": 1, "model": 2, "reporting": 2, "distributed": 3,
-          "training": 4, "interop": 5, "cli": 6, "__main__": 7, "__init__": 7}
+          "training": 4, "interop": 5, "cli_help": 5, "cli": 6, "__main__": 7,
+          "__init__": 7}
 
 
 def _modules() -> dict[str, Path]:

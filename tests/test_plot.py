@@ -3,6 +3,7 @@ saying how to get matplotlib when it is missing."""
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -10,6 +11,7 @@ import pytest
 from click.testing import CliRunner
 
 from rustyflow_py.cli import main
+from rustyflow_py.errors import install_command
 from rustyflow_py.reporting import plot
 from rustyflow_py.reporting.log_parser import read_log
 from rustyflow_py.reporting.profile_text import roofline
@@ -37,12 +39,13 @@ def test_selecting_runs_by_timestamp_or_count() -> None:
 def test_without_matplotlib_the_command_says_how_to_get_it(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` now fails
-    with pytest.raises(plot.PlotError, match=r"pip install 'rustyflow-py\[plot\]'"):
+    with pytest.raises(plot.PlotError, match=re.escape(install_command("plot"))):
         plot.pyplot()
     result = CliRunner().invoke(main, ["plot", "--log", str(CURVES_LOG), "--out",
                                        str(tmp_path)])
     assert result.exit_code == 1
-    assert result.output.strip().splitlines() == [f"Error: {plot.MISSING}"]
+    assert result.output.strip().splitlines() == [
+        f"Error: matplotlib is not installed, and pictures need it: {install_command('plot')}"]
     assert list(tmp_path.iterdir()) == []
 
 

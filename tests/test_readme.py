@@ -23,7 +23,7 @@ sys.path.insert(0, str(REPO / "scripts"))
 
 pytest.importorskip("pyte", reason="the dev extra's pyte renders the terminal")
 
-from readme_examples import TINY_LOG_RUN, gpu_profile, tiny_text  # noqa: E402
+from readme_examples import TINY_LOG_RUN, gpu_profile, seed_epoch, tiny_text  # noqa: E402
 from screen import content, on_screen, shape  # noqa: E402
 
 # Rows whose order follows measured times, so a run may list them in another order: each
@@ -100,3 +100,9 @@ def test_the_gpu_profile_example_is_todays_rendering_of_the_committed_run() -> N
     """README's GPU profile is a real H100 run's record (committed under benchmarks/results)
     rendered by the current report code, line for line."""
     assert example(README, "gpu profile") == gpu_profile()
+
+
+def test_the_seed_epoch_figures_are_the_committed_logs_own() -> None:
+    """docs/benchmarks.md quotes the seed epoch's times and perplexities as `report` renders
+    the committed logs today, line for line: a figure typed by hand could go stale."""
+    assert example(REPO / "docs" / "benchmarks.md", "seed epoch") == seed_epoch()

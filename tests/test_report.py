@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from report_records import CPU_OPS, cpu_record, dp_record, gpu_record, interrupted_record, parallel
 
+from rustyflow_py.errors import command
 from rustyflow_py.reporting.analysis import scaling, speedups
 from rustyflow_py.reporting.log_parser import parse_log, read_log
 from rustyflow_py.reporting.log_writer import format_block
@@ -262,7 +263,8 @@ def test_read_log(tmp_path) -> None:
     with pytest.raises(FileNotFoundError) as info:
         read_log(missing)
     assert str(info.value) == (
-        f"training_log.txt not found at {missing}: run `rustyflow train` first (or pass --log FILE)"
+        f"training_log.txt not found at {missing}: run `{command()} train` first "
+        "(or pass --log FILE)"
     )
     append_block(missing, format_block(cpu_record()))
     append_block(missing, format_block(gpu_record()))

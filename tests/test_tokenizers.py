@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import json
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,13 @@ import pytest
 pytest.importorskip("tokenizers", reason="the hf extra's tokenizers library")
 
 from rustyflow_py import data  # noqa: E402
-from rustyflow_py.errors import CheckpointError, ConfigError, DataError, TrainingError  # noqa: E402
+from rustyflow_py.errors import (  # noqa: E402
+    CheckpointError,
+    ConfigError,
+    DataError,
+    TrainingError,
+    install_command,
+)
 from rustyflow_py.model.generate import Sampling, generate_text  # noqa: E402
 from rustyflow_py.model.gpt import build_model  # noqa: E402
 from rustyflow_py.reporting.log_parser import read_log  # noqa: E402
@@ -38,7 +45,7 @@ TEXT = "".join(" ".join(_WORDS[(i * 7) % 11: (i * 7) % 11 + 4 + i % 5]) + " \n"
 
 TINY = {"SEQ_LEN": 16, "BATCH_SIZE": 4, "EMBED_DIM": 32, "NUM_HEADS": 2, "NUM_LAYERS": 1,
         "DEVICE": "cpu", "PROFILE": False, "MAX_STEPS": 3, "LOG_FILE": "log.txt",
-        "MODEL_PATH": "models/tiny.npz", "DATASET": "tiny.txt"}
+        "MODEL_PATH": "models/tiny-cpu.npz", "DATASET": "tiny.txt"}  # as typed: no -cpu added
 
 
 @pytest.fixture(autouse=True)
@@ -120,7 +127,7 @@ def test_missing_or_damaged_tokenizer_files_are_errors(here: Path) -> None:
 def test_without_the_library_the_error_names_the_extra(
         here: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "tokenizers", None)  # import tokenizers fails
-    with pytest.raises(DataError, match=r"rustyflow-py\[hf\]"):
+    with pytest.raises(DataError, match=re.escape(install_command("hf"))):
         run(TOKENIZER="bpe", BPE_VOCAB=300)
 
 
@@ -320,7 +327,8 @@ def test_an_imported_gpt2_folder_brings_its_tokenizer(here: Path) -> None:
     from rustyflow_py.training.subword.corpus import checkpoint_tokenizer
 
     folder = gpt2_folder(here)
-    run(TOKENIZER="gpt2", TOKENIZER_PATH=str(folder), MAX_STEPS=2, MODEL_PATH="models/sub.npz")
+    run(TOKENIZER="gpt2", TOKENIZER_PATH=str(folder), MAX_STEPS=2,
+        MODEL_PATH="models/sub-cpu.npz")
     export_hf("models/sub-cpu.npz", "hf", lambda _m: None)
     for name in ("vocab.json", "merges.txt"):
         (here / "hf" / name).write_bytes((folder / name).read_bytes())

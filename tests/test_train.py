@@ -271,8 +271,8 @@ def test_two_processes_appending_at_once_leave_two_intact_blocks(tiny_dir: Path)
     text = (tiny_dir / "log.txt").read_text()
     assert text.count(BLOCK_START) == text.count(BLOCK_END) == 2
     records = log_records()
-    assert sorted(r["checkpoint"] for r in records) == ["models/first-cpu.npz",
-                                                        "models/second-cpu.npz"]
+    assert sorted(r["checkpoint"] for r in records) == ["models/first.npz",  # as typed
+                                                        "models/second.npz"]
     assert all(r["status"] == "completed" and r["steps"] == 6 for r in records)
     assert all(r["profile"]["ops"] for r in records)
 
@@ -398,7 +398,7 @@ def test_banner_shows_what_train_would_run() -> None:
         f"  found in    {Path('tiny.txt').absolute()}",
         "  device      auto (strict: no CPU fallback)",
         "  model       L3 H2 E32, dropout 0, fp32",
-        "  model path  models/tiny-gpu.npz on a usable GPU, else models/tiny-cpu.npz",
+        "  model path  tiny.txt",  # a resumed run writes the file it resumes
         "  epochs      1",
         "  batch       4",
         "  seq len     16",
@@ -421,7 +421,8 @@ def run_script(script: str, *args: str, **env: str) -> subprocess.CompletedProce
 
 
 def absolute_config(tiny_dir: Path, **changes: Any) -> None:
-    """tiny.env with absolute paths: the scripts run from the repository root."""
+    """tiny.env with absolute paths (the scripts run in the caller's folder, so relative ones
+    would do as well)."""
     values = {**TINY, "DATASET": tiny_dir / "tiny.txt", "LOG_FILE": tiny_dir / "log.txt",
               "MODEL_PATH": tiny_dir / "models" / "tiny.npz", **changes}
     (tiny_dir / "tiny.env").write_text(env_file(values))
@@ -438,7 +439,7 @@ def test_train_script_prints_the_banner_and_trains(
     banner = done.stdout.split("\n")
     ckpt = tiny_dir / "models" / "tiny-cpu.npz"
     assert banner[0] == "RustyFlow train"
-    for line in (f"  config      {tiny_dir / 'tiny.env'}", f"  dataset     {tiny_dir / 'tiny.txt'}",
+    for line in ("  config      tiny.env", f"  dataset     {tiny_dir / 'tiny.txt'}",
                  f"  device      {device}", "  epochs      1 (stop after 5 steps)",
                  "  batch       4", "  seq len     8"):
         assert line in banner
@@ -470,11 +471,13 @@ def test_train_script_passes_a_failure_through(
     assert message in done.stderr
 
 
-def test_train_script_without_config_reads_the_repository_config_env() -> None:
-    """No CONFIG: options still pass through, on top of the repository's config.env."""
+def test_train_script_without_config_reads_the_config_env_of_its_folder(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """No CONFIG: options still pass through, on top of ./config.env (here the repository's)."""
+    monkeypatch.chdir(REPO)
     done = run_script("train_cpu.sh", "--num-heads", "3")
     assert done.returncode == 1
-    assert (f"EMBED_DIM=128 ({REPO / 'config.env'}) is not divisible by NUM_HEADS=3 "
+    assert ("EMBED_DIM=128 (config.env) is not divisible by NUM_HEADS=3 "
             "(command line --num-heads)") in done.stderr
 
 

@@ -20,14 +20,20 @@ def search_dirs(data_dir: str | os.PathLike[str] | None = None) -> list[tuple[Pa
     """Data folders in lookup order, each with where it came from (for messages): DATA_DIR
     (the --data-dir flag or the config key), $RUSTYFLOW_DATA_DIR, ./data, ../shared/data.
 
-    A DATA_DIR that was given but does not exist is a DataError, never a fallback to the
-    other folders: the run would otherwise silently read data from somewhere else."""
-    if data_dir and not Path(data_dir).is_dir():
-        raise DataError(f"DATA_DIR={data_dir} does not exist (or is no folder): fix the path "
-                        f"(--data-dir or DATA_DIR), or leave it empty to look in "
-                        f"$RUSTYFLOW_DATA_DIR, ./data and ../shared/data")
-    candidates = [(data_dir, "DATA_DIR"), (os.environ.get("RUSTYFLOW_DATA_DIR"),
-                                           "$RUSTYFLOW_DATA_DIR"), ("data", "./data"),
+    A folder that was named (DATA_DIR, $RUSTYFLOW_DATA_DIR) but does not exist is a
+    DataError, never a fallback to the other folders: the run would otherwise silently read
+    data from somewhere else, or download it. Relative folders are relative to the working
+    directory, as every path rustyflow is given."""
+    env = os.environ.get("RUSTYFLOW_DATA_DIR")
+    for folder, name, fix in ((data_dir, "DATA_DIR", "(--data-dir or DATA_DIR), or leave it "
+                               "empty to look in $RUSTYFLOW_DATA_DIR, ./data and ../shared/data"),
+                              (env, "RUSTYFLOW_DATA_DIR", "(the environment variable), or "
+                               "unset it to look in ./data and ../shared/data")):
+        if folder and not Path(folder).is_dir():
+            full = "" if Path(folder).is_absolute() else f" ({Path(folder).absolute()})"
+            raise DataError(f"{name}={folder}{full} does not exist or is not a folder: fix the "
+                            f"path {fix}")
+    candidates = [(data_dir, "DATA_DIR"), (env, "$RUSTYFLOW_DATA_DIR"), ("data", "./data"),
                   (os.path.join("..", "shared", "data"), "../shared/data")]
     found: dict[Path, str] = {}
     for folder, label in candidates:
@@ -127,20 +133,14 @@ def default_download_dir(data_dir: str | os.PathLike[str] | None = None) -> Path
     """The first resolution folder that exists (./data is created) and is writable.
 
     DATA_DIR and $RUSTYFLOW_DATA_DIR are never created: a typo there would otherwise become a
-    new folder holding the download while the intended one stays empty, so a missing one is a
-    DataError naming it.
+    new folder holding the download while the intended one stays empty, so search_dirs
+    refuses a missing one.
     """
     dirs = search_dirs(data_dir)
-    for folder, label in dirs:
+    for folder, _ in dirs:
         if folder == Path("data").absolute():
             with contextlib.suppress(OSError):
                 folder.mkdir(parents=True, exist_ok=True)
-        elif not folder.exists() and label == "../shared/data":
-            continue  # a default that is absent here: nothing was asked of it
-        elif not folder.exists():
-            raise DataError(f"{label.lstrip('$')}={folder} does not exist: fix the path, or "
-                            f"create the folder first (mkdir -p {folder}); it is not created "
-                            f"for you, so that a typo cannot become a new data folder")
         if folder.is_dir() and os.access(folder, os.W_OK):
             return folder
     raise DataError("no writable data folder among: " + ", ".join(str(d) for d, _ in dirs))

@@ -30,9 +30,11 @@ ABORT_EXIT_S = 5.0  # how long MPI_Abort may take before this process ends itsel
 
 
 def abort(comm: Any, rank: int, message: str) -> NoReturn:
-    """Say why on stderr and in the launcher's error file, then end the whole job. The kill
-    that MPI_Abort brings can overtake mpiexec's relay of our last line, so the line gets a
-    moment's start (a failing job can spare it); MPI_Abort may return before the kill arrives:
+    """Say why, then end the whole job. Under `--gpus` the line goes to its error file only:
+    `--gpus` prints the one line of the rank that ended the job, once (every rank that fails
+    alike would otherwise print it too). Else it goes to stderr, where the kill that MPI_Abort
+    brings can overtake mpiexec's relay of it, so the line gets a moment's start (a failing
+    job can spare it). MPI_Abort may return before the kill arrives:
     this process then exits at once, so that nothing more (a second report, a traceback)
     comes from it.
 
@@ -42,9 +44,9 @@ def abort(comm: Any, rank: int, message: str) -> NoReturn:
     process for ever too). So a watchdog that needs no GIL (faulthandler's, in C) ends the
     process with _exit(1) if it is still here ABORT_EXIT_S later; the launcher then ends the
     other ranks as for any rank that died, and names this one's message."""
-    leave_error(rank, message)
-    print(f"Error: {message}", file=sys.stderr, flush=True)
-    time.sleep(ABORT_GRACE_S)
+    if not leave_error(rank, message):
+        print(f"Error: {message}", file=sys.stderr, flush=True)
+        time.sleep(ABORT_GRACE_S)
     # faulthandler keeps its own reference to the file until the watchdog fires
     faulthandler.dump_traceback_later(ABORT_EXIT_S, exit=True,
                                       file=open(os.devnull, "w"))

@@ -12,10 +12,11 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from ..errors import DistributedError
+from ..errors import DistributedError, install_command
 
-EXTRA_HINT = ("install an MPI: pip install 'rustyflow-py[mpi]' (mpi4py and MPICH), or load "
-              "your cluster's MPI and pip install mpi4py")
+# made at import, when the command starts, in its working directory (errors.install_command)
+EXTRA_HINT = (f"install an MPI: {install_command('mpi')} (mpi4py and MPICH), or load your "
+              "cluster's MPI and install just mpi4py with the same pip")
 
 
 def launched_size(env: Mapping[str, str] | None = None) -> int:

@@ -20,10 +20,14 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..errors import install_command
 from .kernel_records import KernelRecord, OpKey
 
-INSTALL = ("pip install 'rustyflow-py[gpu]' (or [cuda13]), which brings NVIDIA's cupti-python; "
-           "or set PROFILE_MODE=eager")
+
+def _install() -> str:
+    """How to get cupti-python: the gpu extras bring it."""
+    return (f"{install_command('gpu')} (or {install_command('cuda13')} for CUDA 13), which "
+            "brings NVIDIA's cupti-python; or set PROFILE_MODE=eager")
 
 
 class CuptiUnavailable(RuntimeError):
@@ -48,7 +52,7 @@ def _load() -> Any:
         from cupti import cupti
     except Exception as exc:  # ImportError, or a CUPTI library that fails to load
         raise CuptiUnavailable(f"cupti-python is not usable ({type(exc).__name__}: {exc}); "
-                               f"{INSTALL}") from exc
+                               f"{_install()}") from exc
     return cupti
 
 

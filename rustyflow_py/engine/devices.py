@@ -12,6 +12,8 @@ import os
 import platform
 from typing import Any
 
+from ..errors import install_command
+
 
 @functools.cache
 def openblas() -> tuple[Any, str] | None:
@@ -101,7 +103,8 @@ def gpu_unavailable_reason(index: int = 0) -> str | None:
     try:
         import cupy
     except ImportError:
-        return "CuPy is not installed (pip install 'rustyflow-py[gpu]' or '[cuda13]')"
+        return (f"CuPy is not installed ({install_command('gpu')} for a CUDA 12 driver, "
+                f"{install_command('cuda13')} for CUDA 13; ./train_gpu.sh picks one itself)")
     except Exception as exc:  # a broken CUDA install raises all sorts at import
         return f"CuPy failed to import: {exc}"
     try:

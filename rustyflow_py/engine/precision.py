@@ -25,6 +25,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from ..errors import install_command
+
 MatmulCompute = Literal["fp32", "tf32", "fp64"]
 
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
@@ -83,8 +85,8 @@ def bfloat16() -> np.dtype:
     try:
         import ml_dtypes
     except ImportError:
-        raise ImportError("PRECISION=bf16 needs the ml_dtypes package (pip install "
-                          "ml_dtypes, or the project's gpu extra)") from None
+        raise ImportError("PRECISION=bf16 needs the ml_dtypes package, which the gpu extra "
+                          f"brings: {install_command('gpu')}") from None
     return np.dtype(ml_dtypes.bfloat16)
 
 

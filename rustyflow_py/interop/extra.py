@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
-from ..errors import InteropError
+from ..errors import InteropError, install_command
 
 HF_PACKAGES = "safetensors, tokenizers, huggingface_hub"
 
@@ -17,5 +17,5 @@ def require(module: str, what: str) -> ModuleType:
         return importlib.import_module(module)
     except ImportError:
         raise InteropError(f"{what} needs the optional extra 'hf' ({HF_PACKAGES}), which is not "
-                           f"installed (no module {module!r}): pip install 'rustyflow-py[hf]'"
+                           f"installed (no module {module!r}): {install_command('hf')}"
                            ) from None

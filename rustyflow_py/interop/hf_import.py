@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InteropError
+from ..errors import InteropError, command
 from ..training import checkpoint
 from ..training.ownership import checkpoint_meta
 from ..training.subword.tokenizer import load_gpt2
@@ -80,8 +80,8 @@ def locate(source: str, say: Callable[[str], None]) -> Path:
             f"{source} is not a local folder, and downloading it from the Hugging Face Hub "
             f"failed ({reason}). Offline, fetch the folder where there is network (`hf "
             f"download {source} config.json model.safetensors vocab.json merges.txt "
-            f"--local-dir {Path(source).name}`), copy it here and pass its path: {WHAT} "
-            f"./{Path(source).name}") from None
+            f"--local-dir {Path(source).name}`), copy it here and pass its path: `{command()} "
+            f"import hf ./{Path(source).name}`") from None
 
 
 def read_config(folder: Path) -> dict[str, Any]:

@@ -11,6 +11,7 @@ import json
 from collections.abc import Iterator
 from pathlib import Path
 
+from ..errors import command
 from .record_schema import BLOCK_END, BLOCK_START, JSON_TAG, Record
 
 
@@ -65,6 +66,6 @@ def read_log(path: str | Path, warnings: list[str] | None = None) -> list[Record
     p = Path(path)
     if not p.is_file():
         raise FileNotFoundError(
-            f"training_log.txt not found at {p}: run `rustyflow train` first (or pass --log FILE)"
+            f"training_log.txt not found at {p}: run `{command()} train` first (or pass --log FILE)"
         )
     return parse_log(p.read_text(encoding="utf-8", errors="replace"), warnings)

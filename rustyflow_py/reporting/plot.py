@@ -22,15 +22,13 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import RustyFlowError
+from ..errors import RustyFlowError, command, install_command
 from .analysis import speedups
 from .curves import curve
 from .profile_text import roofline
 from .record_schema import Record
 
 FORMATS = ("png", "svg")
-MISSING = ("matplotlib is not installed, and pictures need it: pip install 'rustyflow-py[plot]' "
-           "(or pip install matplotlib)")
 PHASES = ("forward", "backward", "optimizer")
 COLORS = {"cpu": "tab:blue", "gpu": "tab:green", "matmul": "tab:orange", "other": "tab:gray"}
 TOP_OPS = 12
@@ -45,7 +43,8 @@ def pyplot() -> Any:
     try:
         import matplotlib
     except ImportError:
-        raise PlotError(MISSING) from None
+        raise PlotError("matplotlib is not installed, and pictures need it: "
+                        f"{install_command('plot')}") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
@@ -61,7 +60,7 @@ def select(records: list[Record], last: int | None = None,
         unknown = [t for t in runs if t not in stamps]
         if unknown:
             raise PlotError(f"no run with timestamp {', '.join(unknown)} in the log (see "
-                            "`rustyflow report` for the runs' timestamps)")
+                            f"`{command()} report` for the runs' timestamps)")
         return [r for r in records if r.get("timestamp") in runs]
     return records[-last:] if last else records
 

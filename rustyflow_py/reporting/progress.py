@@ -42,6 +42,7 @@ class TrainingProgress:
         self.live = self.console.is_terminal
         self._bar: Progress | None = None
         self._task: TaskID | None = None
+        self._shown_step: int | None = None  # the step of the last plain progress line
 
     # ---- lines above the live region ---------------------------------------------------------
     def say(self, message: str) -> None:
@@ -85,6 +86,9 @@ class TrainingProgress:
         """At a loss read-back: the epoch's batch, the latest loss and the run's tokens/s."""
         detail = f"loss {loss:.4f}  {tokens_per_s:,.0f} tok/s"
         if not self.live:
+            if pos.step == self._shown_step:  # the epoch's end re-reads the step just shown
+                return
+            self._shown_step = pos.step
             click.echo(f"  step {pos.step} (epoch {pos.epoch + 1}, batch {pos.batch}): "
                        f"{detail}", err=True)
         elif self._bar is not None and self._task is not None:

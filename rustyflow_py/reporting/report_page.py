@@ -6,6 +6,9 @@ markdown or JSON.
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import sys
 from typing import Literal
 
 from .analysis import epoch_time, scaling, speedups
@@ -13,7 +16,7 @@ from .curves import curve, sparkline
 from .log_writer import format_block, plain
 from .record_schema import JSON_TAG, Record, model_shape, world_size
 from .run_text import ppl_text
-from .text import markdown, number, one_line, table
+from .text import fold, markdown, number, one_line, table
 
 
 def _human_block(r: Record) -> str:
@@ -102,13 +105,23 @@ def _curve_lines(r: Record) -> list[str]:
     return lines
 
 
+def terminal_width() -> int | None:
+    """The width `report` fits its table text to: the terminal's, or COLUMNS when the output
+    goes to a pipe or file and COLUMNS is set; else None (whole lines, for grep and files)."""
+    if sys.stdout.isatty() or os.environ.get("COLUMNS", "").isdigit():
+        return max(shutil.get_terminal_size((100, 24)).columns, 40)
+    return None
+
+
 def render_report(
     records: list[Record],
     fmt: Literal["table", "markdown", "json"] = "table",
     last: int | None = None,
+    width: int | None = None,
 ) -> str:
     """The ``rustyflow report`` output: runs, CPU-vs-GPU speed-ups, data-parallel scaling, the
-    latest run's report.
+    latest run's report. With a `width`, the table format fits it: wide tables fold their
+    columns and long lines wrap (markdown and JSON are for files, and stay whole).
 
     ``last`` keeps only the last N runs of the log, and everything (speed-ups and the latest
     report included) is computed over those. The report shown is the latest run's that has a
@@ -130,11 +143,18 @@ def render_report(
     if fmt not in ("table", "markdown"):
         raise ValueError(f"unknown report format {fmt!r}: expected table, markdown or json")
     md = fmt == "markdown"
-    layout = markdown if md else table
+    width = None if md else width
+
+    def layout(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
+        return markdown(headers, rows, right) if md else table(headers, rows, right, width)
+
     out: list[str] = []
 
     def section(title: str, lines: list[str]) -> None:
-        out.extend(([""] if out else []) + ([f"## {title}", ""] if md else [title]) + lines)
+        lines = ([f"## {title}", ""] if md else [title]) + lines
+        if width is not None:  # a block's lines are one string: each line folds on its own
+            lines = [f for text in lines for ln in text.split("\n") for f in fold(ln, width)]
+        out.extend(([""] if out else []) + lines)
 
     runs = [_run_row(r) for r in records]
     run_lines = layout(_RUN_HEADERS, runs, {7, 8, 9, 10, 11}) if runs else ["No runs in the log."]

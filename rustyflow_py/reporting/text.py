@@ -7,6 +7,7 @@ of a run, often an interrupted or failed one, and must never lose the record.
 
 from __future__ import annotations
 
+import textwrap
 from typing import Any
 
 from .record_schema import is_num
@@ -59,17 +60,70 @@ def on_tokens(scored: int, full: int) -> str:
     return f"{scored:,} tokens" if scored == full else f"{scored:,} of {full:,} tokens"
 
 
-def table(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:
-    """Plain aligned text columns: stable without a TTY, and diffable in the log."""
-    widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(headers)]
+GAP = 2  # spaces between table columns
 
+
+def table(headers: list[str], rows: list[list[str]], right: set[int],
+          width: int | None = None) -> list[str]:
+    """Plain aligned text columns: stable without a TTY, and diffable in the log. Given a
+    `width` the table is too wide for, its columns fold as a terminal table's do: the first
+    column (each row's key) starts every part, the others follow in their order, in as few
+    parts as fit and of even widths; a single column wider than that wraps its cells."""
+    widths = [max([len(h)] + [len(row[i]) for row in rows]) for i, h in enumerate(headers)]
+    if width is None or sum(widths) + GAP * (len(widths) - 1) <= width:
+        return _aligned(headers, rows, right, widths)
+    parts = _parts(widths, width)
+    parts = next(p for cap in range(widths[0], width + 1)
+                 if len(p := _parts(widths, cap)) <= len(parts))
+    out: list[str] = []
+    for part in parts:
+        cols = [0, *part]
+        room = max(width - sum(widths[c] + GAP for c in cols[:-1]), 8)
+        wrapped = [[_wrap(row[c], room) if c == cols[-1] else [row[c]] for c in cols]
+                   for row in rows]
+        out += ([""] if out else []) + _aligned(
+            [headers[c] for c in cols],
+            [[cell[k] if k < len(cell) else "" for cell in row]
+             for row in wrapped for k in range(max(map(len, row)))],
+            {j for j, c in enumerate(cols) if c in right},
+            [widths[c] for c in cols[:-1]] + [min(widths[cols[-1]], room)])
+    return out
+
+
+def _parts(widths: list[int], cap: int) -> list[list[int]]:
+    """Columns 1.. in order, in groups that fit `cap` after column 0 (greedy)."""
+    parts: list[list[int]] = [[]]
+    for i in range(1, len(widths)):
+        if parts[-1] and sum(widths[c] + GAP for c in (0, *parts[-1], i)) - GAP > cap:
+            parts.append([])
+        parts[-1].append(i)
+    return parts
+
+
+def _wrap(text: str, width: int) -> list[str]:
+    """A cell's text in lines of at most `width` (at spaces where it can)."""
+    return textwrap.wrap(text, width, break_on_hyphens=False) or [""]
+
+
+def _aligned(headers: list[str], rows: list[list[str]], right: set[int],
+             widths: list[int]) -> list[str]:
     def line(cells: list[str]) -> str:
-        return "  ".join(
+        return (" " * GAP).join(
             c.rjust(w) if i in right else c.ljust(w)
             for i, (c, w) in enumerate(zip(cells, widths, strict=True))
         ).rstrip()
 
     return [line(headers), line(["-" * w for w in widths]), *(line(row) for row in rows)]
+
+
+def fold(line: str, width: int) -> list[str]:
+    """A line of free text in lines of at most `width`, broken at spaces, its continuation
+    lines indented so they read as one (a word longer than a line is cut, as a terminal would)."""
+    if len(line) <= width:
+        return [line]
+    lead = " " * (len(line) - len(line.lstrip(" ")) + 2)
+    return textwrap.wrap(line, width, subsequent_indent=lead, break_long_words=True,
+                         break_on_hyphens=False, drop_whitespace=True) or [line]
 
 
 def markdown(headers: list[str], rows: list[list[str]], right: set[int]) -> list[str]:

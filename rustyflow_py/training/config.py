@@ -34,11 +34,12 @@ from .config_file import no_settings, read_file
 from .config_key import Key, config_error, escape_controls, key
 
 __all__ = ["BUILTIN_DATASETS", "KEYS", "OPTIMIZERS", "Config", "ConfigError", "Key",
-           "dataset_stem", "escape_controls", "load_config", "markdown_table"]
+           "check_data_dir", "dataset_stem", "escape_controls", "load_config", "markdown_table"]
 
 BUILTIN_DATASETS = ("wikitext-2", "tinyshakespeare")
 OPTIMIZERS = ("adamw", "adam", "sgd", "lamb", "rmsprop", "adagrad", "adadelta", "muon")
 MODEL_PATH_TEMPLATE = "models/${DATASET}-L${NUM_LAYERS}-H${NUM_HEADS}-E${EMBED_DIM}.npz"
+_CHECKOUT = Path(__file__).resolve().parents[2]  # its configs/ are offered for a missing file
 _REF = re.compile(r"\$\{([^}:]*)(:-[^}]*)?\}")  # the ${NAME} / ${NAME:-default} syntax of dotenv
 
 
@@ -124,7 +125,8 @@ class _Rules:
         if self.num_gpus > 1 and self.device == "cpu":
             raise ConfigError(
                 f"NUM_GPUS={self.num_gpus} ({where['NUM_GPUS']}) starts one process per GPU, "
-                f"but DEVICE=cpu ({where['DEVICE']}): set DEVICE=gpu, or NUM_GPUS=1")
+                f"but DEVICE=cpu ({where['DEVICE']}): set DEVICE=gpu, or NUM_GPUS=1 (--processes "
+                f"{self.num_gpus} starts that many processes on the CPU)")
         if self.num_gpus > 1 and ":" in self.device:
             raise ConfigError(
                 f"NUM_GPUS={self.num_gpus} ({where['NUM_GPUS']}) gives each process its own "
@@ -209,12 +211,20 @@ class _Rules:
                          f"ending in .npz")
         return expanded
 
-    def model_path_for(self, device: str) -> str:
-        """The checkpoint path for the device actually used: '-cpu'/'-gpu' before '.npz'
-        (any GPU: gpu:N writes -gpu too)."""
+    def model_path_for(self, device: str, resume: str | None = None) -> str:
+        """Where a run on `device` (cpu, gpu or gpu:N) writes its checkpoint, the one rule:
+        a MODEL_PATH typed on the command line is used exactly as typed, so `--resume` finds
+        it again under the name the user gave; else a run resumed from `resume` goes on
+        writing that file; else the configured path (config file, environment or the default
+        template) gets '-cpu' or '-gpu' before '.npz' for the device used (any GPU: '-gpu'),
+        so CPU and GPU runs of one config keep their own checkpoints."""
         device = device.partition(":")[0]
         if device not in ("cpu", "gpu"):
             raise ValueError(f"device must be cpu, gpu or gpu:N, not {device!r}")
+        if self.source.get("MODEL_PATH") == "cli":
+            return self.model_path
+        if resume is not None:
+            return resume
         stem = self.model_path[: -len(".npz")]
         return self.model_path if stem.endswith(f"-{device}") else f"{stem}-{device}.npz"
 
@@ -284,8 +294,10 @@ class Config(_Rules):
         "themselves until then)", lo=0)
     average_last_k: int = key(0, "evaluate (and keep as the best checkpoint) the mean of "
         "the weights at the last K validations (0 or 1 = off)", lo=0)
-    model_path: str = key(MODEL_PATH_TEMPLATE, "checkpoint path (.npz); -cpu/-gpu is inserted "
-        "before .npz for the device used; empty = the default", allow_empty=True)
+    model_path: str = key(MODEL_PATH_TEMPLATE, "checkpoint path (.npz); from a config file or "
+        "the environment, -cpu/-gpu is inserted before .npz for the device used (--model-path "
+        "is used as typed; --resume writes the file it resumes); empty = the default",
+        allow_empty=True)
     temperature: float = key(0.8, "sampling temperature for generate/chat (0 = greedy)", lo=0)
     top_p: float = key(0.9, "nucleus sampling: smallest token set with this much probability "
         "(1 = off)", lo=0, hi=1, lo_open=True)
@@ -394,19 +406,40 @@ def markdown_table() -> list[str]:
             *(k.markdown_row() for k in KEYS.values())]
 
 
+def _unknown_keys(label: str, values: dict[str, str], raw: dict[str, str],
+                  lines: dict[str, int], allow: bool) -> list[str]:
+    """Keys the file sets that are no config key (nor a helper that a ${VAR} reads): an error
+    naming each, its line and the nearest key, because a misspelt key would leave its
+    setting at the default unnoticed (BATCHSIZE=8 trains at 16); with `allow`
+    (--allow-unknown-keys), one warning each instead."""
+    referenced = {m.group(1) for v in raw.values() for m in _REF.finditer(v)}
+    unknown = []
+    for k in values:
+        if k not in KEYS and k not in referenced:
+            hint = difflib.get_close_matches(k.upper(), KEYS, n=1)
+            unknown.append((k, lines.get(k, 0), f"did you mean {hint[0]}?" if hint else ""))
+    if allow:
+        return [f"{label} line {line}: unknown key '{k}' ignored" + (f" ({tip})" if tip else "")
+                for k, line, tip in unknown]
+    if len(unknown) == 1:
+        [(k, line, tip)] = unknown
+        raise config_error(f"{label} line {line}: unknown key '{k}'"
+                           + (f" ({tip})" if tip else "") + ": correct or remove it, or pass "
+                           "--allow-unknown-keys to ignore it")
+    if unknown:
+        named = [f"'{k}' (line {line}" + (f", {tip})" if tip else ")") for k, line, tip in unknown]
+        raise config_error(f"{label}: unknown keys {', '.join(named[:-1])} and {named[-1]}: "
+                           "correct or remove them, or pass --allow-unknown-keys to ignore them")
+    return []
+
+
 def _file_warnings(label: str, values: dict[str, str], raw: dict[str, str],
                    config: Config) -> list[str]:
-    """Unknown keys, and ${VAR} references that expanded differently from the final config.
+    """${VAR} references that expanded differently from the final config.
 
     python-dotenv expands ${VAR} from keys earlier in the file, then from os.environ.
     """
     warnings = []
-    referenced = {m.group(1) for v in raw.values() for m in _REF.finditer(v)}
-    for k in values:
-        if k not in KEYS and k not in referenced:
-            hint = difflib.get_close_matches(k.upper(), KEYS, n=1)
-            tip = f" (did you mean {hint[0]}?)" if hint else ""
-            warnings.append(f"{label}: unknown key '{k}' ignored{tip}")
     defined: set[str] = set()
     for k, text in raw.items():
         for match in _REF.finditer(text):
@@ -430,11 +463,14 @@ def load_config(
     path: str | os.PathLike[str] | None = None,
     overrides: Mapping[str, object] | None = None,
     environ: Mapping[str, str] | None = None,
+    allow_unknown_keys: bool = False,
 ) -> tuple[Config, list[str]]:
     """Resolve the configuration: overrides (flags) > environ > file > defaults.
 
-    path=None reads ./config.env when it exists. `overrides` uses UPPER_CASE keys; a None value
-    means "flag not given". Only known keys are read from `environ` (default os.environ).
+    path=None reads ./config.env when it exists; a relative path is relative to the working
+    directory. `overrides` uses UPPER_CASE keys; a None value means "flag not given". Only
+    known keys are read from `environ` (default os.environ), which holds other variables
+    too. An unknown key in the file is an error unless `allow_unknown_keys`.
     Returns the validated Config and a list of warnings for the caller to print.
     """
     environ = os.environ if environ is None else environ
@@ -449,11 +485,11 @@ def load_config(
     if path is not None:
         label = os.fspath(path)
         if not Path(path).is_file():
-            raise config_error(f"{label}: config file not found (looked for "
-                         f"{Path(path).absolute()}): expected a file of KEY=VALUE lines")
-        values, file_raw, warnings = read_file(Path(path), label)
+            raise _missing_file(label)
+        values, file_raw, warnings, lines = read_file(Path(path), label)
         if not file_raw:
             raise no_settings(Path(path), label)
+        warnings += _unknown_keys(label, values, file_raw, lines, allow_unknown_keys)
         for k in KEYS:
             if k in values:
                 raw_values[k], source[k] = values[k], f"file:{label}"
@@ -483,3 +519,44 @@ def _check_dataset(config: Config) -> None:
     raise config_error(f"{_where(config.source['DATASET'], 'DATASET')}: DATASET='{dataset}' is not "
                  f"valid: expected {' or '.join(BUILTIN_DATASETS)}, or the path of an "
                  f"existing UTF-8 text file{tip}")
+
+
+def check_data_dir(config: Config) -> None:
+    """A DATA_DIR that was set must exist, for a command that reads the data (train, and
+    warmup and banner with its options): the lookup refuses it too, but only this knows where
+    it was set. (Chat and generate read no data, so a config's DATA_DIR from another machine
+    does not stop them.)"""
+    folder = config.data_dir
+    if not folder or Path(folder).is_dir():
+        return
+    shown = folder if Path(folder).is_absolute() else f"{folder} ({Path(folder).absolute()})"
+    raise config_error(f"DATA_DIR={shown} does not exist or is not a folder (set by "
+                       f"{_where(config.source['DATA_DIR'], 'DATA_DIR')}): fix the path, or "
+                       f"leave DATA_DIR empty to look in $RUSTYFLOW_DATA_DIR, ./data and "
+                       f"../shared/data")
+
+
+def _missing_file(label: str) -> ConfigError:
+    """A config file that is not there, with the nearest names and the recipes on offer (the
+    given folder's, ./configs/ and the checkout's configs/), so that `configs/quick` or a
+    typo is one look away from the file meant."""
+    path = Path(label)
+    offered: dict[Path, str] = {}  # a recipe, resolved -> its name as the user would type it
+    for folder in (path.parent, Path("configs"), _CHECKOUT / "configs"):
+        if folder.is_dir():
+            for recipe in sorted(folder.glob("*.env")):
+                offered.setdefault(recipe.resolve(), str(recipe))
+    names = list(offered.values())
+    stems = difflib.get_close_matches(path.stem, [Path(n).stem for n in names], n=2)
+    near: dict[str, str] = {}  # one name per stem: the given folder's, else ./configs/'s
+    for name in names:
+        if Path(name).stem in stems:
+            near.setdefault(Path(name).stem, name)
+    folders = dict.fromkeys(str(Path(n).parent) for n in names)
+    listed = "; ".join(f"{folder}/ holds " + ", ".join(Path(n).name for n in names
+                                                     if str(Path(n).parent) == folder)
+                       for folder in folders)
+    return config_error(f"{label}: config file not found (looked for {path.absolute()})"
+                        + (f"; did you mean {' or '.join(near.values())}?" if near else "")
+                        + (f" ({listed})" if listed else "")
+                        + ": pass a file of KEY=VALUE lines")

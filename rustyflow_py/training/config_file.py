@@ -28,8 +28,10 @@ class _Collect(logging.Handler):
         self.messages.append(record.getMessage())
 
 
-def read_file(path: Path, label: str) -> tuple[dict[str, str], dict[str, str], list[str]]:
-    """Return (interpolated values, raw values, warnings) of a dotenv file."""
+def read_file(path: Path, label: str) -> tuple[dict[str, str], dict[str, str], list[str],
+                                             dict[str, int]]:
+    """Return (interpolated values, raw values, warnings, the line each key is set on) of a
+    dotenv file."""
     collect = _Collect()
     logger = logging.getLogger("dotenv.main")
     logger.addHandler(collect)
@@ -41,13 +43,13 @@ def read_file(path: Path, label: str) -> tuple[dict[str, str], dict[str, str], l
                      f"of KEY=VALUE lines") from None
     finally:
         logger.removeHandler(collect)
-    _check_once(path.read_text(encoding="utf-8"), label)
+    lines = _check_once(path.read_text(encoding="utf-8"), label)
     warnings = [f"{label}: {m}" for m in dict.fromkeys(collect.messages)]
     for key, value in values.items():
         if value is None:
             warnings.append(f"{label}: '{key}' has no value (expected {key}=VALUE); ignored")
     return ({k: v for k, v in values.items() if v is not None},
-            {k: v for k, v in raw.items() if v is not None}, warnings)
+            {k: v for k, v in raw.items() if v is not None}, warnings, lines)
 
 
 def no_settings(path: Path, label: str) -> ConfigError:
@@ -64,22 +66,25 @@ def no_settings(path: Path, label: str) -> ConfigError:
                   f"the built-in defaults; to run on those, use no config file at all")
 
 
-def _check_once(text: str, label: str) -> None:
-    """A ConfigError naming the first key the file sets more than once, with every line and
-    value: python-dotenv keeps the last silently, so an edit near the top of a long file
-    would otherwise lose to a forgotten line further down."""
-    lines: dict[str, list[str]] = {}
+def _check_once(text: str, label: str) -> dict[str, int]:
+    """The line each key is set on (for messages that name it); a ConfigError naming the
+    first key the file sets more than once, with every line and value: python-dotenv keeps
+    the last silently, so an edit near the top of a long file would otherwise lose to a
+    forgotten line further down."""
+    lines: dict[str, list[tuple[int, str]]] = {}
     for binding in parse_stream(io.StringIO(text)):
         if binding.key is None:
             continue
         string = binding.original.string  # starts with the blank lines before the binding
         line = binding.original.line + string[: len(string) - len(string.lstrip())].count("\n")
         value = "no value" if binding.value is None else binding.value or "empty"
-        lines.setdefault(binding.key, []).append(f"line {line}: {_short(value)}")
+        lines.setdefault(binding.key, []).append((line, _short(value)))
     key, where = next(((k, v) for k, v in lines.items() if len(v) > 1), ("", []))
     if where:
         times = "twice" if len(where) == 2 else f"{len(where)} times"
-        raise config_error(f"{label} sets {key} {times} ({', '.join(where)}): keep one")
+        sets = ", ".join(f"line {line}: {value}" for line, value in where)
+        raise config_error(f"{label} sets {key} {times} ({sets}): keep one")
+    return {k: v[0][0] for k, v in lines.items()}
 
 
 def _short(value: str) -> str:

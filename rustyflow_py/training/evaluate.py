@@ -197,40 +197,6 @@ def evaluate_checkpoint(path: str, split: str, device: str, data_dir: str | None
     return {**with_per_word(result, corpus, split), "device": used, "split": split}
 
 
-def find_checkpoint(given: str | None, cfg: Config, say: Callable[[str], None],
-                    prompt_missing: bool = False) -> str:
-    """The checkpoint to load: `given`, or the one `rustyflow train` writes for `cfg`
-    (MODEL_PATH with -gpu/-cpu, the requested device's first). Given `foo.npz` when only
-    `foo-gpu.npz`/`foo-cpu.npz` exist, the one that exists is used, and `say` tells so."""
-    order = ("cpu", "gpu") if cfg.device == "cpu" else ("gpu", "cpu")
-    if given is not None:
-        if Path(given).is_file():
-            return given
-        stem = given[: -len(".npz")] if given.endswith(".npz") else given
-        candidates = [f"{stem}-{d}.npz" for d in order]
-    else:
-        candidates = [cfg.model_path_for(d) for d in order]
-    for path in candidates:
-        if Path(path).is_file():
-            if given is not None:
-                say(f"note: {given} does not exist; using {path}")
-            return path
-    where = (f"--model {given} does not exist, nor does {' or '.join(candidates)}"
-             if given is not None else
-             f"no --model given, and no checkpoint at {' or '.join(candidates)} (MODEL_PATH "
-             f"of the config): train one with ./train_cpu.sh or ./train_gpu.sh, or pass --model")
-    raise CheckpointError(("generate needs --prompt TEXT; also, " if prompt_missing else "")
-                          + where + _checkpoints_beside(Path(candidates[0]).parent))
-
-
-def _checkpoints_beside(folder: Path) -> str:
-    """The checkpoints that do exist where one was looked for: the likely right --model."""
-    if not folder.is_dir():
-        return f" ({folder}/ does not exist)"
-    found = sorted(p.name for p in folder.glob("*.npz"))
-    return f" ({folder}/ holds {', '.join(found) or 'no .npz files'})"
-
-
 def open_session(model_path: str, device: str, strict: bool, sampling: Sampling, seed: int,
                  say: Any, warn: Any = None, samples: int = 1, threads: int = 0) -> Session:
     """Load a checkpoint (trained on either device) onto `device` (cpu, gpu or auto), to

@@ -27,6 +27,7 @@ from .ownership import (
     foreign,
     is_log,
     is_trace,
+    ran_as,
     run_id_of,
     same_file,
 )
@@ -49,10 +50,14 @@ class Claim:
 
 def claim_outputs(ckpt: str, log: str, trace: str | None, resume: str | None,
                   overwrite: bool, say: Say, warn: Say,
-                  recipe: dict[str, Any] | None = None) -> Claim:
+                  recipe: dict[str, Any] | None = None, device: str = "",
+                  fallback: str | None = None) -> Claim:
     """Check every output path of a run before any work, lock its checkpoints and clean the
     partial writes its killed predecessors left. `recipe`: the run's configuration (an
-    earlier run of the same one may be replaced)."""
+    earlier run of the same one may be replaced), run on `device`; `fallback`: why a
+    requested GPU was not used, for the message when another run's checkpoint is in the
+    way."""
+    recipe = ran_as(recipe, device)
     best = best_path(ckpt)
     check_distinct({"checkpoint": ckpt, "best checkpoint": best, "log file": log,
                     "trace file": trace}, locked=("checkpoint", "best checkpoint"))
@@ -67,10 +72,11 @@ def claim_outputs(ckpt: str, log: str, trace: str | None, resume: str | None,
         run_id = _run_id(resume)
         replacing = {
             path: line for path, line in (
-                (ckpt, check_replace(ckpt, "checkpoint", run_id, resume, overwrite, recipe)),
+                (ckpt, check_replace(ckpt, "checkpoint", run_id, resume, overwrite, recipe,
+                                     fallback=fallback)),
                 (best, check_replace(best, "best checkpoint", run_id, resume, overwrite,
                                      recipe, heir=resume is not None
-                                     and same_file(resume, ckpt))))
+                                     and same_file(resume, ckpt), fallback=fallback)))
             if line is not None}
         for path in (ckpt, best, trace):
             if path:

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..distributed.group import process_group
 from ..distributed.world import World
-from ..errors import ConfigError, TrainingError
+from ..errors import ConfigError, TrainingError, command
 from ..reporting.record_schema import RunRecord
 from ..reporting.text import plural
 from . import guard, hooks
@@ -273,7 +273,7 @@ def check_world(cfg: Config, world: World) -> None:
     """NUM_GPUS asks for a launch; under a launcher already, it must agree with it."""
     if not world.distributed and cfg.num_gpus > 1:
         raise ConfigError(f"NUM_GPUS={cfg.num_gpus} needs one process per GPU: start it with "
-                          f"`rustyflow train --gpus {cfg.num_gpus}` (or mpiexec -n "
+                          f"`{command()} train --gpus {cfg.num_gpus}` (or mpiexec -n "
                           f"{cfg.num_gpus}, or srun)")
     if world.distributed and cfg.num_gpus not in (1, world.size):
         raise ConfigError(f"NUM_GPUS={cfg.num_gpus} but the launcher ({world.launcher}) "

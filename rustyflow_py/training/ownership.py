@@ -95,7 +95,7 @@ def foreign(path: str, what: str, owned: Callable[[Path], bool], fix: str) -> No
 
 def check_replace(path: str, what: str, run_id: str | None, resume: str | None,
                   overwrite: bool, recipe: dict[str, Any] | None = None,
-                  heir: bool = False) -> str | None:
+                  heir: bool = False, fallback: str | None = None) -> str | None:
     """Whether the run `run_id` (None: a new run) may write `path`, and what that replaces.
 
     None: nothing of another run's is there (no file, or this run's own). A line to say when
@@ -104,7 +104,8 @@ def check_replace(path: str, what: str, run_id: str | None, resume: str | None,
     configuration), so running the same command again repeats it; or `heir`: the file is the
     best checkpoint beside the checkpoint this run resumes, whose run replaced that file's
     run at this path. Any other run's model (a trained one under a short try, say) is kept:
-    TrainingError saying how to go on."""
+    TrainingError saying how to go on, and, when this run fell back from a GPU (`fallback`,
+    the reason), that the fallback is what put it on the CPU run's path."""
     target = Path(path)
     if not target.is_file():
         return None
@@ -125,13 +126,30 @@ def check_replace(path: str, what: str, run_id: str | None, resume: str | None,
     if heir:
         return (f"INFO: replaced the {what} {path}{at}, which the run this one resumes had "
                 f"not replaced yet")
-    if recipe is not None and same_recipe(meta.get("config"), recipe):
+    if recipe is not None and same_recipe(ran_as(meta.get("config"), meta.get("device")),
+                                          recipe):
         return (f"INFO: replaced the {what} {path} of an earlier run of the same "
                 f"configuration{at}")
     how = (f"resume it with --resume {path}, " if resume is None else "")
+    if fallback:
+        raise TrainingError(
+            f"{what} {path} holds another run's model{at}, which this run would replace: the "
+            f"GPU is not usable ({fallback}), so this run fell back to the CPU and writes the "
+            f"CPU run's checkpoint; {how}set --model-path to a new file, pass --overwrite to "
+            f"replace it, or --strict-device to stop instead of falling back")
     raise TrainingError(
         f"{what} {path} holds another run's model{at}, which this run would replace: "
         f"{how}set --model-path to a new file, or pass --overwrite to replace it")
+
+
+def ran_as(config: Any, device: Any) -> Any:
+    """A run's configuration as it ran: DEVICE is the kind of device it trained on (cpu or
+    gpu), not the one it asked for (auto, or a GPU it fell back from), so that runs of one
+    computation are one recipe however they named the device (train_gpu.sh falling back on a
+    machine without a GPU repeats train_cpu.sh's run)."""
+    if isinstance(config, dict) and isinstance(device, str) and device:
+        return {**config, "DEVICE": device.partition(":")[0]}
+    return config
 
 
 def same_recipe(stored: Any, current: dict[str, Any]) -> bool:

@@ -75,9 +75,10 @@ class RunParts:
         self.device, self.fallback = resolve_device(
             rank_device(cfg.device, world), cfg.strict_device or world.distributed, self.say,
             self.warn)
-        claim = (guard.claim_outputs(cfg.model_path_for(self.device), cfg.log_file,
-                                     self.trace, resume, overwrite, self.say, self.warn,
-                                     recipe=cfg.to_dict())
+        checkpoint = cfg.model_path_for(self.device, resume)
+        claim = (guard.claim_outputs(checkpoint, cfg.log_file, self.trace, resume, overwrite,
+                                     self.say, self.warn, recipe=cfg.to_dict(),
+                                     device=self.device, fallback=self.fallback)
                  if main else None)
         self.lock = claim.lock if claim else None  # held until run() ends: see lock.py
         check_precision(cfg.precision, parse_device(self.device)[0], self.fallback)
@@ -156,7 +157,7 @@ class RunParts:
             shift=cfg.seed if cfg.random_offsets else None)
         self.ledger = TransferLedger(self.backend)
         self.checkpoints = RunCheckpoints(
-            cfg.model_path_for(self.device), cfg, self.device, self.model, self.optimizer,
+            checkpoint, cfg, self.device, self.model, self.optimizer,
             self.corpus.vocab.to_array(), self.history, self.ledger.set_aside, self.warn,
             world.size, writes=main, barrier=self.comm.barrier if self.comm else None,
             tokenizer=self.corpus.tokenizer, averager=self.averager,

@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ...errors import install_command
 from ..devices import openblas
 from ..policy import RunPolicy
 from .table import KernelSet
@@ -70,8 +71,9 @@ def load_jit(mode: str) -> ModuleType | None:
         from . import cpu_jit as jit
     except ImportError as exc:  # numba missing, or built for another NumPy
         if mode == "on":
-            raise RuntimeError(f"CPU_JIT=on, but numba does not import ({exc}): pip install "
-                               "'rustyflow-py[jit]', or set CPU_JIT=auto to use NumPy") from exc
+            raise RuntimeError(f"CPU_JIT=on, but numba does not import ({exc}): "
+                               f"{install_command('jit')}, or set CPU_JIT=auto to use NumPy"
+                               ) from exc
         return None
     return jit
 

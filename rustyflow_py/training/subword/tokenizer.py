@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import DataError
+from ...errors import DataError, install_command
 from ..outputs import write_atomically
 
 EXTRA = "hf"
@@ -34,9 +34,8 @@ def library() -> Any:
     try:
         import tokenizers
     except ImportError:
-        raise DataError(f"TOKENIZER=gpt2 or bpe needs the `tokenizers` library: pip install "
-                        f"'rustyflow-py[{EXTRA}]' (or pip install tokenizers), or use "
-                        f"TOKENIZER=word") from None
+        raise DataError(f"TOKENIZER=gpt2 or bpe needs the `tokenizers` library: "
+                        f"{install_command(EXTRA)}, or use TOKENIZER=word") from None
     return tokenizers
 
 

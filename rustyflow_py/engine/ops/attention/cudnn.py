@@ -32,12 +32,10 @@ import functools
 from types import ModuleType
 from typing import Any
 
-from ....errors import DeviceError
+from ....errors import DeviceError, install_command
 from ...precision import dtype_name
 from .flash import _strides
 
-INSTALL = ("pip install 'rustyflow-py[cudnn]' (CUDA 12; 'rustyflow-py[cudnn13]' for CUDA 13), or "
-           "ATTENTION=own")
 MAX_HEAD_DIM = 128  # cuDNN's SDPA: head dims that are multiples of 8, up to 128
 _IO_TYPE = {"float16": "HALF", "bfloat16": "BFLOAT16"}  # storage dtype -> cudnn.data_type
 # the operands' uids in the two cuDNN graphs: an execute maps them to pointers
@@ -48,6 +46,12 @@ class CudnnUnavailable(DeviceError):
     """cuDNN's attention cannot run here: the frontend is missing or libcudnn does not load."""
 
 
+def _install() -> str:
+    """How to get the cuDNN frontend: the extra of the driver's CUDA major."""
+    return (f"{install_command('cudnn')} (CUDA 12; {install_command('cudnn13')} for CUDA 13), "
+            "or ATTENTION=own")
+
+
 @functools.cache
 def load() -> ModuleType:
     """The `cudnn` frontend with its library loaded, or CudnnUnavailable naming the fix (the
@@ -56,12 +60,12 @@ def load() -> ModuleType:
         import cudnn
     except ImportError as exc:
         raise CudnnUnavailable(f"ATTENTION=cudnn needs NVIDIA's cuDNN frontend, which does "
-                               f"not import ({exc}): {INSTALL}") from exc
+                               f"not import ({exc}): {_install()}") from exc
     try:
         cudnn.backend_version()
     except Exception as exc:  # RuntimeError: "Unable to find symbol cudnnGetVersion", ...
         raise CudnnUnavailable(f"ATTENTION=cudnn: the cuDNN frontend imports but libcudnn.so.9 "
-                               f"does not load ({exc}): {INSTALL}") from exc
+                               f"does not load ({exc}): {_install()}") from exc
     return cudnn
 
 
