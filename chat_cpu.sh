@@ -13,6 +13,9 @@ set -euo pipefail
 
 device="${RUSTYFLOW_CHAT_DEVICE:-cpu}"
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# hints name the command that works from here: ./rustyflow in the checkout, else its path
+[[ $root == "$PWD" ]] && wrapper=./rustyflow || wrapper="$root/rustyflow"
+export RUSTYFLOW_COMMAND="${RUSTYFLOW_COMMAND:-$wrapper}"
 
 typed=""  # the config as the caller named it (CONFIG or --config), to refuse a second one
 config=()

@@ -39,12 +39,16 @@ class DistributedError(RustyFlowError):
 
 
 def command() -> str:
-    """How to run `rustyflow` here, for the commands messages suggest: `rustyflow` when it is
-    on PATH (an activated .venv), else the repository's `./rustyflow` wrapper when in its
-    folder, else `python -m rustyflow_py`. A suggested command then works as written."""
+    """How to run `rustyflow` here, for the commands messages suggest: the wrapper the user
+    ran (the repository's scripts set RUSTYFLOW_COMMAND to `./rustyflow`, or to its path when
+    run from another folder), else `rustyflow` when it is on PATH (an activated .venv), else
+    the `./rustyflow` wrapper when in its folder, else `python -m rustyflow_py`. A suggested
+    command then works as written."""
     import os
     import shutil
 
+    if os.environ.get("RUSTYFLOW_COMMAND"):
+        return os.environ["RUSTYFLOW_COMMAND"]
     if shutil.which("rustyflow"):
         return "rustyflow"
     if os.access("rustyflow", os.X_OK) and os.path.isfile("rustyflow"):

@@ -13,6 +13,9 @@ set -euo pipefail
 device="$1"
 shift
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+# hints name the command that works from here: ./rustyflow in the checkout, else its path
+[[ $root == "$PWD" ]] && wrapper=./rustyflow || wrapper="$root/rustyflow"
+export RUSTYFLOW_COMMAND="${RUSTYFLOW_COMMAND:-$wrapper}"
 
 bootstrap=(--jit)  # numba: the compiled CPU kernels
 if [[ $device == gpu ]]; then bootstrap=(--gpu); fi

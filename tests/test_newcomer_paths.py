@@ -145,6 +145,18 @@ def test_script_options_and_config_in_any_order_and_their_errors() -> None:
                            "did you mean tiny.env? (./ holds tiny.env; ")
 
 
+def test_hints_name_the_wrapper_as_the_user_ran_it(tiny_dir: Path) -> None:
+    """`/path/to/rustyflow report` from another folder: the hint's command is that path,
+    which works from here (not `./rustyflow`, nor `python -m rustyflow_py`, which does not
+    import outside the checkout's .venv)."""
+    result = script("rustyflow", "report")
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"Error: training_log.txt not found (looked for {tiny_dir}/training_log.txt): no run "
+        f"has logged in this folder; run `{REPO}/rustyflow train` here first, or pass --log "
+        f"FILE"]
+
+
 def test_report_names_the_log_as_given(tiny_dir: Path) -> None:
     default = invoke("report")
     assert default.exit_code == 1
