@@ -187,6 +187,35 @@ def test_matmul(pair: Pair, dtype: Any, case: str, into_out: str) -> None:
         pair.close(results[0] - start, product, dtype, tol=1e-3)
 
 
+def test_a_few_rows_product_threads_blas_for_its_call_only() -> None:
+    """On the CPU a decode step's product (few rows) runs on BLAS's own threads, which the
+    kernel set otherwise pins to one (the pool splits the larger GEMMs): after the call BLAS
+    is single-threaded again, and the product is right."""
+    from rustyflow_py.engine.devices import openblas
+    from rustyflow_py.engine.policy import RunPolicy
+
+    found = openblas()
+    kernels = get_backend("cpu", RunPolicy(threads=2)).kernels
+    if found is None or not kernels.split_gemms:
+        pytest.skip("this NumPy's BLAS cannot be pinned: the pool does not split GEMMs")
+    lib, pattern = found
+    threads = getattr(lib, pattern % "get_num_threads")
+    seen: list[int] = []
+    real = np.matmul
+
+    def matmul(*args: Any, **kwargs: Any) -> Any:
+        seen.append(threads())
+        return real(*args, **kwargs)
+
+    a = np.random.default_rng(0).standard_normal((1, 256), dtype=np.float32)
+    b = np.random.default_rng(1).standard_normal((4096, 256), dtype=np.float32)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(np, "matmul", matmul)
+        y = kernels.matmul(a, b, transpose_b=True)
+    assert seen == [2] and threads() == 1
+    np.testing.assert_allclose(y, a @ b.T, rtol=1e-4, atol=1e-4)
+
+
 SAMPLINGS = {  # temperature, top_k, top_p
     "softmax": (1.0, 0, 1.0), "top_k": (0.7, 50, 1.0), "top_k_and_top_p": (1.0, 50, 0.95),
     "top_k_one": (2.0, 1, 1.0), "top_k_all_but_one": (1.0, -1, 0.5),

@@ -13,6 +13,7 @@ cpu_jit.py instead of the NumPy calls: same blocks, same pool, one compiled loop
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -53,14 +54,16 @@ def _keep_freed_memory() -> None:
     mallopt(_M_TRIM_THRESHOLD, -1)
 
 
-def _blas_single_thread() -> bool:
-    """Make OpenBLAS single-threaded; False if this NumPy's BLAS cannot be controlled."""
+def _blas_threads_setter() -> Callable[[int], None] | None:
+    """OpenBLAS's set_num_threads, after making it single-threaded; None if this NumPy's
+    BLAS cannot be controlled."""
     found = openblas()
     if found is None:
-        return False
+        return None
     lib, pattern = found
-    getattr(lib, pattern % "set_num_threads")(1)
-    return True
+    setter: Callable[[int], None] = getattr(lib, pattern % "set_num_threads")
+    setter(1)
+    return setter
 
 
 def load_jit(mode: str) -> ModuleType | None:
@@ -107,8 +110,25 @@ class CpuPool(KernelSet):
         CPU_JIT: auto (numba kernels when numba imports), on (numba required) or off."""
         super()._read_policy(policy)
         self.threads = policy.cpu_threads
-        self.split_gemms = self.threads > 1 and _blas_single_thread()
+        self._set_blas_threads = _blas_threads_setter()
+        self.split_gemms = self.threads > 1 and self._set_blas_threads is not None
         self.jit = load_jit(policy.cpu_jit)
+
+    @contextlib.contextmanager
+    def _blas_threaded(self) -> Iterator[None]:
+        """Inside, BLAS runs on THREADS threads of its own (only where split_gemms pinned it
+        to one): for the products the pool cannot cut cheaply, called from one thread while
+        no other GEMM runs (GEMMs come from the caller's thread; the pool runs the chunks of
+        larger ones, never inside this block)."""
+        setter = self._set_blas_threads
+        if setter is None:
+            yield
+            return
+        setter(self.threads)
+        try:
+            yield
+        finally:
+            setter(1)
 
     def _jit_for(self, *arrays: np.ndarray) -> ModuleType | None:
         """The numba kernels for float32 work; float64 (gradient checks, PRECISION=fp64)

@@ -68,11 +68,17 @@ class CpuGemm(GemmReference):
         columns of b (a shared), or the reduction (partial products summed afterwards)."""
         m, k = a.shape
         n = b.shape[1]
-        # A product of few rows (a decode step's matrix-vector products) reads each element
-        # of b for only m multiply-adds: memory, not arithmetic, is its time, and one core
-        # cannot draw a machine's memory bandwidth alone. It is weighed as the work of a
-        # _STREAMED_ROWS-row product, so a large b is cut across the threads too.
-        macs = max(m, _STREAMED_ROWS) * n * k
+        if m < _STREAMED_ROWS:
+            # A product of few rows (a decode step's matrix-vector products) reads each
+            # element of b for only m multiply-adds: memory, not arithmetic, is its time, and
+            # one core cannot draw the caches' bandwidth alone. Cut into the pool's chunks,
+            # each a Python call, the many small products of a token cost more than they
+            # save (measured: benchmarks/results/generate-cpu-2core.md); BLAS's own threads
+            # split each one at no Python cost, so here they do, for this call only.
+            with self._blas_threaded():
+                np.matmul(a, b, out=out)
+            return
+        macs = m * n * k
         cost = {"rows": k * n, "cols": m * k, "reduction": m * n}
         split = min(cost, key=cost.__getitem__)
         extent = {"rows": m, "cols": n, "reduction": k}[split]
