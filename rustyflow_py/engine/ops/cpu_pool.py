@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from types import ModuleType
@@ -124,7 +125,7 @@ class CpuPool(KernelSet):
         if setter is None:
             yield
             return
-        setter(self.threads)
+        setter(min(self.threads, len(os.sched_getaffinity(0))))  # THREADS may exceed the cores
         try:
             yield
         finally:
