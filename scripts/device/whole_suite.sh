@@ -1,0 +1,8 @@
+#!/usr/bin/env bash
+# The whole suite on the device, a GPU present (the chat-script tests need the checkout's
+# .venv, which the device does not have: deselected).
+set -u
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1 RUSTYFLOW_DATA_DIR=${RUSTYFLOW_DATA_DIR:-$PWD/.devdata}
+nvidia-smi --query-gpu=name --format=csv,noheader | tee ${OUT:-.}/gpu.txt
+timeout 520 python3 -m pytest -q -p no:cacheprovider tests -k "not chat_script" 2>&1 | tee ${OUT:-.}/suite.txt | tail -40
