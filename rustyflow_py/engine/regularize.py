@@ -1,7 +1,7 @@
 """The small-data regularisers' ops: locked (variational) dropout and label smoothing.
 
-Kept apart from ops.py because both are compositions of existing kernels (a dropout mask, a
-gather, a scatter-add): no backend needs a kernel of its own for them.
+Kept apart from the op library (ops/) because both are compositions of existing kernels (a
+dropout mask, a gather, a scatter-add): no backend needs a kernel of its own for them.
 
 Locked dropout (Gal & Ghahramani 2016; AWD-LSTM's "variational" dropout) draws one mask per
 sequence and feature, (B, 1, E), and applies it at every position: a dropped feature is

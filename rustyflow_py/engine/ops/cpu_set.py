@@ -10,7 +10,7 @@ the table picks them per dtype:
     gelu/cpu.py           GELU with the bias add fused in
     layernorm/cpu.py      LayerNorm forward and backward
     embedding/cpu.py      the embedding gradient's scatter-add
-    optim/cpu.py          grad-norm, the optimizer updates
+    optim/<algorithm>.py  grad-norm, the optimizer updates (each file's Cpu class)
 
 A family's class extends its reference, so what it does not override (sum_rows, the Linear
 layers around the pool's GEMM, Muon's kernels) runs the reference formulation on the pool's
