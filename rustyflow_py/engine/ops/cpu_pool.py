@@ -113,6 +113,9 @@ class CpuPool(KernelSet):
         self.threads = policy.cpu_threads
         self._set_blas_threads = _blas_threads_setter()
         self.split_gemms = self.threads > 1 and self._set_blas_threads is not None
+        # BLAS's own threads for the products the pool does not cut: THREADS may be any
+        # number, BLAS takes at most the cores this process may use
+        self._blas_cores = min(self.threads, len(os.sched_getaffinity(0)))
         self.jit = load_jit(policy.cpu_jit)
 
     @contextlib.contextmanager
@@ -125,7 +128,7 @@ class CpuPool(KernelSet):
         if setter is None:
             yield
             return
-        setter(min(self.threads, len(os.sched_getaffinity(0))))  # THREADS may exceed the cores
+        setter(self._blas_cores)
         try:
             yield
         finally:
