@@ -197,7 +197,8 @@ def usable_gpus(wanted: int) -> tuple[int, str | None]:
 
 
 def launch(command: list[str], ranks: int, warn: Callable[[str], None]) -> int:
-    """Run `command` as `ranks` MPI processes on this machine; the job's exit status."""
+    """Run `command` as `ranks` MPI processes on this machine; the job's exit status (1 for a
+    failed job, after one `Error:` line; 128 + N when a stop signal N ended it)."""
     mpiexec = find_mpiexec()
     args = [mpiexec, *_report_options(mpiexec), "-n", str(ranks), *command]
     with tempfile.TemporaryDirectory(prefix="rustyflow-ranks-") as folder:
@@ -226,6 +227,9 @@ def launch(command: list[str], ranks: int, warn: Callable[[str], None]) -> int:
             order = exits.stop()
         if status not in (0, *(128 + s for s in _STOP_SIGNALS)):
             warn(f"Error: {_reason(Path(folder), report, status, order)}")
+            # the command failed, with that line: exit 1, whichever status mpiexec chose (1,
+            # or 9 when it killed the other ranks after one failed, as the race goes)
+            return 1
     return status
 
 
