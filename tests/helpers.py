@@ -8,6 +8,7 @@ and the fault harness's check that a command left every file it found intact.
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import os
 import queue
@@ -27,7 +28,9 @@ from click.testing import CliRunner, Result
 
 from rustyflow_py.cli import main
 from rustyflow_py.model.optim import AdamW
+from rustyflow_py.model.params import ParameterBuffer
 from rustyflow_py.reporting.log_parser import read_log
+from rustyflow_py.training import checkpoint, outputs
 from rustyflow_py.training.config import KEYS, Config, load_config
 from rustyflow_py.training.loop import Trainer
 
@@ -137,17 +140,32 @@ def run_interrupted(cfg: Config, stop_after: int, resume: str | None = None,
     return trainer
 
 
-def wait_for_line(stream: Any, pattern: str, timeout: float) -> None:
-    """Block until a line of `stream` matches `pattern`; a reader thread bounds the wait."""
-    lines: queue.Queue[str] = queue.Queue()
-    threading.Thread(target=lambda: [lines.put(line) for line in stream], daemon=True).start()
-    while True:
-        try:
-            line = lines.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"no line matching {pattern!r} within {timeout}s") from None
-        if re.search(pattern, line):
-            return
+class Lines:
+    """The lines a subprocess prints, read as they come by a thread (so a wait is bounded)."""
+
+    def __init__(self, stream: Any) -> None:
+        self.lines: list[str] = []
+        self.new: queue.Queue[str] = queue.Queue()
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream: Any) -> None:
+        for line in stream:
+            self.lines.append(line)
+            self.new.put(line)
+
+    def wait_for(self, pattern: str, timeout: float = 60) -> None:
+        """Block until a line matching `pattern` comes (AssertionError after `timeout` s of
+        silence)."""
+        while True:
+            try:
+                line = self.new.get(timeout=timeout)
+            except queue.Empty:
+                raise AssertionError(f"no line matching {pattern!r} within {timeout}s") from None
+            if re.search(pattern, line):
+                return
+
+    def text(self) -> str:
+        return "".join(self.lines)
 
 
 def signal_the_command(tiny_dir: Path, signum: int) -> int:
@@ -158,7 +176,7 @@ def signal_the_command(tiny_dir: Path, signum: int) -> int:
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, env=subprocess_env())
     try:
-        wait_for_line(proc.stderr, r"^epoch 2/1000", timeout=60)
+        Lines(proc.stderr).wait_for(r"^epoch 2/1000", timeout=60)
         proc.send_signal(signum)
         return proc.wait(timeout=60)
     finally:
@@ -181,6 +199,52 @@ def poison_weights_after(monkeypatch: pytest.MonkeyPatch, updates: int,
             self.buffer.flat[...] = value
 
     monkeypatch.setattr(AdamW, "step", step)
+
+
+# ------------------------------------------------------------------------------ faults
+
+Patch = Callable[[pytest.MonkeyPatch], None]
+
+
+def disk_full(prefix: str = "") -> Patch:
+    """Every checkpoint write under `prefix` (all, by default) fails: ENOSPC."""
+    def patch(mp: pytest.MonkeyPatch) -> None:
+        real = checkpoint.save
+
+        def save(path: str, *args: object, **kw: object) -> Path:
+            if str(path).startswith(prefix):
+                raise OSError(errno.ENOSPC, "No space left on device")
+            return real(path, *args, **kw)  # type: ignore[arg-type]
+        mp.setattr(checkpoint, "save", save)
+    return patch
+
+
+def no_fallbacks(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(outputs, "fallbacks", lambda path, name=None: [])
+
+
+def nan_in_saved_weights(value: float = np.nan) -> Patch:
+    """The weights handed to the saver hold `value` (in wte), while the loss stays finite."""
+    def patch(mp: pytest.MonkeyPatch) -> None:
+        real = ParameterBuffer.state_dict
+
+        def state_dict(self: ParameterBuffer) -> dict[str, np.ndarray]:
+            weights = real(self)
+            weights["wte"].flat[0] = value
+            return weights
+        mp.setattr(ParameterBuffer, "state_dict", state_dict)
+    return patch
+
+
+def nan_validation(mp: pytest.MonkeyPatch) -> None:
+    mp.setattr(Trainer, "evaluate", lambda self, split: float("nan"))
+
+
+def combine(*patches: Patch) -> Patch:
+    def patch(mp: pytest.MonkeyPatch) -> None:
+        for p in patches:
+            p(mp)
+    return patch
 
 
 # ------------------------------------------------------------------------------ intact files

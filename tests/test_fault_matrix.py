@@ -15,27 +15,31 @@ from __future__ import annotations
 import errno
 import json
 import os
-import queue
 import re
 import signal
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 from helpers import (
     TRAIN,
     TRAINED,
+    Lines,
+    Patch,
     assert_intact,
+    combine,
+    disk_full,
     invoke,
     log_records,
+    nan_in_saved_weights,
+    nan_validation,
+    no_fallbacks,
     poison_weights_after,
     snapshot,
     subprocess_env,
@@ -43,16 +47,13 @@ from helpers import (
 
 from rustyflow_py.engine.backend import gpu_unavailable_reason
 from rustyflow_py.engine.precision import Precision
-from rustyflow_py.model.params import ParameterBuffer
 from rustyflow_py.reporting import logfile
-from rustyflow_py.training import checkpoint, evaluate, lock, outputs, run_parts
+from rustyflow_py.training import checkpoint, evaluate, lock, run_parts
 from rustyflow_py.training.checkpoint import Checkpoint
-from rustyflow_py.training.loop import Trainer
 
 pytestmark = pytest.mark.usefixtures("tiny_dir")
 
 NEW = ("--model-path", "models/new-cpu.npz")  # a path no earlier run used, used as typed
-Patch = Callable[[pytest.MonkeyPatch], None]
 
 
 # ------------------------------------------------------------------------------ the harness
@@ -201,51 +202,16 @@ def both(*checks: Callable[[Path], None]) -> Callable[[Path], None]:
 # ------------------------------------------------------------------------------ patches
 
 
-def disk_full(prefix: str = "") -> Patch:
-    """Every checkpoint write under `prefix` (all, by default) fails: ENOSPC."""
-    def patch(mp: pytest.MonkeyPatch) -> None:
-        real = checkpoint.save
-
-        def save(path: str, *args: object, **kw: object) -> Path:
-            if str(path).startswith(prefix):
-                raise OSError(errno.ENOSPC, "No space left on device")
-            return real(path, *args, **kw)  # type: ignore[arg-type]
-        mp.setattr(checkpoint, "save", save)
-    return patch
-
-
 def log_full(mp: pytest.MonkeyPatch) -> None:
     def append(path: str, text: str) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
     mp.setattr(logfile, "append_block", append)
 
 
-def combine(*patches: Patch) -> Patch:
-    def patch(mp: pytest.MonkeyPatch) -> None:
-        for p in patches:
-            p(mp)
-    return patch
-
-
-def no_fallbacks(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(outputs, "fallbacks", lambda path, name=None: [])
-
-
 def no_locks(mp: pytest.MonkeyPatch) -> None:
     def flock(fd: int, op: int) -> None:
         raise OSError(errno.ENOLCK, "No locks available")
     mp.setattr(lock.fcntl, "flock", flock)
-
-
-def nan_in_saved_weights(mp: pytest.MonkeyPatch) -> None:
-    """The weights handed to the saver hold a nan (in wte), while the loss stays finite."""
-    real = ParameterBuffer.state_dict
-
-    def state_dict(self: ParameterBuffer) -> dict[str, np.ndarray]:
-        weights = real(self)
-        weights["wte"].flat[0] = np.nan
-        return weights
-    mp.setattr(ParameterBuffer, "state_dict", state_dict)
 
 
 def torn_log_write(mp: pytest.MonkeyPatch) -> None:
@@ -258,10 +224,6 @@ def torn_log_write(mp: pytest.MonkeyPatch) -> None:
             raise OSError(errno.ENOSPC, "No space left on device")
         return real(fd, data)
     mp.setattr(logfile.os, "write", write)
-
-
-def nan_validation(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(Trainer, "evaluate", lambda self, split: float("nan"))
 
 
 def fp16_overflow_storm(mp: pytest.MonkeyPatch) -> None:
@@ -367,7 +329,7 @@ CASES = [
          "non-finite while the loss does not", (*TRAIN, "--max-steps", "3"), 1,
          r"the weights at step 3 are not finite \(wte holds 1 nan/inf of 288 values\): the "
          r"best checkpoint is not written, and the files already at models/tiny-cpu.npz stay",
-         patch=nan_in_saved_weights, never="replaced",
+         patch=nan_in_saved_weights(), never="replaced",
          check=last_record("failed", "are not finite")),
     Case("resume-on-changed-data", "--resume after two lines of the training text were "
          "swapped (same vocabulary)", (*TRAIN, "--resume", TRAINED[0], "--max-steps", "5"), 1,
@@ -624,27 +586,6 @@ def test_a_second_ctrl_c_saves_nothing_and_says_what_is_on_disk(workspace: Path)
     assert not list(Path("models").glob(".*.tmp")), "a temporary was left behind"
     assert_intact(before, snapshot(workspace))
     assert len(log_records()) == 1
-
-
-class Lines:
-    """The lines a subprocess prints, read as they come by a thread (so a wait is bounded)."""
-
-    def __init__(self, stream: Any) -> None:
-        self.lines: list[str] = []
-        self.new: queue.Queue[str] = queue.Queue()
-        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
-
-    def _read(self, stream: Any) -> None:
-        for line in stream:
-            self.lines.append(line)
-            self.new.put(line)
-
-    def wait_for(self, pattern: str, timeout: float = 60) -> None:
-        while not re.search(pattern, self.new.get(timeout=timeout)):
-            pass
-
-    def text(self) -> str:
-        return "".join(self.lines)
 
 
 def test_a_second_run_on_a_locked_checkpoint_stops_at_once(workspace: Path) -> None:

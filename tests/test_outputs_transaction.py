@@ -12,26 +12,33 @@ inside a step, Ctrl-C twice inside a write). After every command:
 
 from __future__ import annotations
 
-import errno
 import os
 import random
 import signal
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from helpers import TINY, env_file, invoke, log_records
+from helpers import (
+    TINY,
+    Patch,
+    combine,
+    disk_full,
+    env_file,
+    invoke,
+    log_records,
+    nan_in_saved_weights,
+    nan_validation,
+    no_fallbacks,
+)
 
 from rustyflow_py.training import checkpoint
 from rustyflow_py.training.checkpoint import Checkpoint
-from rustyflow_py.training.loop import Trainer
 from rustyflow_py.training.ownership import checkpoint_meta, run_id_of
 from rustyflow_py.training.step import StepRunner
 
 CKPT, BEST = "models/tiny-cpu.npz", "models/tiny-cpu-best.npz"
-Patch = Callable[[pytest.MonkeyPatch], None]
 
 
 def ctrl_c_in_step(step: int, twice: bool = False) -> Patch:
@@ -57,29 +64,6 @@ def ctrl_c_in_step(step: int, twice: bool = False) -> Patch:
     return patch
 
 
-def disk_full(mp: pytest.MonkeyPatch) -> None:
-    def save(*_: Any, **__: Any) -> Path:
-        raise OSError(errno.ENOSPC, "No space left on device")
-    mp.setattr(checkpoint, "save", save)
-    mp.setattr("rustyflow_py.training.outputs.fallbacks", lambda path, name=None: [])
-
-
-def nan_weights(mp: pytest.MonkeyPatch) -> None:
-    from rustyflow_py.model.params import ParameterBuffer
-
-    real = ParameterBuffer.state_dict
-
-    def state_dict(self: ParameterBuffer) -> dict[str, np.ndarray]:
-        weights = real(self)
-        weights["wte"].flat[0] = np.inf
-        return weights
-    mp.setattr(ParameterBuffer, "state_dict", state_dict)
-
-
-def nan_validation(mp: pytest.MonkeyPatch) -> None:
-    mp.setattr(Trainer, "evaluate", lambda self, split: float("nan"))
-
-
 def unreadable_data(mp: pytest.MonkeyPatch) -> None:
     from rustyflow_py.errors import DataError
     from rustyflow_py.training.subword import corpus
@@ -100,8 +84,8 @@ OPS: dict[str, tuple[tuple[str, ...], Patch | None, bool]] = {
     "unreadable-data": ((), unreadable_data, False),
     "overwrite-unreadable-data": (("--config", "b.env", "--overwrite"), unreadable_data,
                                   False),
-    "disk-full": ((), disk_full, False),
-    "nan-weights": ((), nan_weights, False),
+    "disk-full": ((), combine(disk_full(), no_fallbacks), False),
+    "nan-weights": ((), nan_in_saved_weights(np.inf), False),
     "nan-validation": ((), nan_validation, False),
     "ctrl-c-twice": (("--max-steps", "5"), ctrl_c_in_step(2, twice=True), False),
     "resume-ctrl-c-twice": (("resume",), ctrl_c_in_step(1, twice=True), False),
