@@ -13,7 +13,7 @@ import click
 from . import __version__
 from .cli_help import SectionedCommand
 from .errors import RustyFlowError, command, install_command
-from .training.config import KEYS, ConfigError, check_data_dir, load_config
+from .training.config import KEYS, ConfigError, check_data_dir, load_config, tagged
 
 
 def _hyperparameter_options(fn: Any) -> Any:
@@ -140,8 +140,7 @@ def _resume_file(ctx: click.Context, param: click.Parameter, value: str | None) 
     a MODEL_PATH from the config gets the file that has it named."""
     if value is None or Path(value).is_file():
         return value
-    stem = value[: -len(".npz")] if value.endswith(".npz") else value
-    near = [f"{stem}-{d}.npz" for d in ("cpu", "gpu") if Path(f"{stem}-{d}.npz").is_file()]
+    near = [p for p in (tagged(value, d) for d in ("cpu", "gpu")) if Path(p).is_file()]
     where = "" if Path(value).is_absolute() else f" ({Path(value).absolute()})"
     hint = (f"; {' and '.join(near)} {'exists' if len(near) == 1 else 'exist'} (train adds "
             f"-cpu or -gpu to a MODEL_PATH from the config): pass --resume {near[0]}" if near

@@ -226,7 +226,8 @@ class _Rules:
         if resume is not None:
             return resume
         stem = self.model_path[: -len(".npz")]
-        return self.model_path if stem.endswith(f"-{device}") else f"{stem}-{device}.npz"
+        return self.model_path if stem.endswith(f"-{device}") else tagged(self.model_path,
+                                                                           device)
 
     def to_dict(self) -> dict[str, object]:
         """UPPER_CASE key -> value, JSON-serialisable (stored inside checkpoints)."""
@@ -239,6 +240,13 @@ class _Rules:
         return cls(**{KEYS[k].attr: v for k, v in known.items()},  # type: ignore[arg-type]
                    source={k: "checkpoint" for k in known})
 
+
+
+def tagged(path: str, tag: str) -> str:
+    """`path` with `-tag` before its `.npz` (`models/q.npz`, `cpu` -> `models/q-cpu.npz`):
+    the file a configured MODEL_PATH is written as on a device, or a run's best checkpoint."""
+    stem = path[: -len(".npz")] if path.endswith(".npz") else path
+    return f"{stem}-{tag}.npz"
 
 @dataclass
 class Config(_Rules):

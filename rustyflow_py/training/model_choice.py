@@ -25,7 +25,7 @@ from pathlib import Path
 from ..reporting.log_parser import read_log
 from ..reporting.record_schema import Record
 from .checkpoint import CheckpointError
-from .config import Config
+from .config import Config, tagged
 
 
 def choose_model(given: str | None, config: str | None, cfg: Config,
@@ -84,8 +84,7 @@ def _configured_checkpoint(given: str | None, cfg: Config, say: Callable[[str], 
     if given is not None:
         if Path(given).is_file():
             return given
-        stem = given[: -len(".npz")] if given.endswith(".npz") else given
-        candidates = [f"{stem}-{d}.npz" for d in order]
+        candidates = [tagged(given, d) for d in order]
     else:
         candidates = [cfg.model_path_for(d) for d in order]
     for path in candidates:

@@ -15,15 +15,14 @@ from typing import Any
 
 from ..errors import TrainingError
 from . import checkpoint, outputs
-from .config import Config
+from .config import Config, tagged
 from .ownership import checkpoint_meta, run_id_of
 from .resume import History
 
 
 def best_path(path: str) -> str:
     """Where the best checkpoint of a run checkpointing to `path` goes: -best before .npz."""
-    stem = path[: -len(".npz")] if path.endswith(".npz") else path
-    return f"{stem}-best.npz"
+    return tagged(path, "best")
 
 
 class RunCheckpoints:
