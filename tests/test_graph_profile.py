@@ -221,25 +221,24 @@ def test_sampling_keeps_within_its_budget_and_samples_a_short_runs_last_step(
 
 def test_profile_mode_choice_and_its_fallbacks(monkeypatch: pytest.MonkeyPatch) -> None:
     warnings: list[str] = []
-    assert choose_mode("auto", "cpu", False, warnings.append) == ("wall", None)
-    assert choose_mode("eager", "gpu", True, warnings.append) == ("eager", None)
-    assert choose_mode("auto", "gpu", False, warnings.append) == ("eager", None)
+    assert choose_mode("auto", "cpu", False, warnings.append) == ("wall", None, None)
+    assert choose_mode("eager", "gpu", True, warnings.append) == ("eager", None, None)
+    assert choose_mode("auto", "gpu", False, warnings.append) == ("eager", None, None)
     assert warnings == []
-    assert choose_mode("graph", "gpu", False, warnings.append) == ("eager", None)
+    assert choose_mode("graph", "gpu", False, warnings.append) == ("eager", None, None)
     assert "GRAPH=off" in warnings.pop()
-    assert choose_mode("auto", "gpu", True, warnings.append, processes=2) == ("eager", None)
-    assert "data-parallel" in warnings.pop()
 
     def busy() -> None:
         raise graph_profile.CuptiUnavailable("CUPTI is in use by another tool")
 
     monkeypatch.setattr(graph_profile, "CuptiTracer", busy)
-    assert choose_mode("auto", "gpu", True, warnings.append) == ("eager", None)
+    assert choose_mode("auto", "gpu", True, warnings.append) == (
+        "eager", None, "CUPTI is unavailable: CUPTI is in use by another tool")
     assert warnings == ["WARN: per-op profile from an eager window instead of the replayed "
                         "graph: CUPTI is in use by another tool"]
     monkeypatch.setattr(graph_profile, "CuptiTracer", FakeTracer)
-    mode, tracer = choose_mode("graph", "gpu", True, warnings.append)
-    assert mode == "graph" and isinstance(tracer, FakeTracer)
+    mode, tracer, why = choose_mode("graph", "gpu", True, warnings.append)
+    assert mode == "graph" and isinstance(tracer, FakeTracer) and why is None
 
 
 @pytest.mark.parametrize("value", ["cupti", "", "GRAPH"])
@@ -409,7 +408,7 @@ from torch.profiler import ProfilerActivity, profile
 from rustyflow_py.training.graph_profile import choose_mode
 warnings = []
 with profile(activities=[ProfilerActivity.CUDA]):
-    mode, tracer = choose_mode("auto", "gpu", True, warnings.append)
+    mode, tracer, _ = choose_mode("auto", "gpu", True, warnings.append)
 print(mode, tracer is None, len(warnings))
 print(warnings[0] if warnings else "")
 """

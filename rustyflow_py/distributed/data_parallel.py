@@ -29,8 +29,9 @@ class BucketedAllReduce:
     """Sums the gradient over the ranks, bucket by bucket, as backward completes them.
 
     `overlap`: the all-reduces run on a stream of their own, which the step's stream waits
-    for at the end of backward; without it (the profiled steps) they run on the step's
-    stream, where the profiler's events time them exactly.
+    for at the end of backward; without it (an eager window's profiled steps) they run on the
+    step's stream, where the profiler's events time them exactly. Bucket k is the op
+    `all_reduce[k]` either way.
     """
 
     def __init__(self, buffer: ParameterBuffer, comm: Communicator, bucket_bytes: int) -> None:
@@ -70,12 +71,15 @@ class BucketedAllReduce:
         self.left[i] = -1  # launched
         start, stop = self.buckets[i]
         grad = self.buffer.grad[start:stop]
+        name = f"all_reduce[{i}]"  # each bucket an op of its own, in every profile
         if not self.overlap:
-            run_op("all_reduce", "comm", "backward", self.comm.all_reduce, grad)
+            run_op(name, "comm", "backward", self.comm.all_reduce, grad)
             return
         self.ready[i].record(self.backend.stream)  # the bucket's gradient is written
         self.side.wait_event(self.ready[i])
-        self.comm.all_reduce(grad, self.side)
+        # through the op choke point too: while the step is captured for the graph profile,
+        # the NCCL nodes are tagged with the bucket's op, not with the backward op running
+        run_op(name, "comm", "backward", self.comm.all_reduce, grad, self.side)
 
     def finish(self) -> None:
         """Reduce what backward never reached (unused tensors), then join the side stream."""

@@ -152,4 +152,4 @@ class CuptiTracer:
             else:
                 name = "[memset]" if a.kind == memset else "[memcpy]"
             self._records.append(KernelRecord(name, int(a.start), int(a.end),
-                                              int(a.graph_node_id)))
+                                              int(a.graph_node_id), int(a.stream_id)))

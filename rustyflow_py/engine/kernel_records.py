@@ -28,6 +28,7 @@ class KernelRecord(NamedTuple):
     start_ns: int
     end_ns: int
     node: int  # the graph node that ran it (0: not launched from a graph)
+    stream: int = 0  # the CUDA stream it ran on (a data-parallel step's collectives: a second)
 
 
 def busy_ns(records: Iterable[KernelRecord]) -> int:
@@ -76,7 +77,7 @@ class KernelAttribution:
         training step number `step`."""
         if not records:
             return
-        tagged = [(self.node_ops.get(r.node, UNATTRIBUTED), r) for r in records]
+        tagged = self.tag(records)
         for op, r in tagged:
             entry = self._kernels[op][r.name]
             entry[0] += 1
@@ -88,6 +89,10 @@ class KernelAttribution:
             self.first = sorted(tagged, key=lambda t: t[1].start_ns)
             self.first_step = step
         self.replays += 1
+
+    def tag(self, records: list[KernelRecord]) -> list[tuple[OpKey, KernelRecord]]:
+        """Each record with the op of its graph node."""
+        return [(self.node_ops.get(r.node, UNATTRIBUTED), r) for r in records]
 
     def op_times(self) -> dict[OpKey, float]:
         """Seconds of kernel time per op over all sampled replays."""

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import profile_text
+from . import comm_text, profile_text
 from .analysis import category_time, idle_time, profile_window, replays_per_step
 from .record_schema import Record, device_kind, is_num, num
 from .text import NA, byte_size, number, one_line, pct, plural, share, table
@@ -67,6 +67,8 @@ def op_table(ops: list[Record], window: float, idle: float | None = None,
 
 _COMM_GPU = ("Communication time (NCCL collectives, measured on the step's stream in the "
              "profiled steps; they overlap backward in replayed steps)")
+_COMM_GRAPH = ("Communication time (NCCL kernels of the replayed step, overlapping compute: "
+               "see the communication lines)")
 _COMM_CPU = ("Communication time (collectives over sockets between the processes, host wall time, "
              "waits for the other processes included)")
 
@@ -99,7 +101,7 @@ def matmul_lines(
         f"{whole})",
     ]
     if has_comm:
-        label = _COMM_GPU if gpu else _COMM_CPU
+        label = (_COMM_GRAPH if per_step else _COMM_GPU) if gpu else _COMM_CPU
         lines.append(f"{label}: {amount(comm)} ({pct(comm, window)} of the same)")
     excluded = "communication and eval" if has_comm else "eval"
     lines += [
@@ -217,6 +219,8 @@ def profile_lines(r: Record) -> list[str]:
         *matmul_lines(ops, window, profiled, steps, prof.get("note"), device_kind(r) == "gpu",
                       per_step),
         *profile_text.graph_lines(prof, r.get("train_time_s")),
+        *comm_text.comm_lines(prof),
+        *comm_text.rank_lines(prof),
         "",
         *_phase_lines(r, prof, window),
         "",

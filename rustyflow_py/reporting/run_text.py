@@ -12,6 +12,7 @@ from typing import Any
 
 from ..errors import command
 from .analysis import epoch_time, profile_window, replays_per_step
+from .comm_text import comm_lines, rank_lines
 from .profile_tables import matmul_lines, op_table
 from .record_schema import (
     Record,
@@ -171,6 +172,7 @@ def format_summary(record: RunRecord | Record, log: str | None, top: int = 5) ->
         lines += [f"Top {min(top, len(ops))} ops of {len(ops)}:", *head[:-1]]
         lines += matmul_lines(ops, window, profiled, max(steps, profiled), prof.get("note"),
                               device_kind(r) == "gpu", per_step)
+        lines += comm_lines(prof)[:1] + rank_lines(prof)[-1:]  # the step's split, straggler
     ckpt = r.get("checkpoint")
     lines.append(f"Checkpoint: {one_line(ckpt)}" if ckpt else
                  "Checkpoint: none written (see the message above)")

@@ -222,7 +222,7 @@ def _matmul_share(runner: Callable[..., StepRunner], backend: Any,
     of the device time of sampled CUDA-graph replays (the eager window when the graph profile
     cannot be made, which the warning says), on the CPU of the wall time of a few steps."""
     prof = Profiler(backend)
-    mode, tracer = choose_mode("auto", backend.kind, True, warn)
+    mode, tracer, _ = choose_mode("auto", backend.kind, True, warn)
     if mode == "graph" and tracer is not None:
         window = runner(prof, True, GraphSampler(prof, tracer, PROFILED_STEPS, budget=None))
         # warm-up, capture, a first replay, then the samples (each after a run of busy launches)

@@ -4,6 +4,12 @@ Every time figure a run reports (epoch times, tokens/s, the epoch estimate) coun
 steps only. Evaluation and checkpoint writes are timed apart (`timed`), and so is the GPU
 start-up (the warm-up step, which compiles the kernels, and the graph capture: the step
 runner's `startup`), so that a cold kernel cache and a warm one report the same epoch time.
+
+Tokens/s (the live step lines and the run's summary) reads the same clock as the epochs: the
+training time is the sum of this process's epoch clocks, each from its epoch's start to its
+end, so whatever runs between epochs or after the last one (validation, the checkpoint, the
+stop agreement, the test evaluation, the waits that come with them on other ranks) is never
+training time, and tokens / training time agrees with the epoch time by construction.
 """
 
 from __future__ import annotations
@@ -21,7 +27,12 @@ class RunClock:
         self.runner, self.synchronize = runner, synchronize
         self.run_start = self.epoch_start = time.perf_counter()
         self.marks = (0.0, 0.0, step)  # start-up, aside time and step at the epoch's start
+        self.first_step = step  # the step this process started at (a resume's)
         self.aside_in_run = 0.0  # evaluation and checkpoint time inside the run's train_time
+        self.carried = 0.0  # the open epoch's time before a resume (another process's)
+        self.closed = (0.0, 0)  # the ended epochs' own time and steps, this process's
+        self.open = True  # an epoch is running (start_epoch .. epoch_time)
+        self.trained = (0.0, 0)  # training seconds and steps counted, fixed by end_run
 
     @property
     def startup_s(self) -> float:
@@ -44,14 +55,17 @@ class RunClock:
         self.run_start = time.perf_counter()
         return self.run_start
 
-    def end_run(self) -> None:
-        """The run's train_time is taken now (the final checkpoint write comes after it)."""
+    def end_run(self, step: int) -> None:
+        """The run's train_time is taken now (the final checkpoint write comes after it);
+        `step`: the steps done. Fixes `trained`."""
         self.aside_in_run = self.aside_s
+        self.trained = self.training(step)
 
     def start_epoch(self, step: int, elapsed: float = 0.0) -> None:
         """An epoch starts (or goes on, `elapsed` seconds of it done before a resume)."""
         self.epoch_start = time.perf_counter() - elapsed
         self.marks = (self.startup_s, self.aside_s, step)
+        self.carried, self.open = elapsed, True
 
     def epoch_clock(self) -> float:
         """The current epoch's time so far, less its evaluation, checkpoint writes and
@@ -64,17 +78,31 @@ class RunClock:
         """The epoch that ends at `step`: its clock, with the steps that ran inside the
         start-up counted at the epoch's own step time."""
         clock, (startup, _, first) = self.epoch_clock(), self.marks
+        if self.open:
+            seconds, steps = self.closed
+            self.closed = (seconds + clock - self.carried, steps + step - first)
+            self.open = False
         if self.startup_s - startup <= 0:
             return clock
         steps = step - first
         counted = steps - self.startup_steps
         return clock * steps / counted if counted > 0 else clock
 
+    def training(self, step: int) -> tuple[float, int]:
+        """This process's training time so far (its epochs' own clocks) and the steps it
+        counts (those run inside the start-up are not: their time is the start-up's); `step`:
+        the steps done (read after a sync)."""
+        seconds, steps = self.closed
+        if self.open:
+            seconds += self.epoch_clock() - self.carried
+            steps += step - self.marks[2]
+        return seconds, max(steps - self.startup_steps, 0)
+
     def tokens_per_s(self, steps: int, tokens_per_step: int) -> float:
-        """Throughput of this process's `steps` so far (read after a sync)."""
-        elapsed = time.perf_counter() - self.run_start - self.aside_s - self.startup_s
-        counted = steps - self.startup_steps
-        return max(counted, 0) * tokens_per_step / max(elapsed, 1e-9)
+        """Throughput of this process's `steps` so far: the counted steps' tokens over the
+        training time (read after a sync)."""
+        seconds, counted = self.training(self.first_step + steps)
+        return counted * tokens_per_step / max(seconds, 1e-9)
 
     @contextlib.contextmanager
     def timed(self, what: str) -> Iterator[None]:

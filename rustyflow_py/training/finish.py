@@ -19,6 +19,7 @@ from ..reporting.record_schema import RunRecord
 from ..reporting.run_text import format_summary
 from ..reporting.trace import chrome_trace, graph_trace
 from . import guard, hooks, outputs
+from .rank_tables import gather_figures
 from .record import build_record
 from .run_parts import Say
 
@@ -49,17 +50,18 @@ def finish(run: Any, status: str, message: str | None,
             rescued.append(f"the trace {trace.rescued}")
     status, message = outcome = guard.final_status(status, message, lost, rescued,
                                                    run.signals.requested)
+    ranks = gather_figures(run)  # every rank's figures, at rank 0 (a collective)
     if not run.world.main:
         return None, outcome
     planned = run.cfg.log_file
-    records = {planned: build_record(run, status, message, train_time, ckpt)}
+    records = {planned: build_record(run, status, message, train_time, ckpt, ranks)}
 
     def append(path: str) -> None:
         """The block at `path`; at a fallback it says that it is one, and the run failed."""
         if path not in records:
             note = f"the log block could not be appended to {planned}, so it is here"
             records[path] = build_record(run, "failed", f"{message}; {note}" if message
-                                         else note, train_time, ckpt)
+                                         else note, train_time, ckpt, ranks)
         hooks.pause("log-append")
         logfile.append_block(path, format_block(records[path]))
 

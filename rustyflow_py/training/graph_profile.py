@@ -12,6 +12,12 @@ is sampled if nothing was yet, so a short run still gets a profile. A replay is 
 once the device has been found busy at `STREAK` launches in a row, as training steps run back
 to back: one launched onto a device that just idled (the host waited for it, to read the
 losses back) starts cold and is slower than the steps training is made of.
+
+In a data-parallel run every rank samples the same replays: a rank that stops to read its
+records makes the others' collectives wait, so a replay sampled by one rank alone would time
+that wait as communication. Rank 0 decides (every AGREE_EVERY replays, and at the last) and
+broadcasts its decision; the records of each replay are also split into compute, communication
+and exposed communication (comm_overlap).
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from ..engine.comm_overlap import CommAccount
 from ..engine.cupti_trace import CuptiTracer, CuptiUnavailable
 from ..engine.graph import CapturedStep
 from ..engine.kernel_records import KernelAttribution, last_replay
@@ -30,33 +37,44 @@ BUDGET = 0.005  # the share of the training time sampling may take (half the pro
 # flush and reading one record each: an upper estimate; the first sample's own cost replaces it)
 NODE_COST_S = 1e-4
 STREAK = 3  # launches in a row that found the device still running the steps before
+AGREE_EVERY = 8  # a data-parallel run's replays per sampling decision shared by the ranks
 
 
-def choose_mode(asked: str, kind: str, graph: bool, warn: Callable[[str], None],
-                processes: int = 1) -> tuple[str, CuptiTracer | None]:
+def choose_mode(asked: str, kind: str, graph: bool, warn: Callable[[str], None]
+                ) -> tuple[str, CuptiTracer | None, str | None]:
     """Which profile the run makes: 'wall' (CPU), 'graph' (sampled replays, with its tracer)
-    or 'eager' (a window of eager GPU steps timed by events). A graph profile that cannot be
-    made says why in one line and falls back to the eager window. A data-parallel run
-    (`processes` > 1) profiles the eager window: its graph holds NCCL collectives on a second
-    stream, and the graph profile has not been run on several GPUs yet."""
+    or 'eager' (a window of eager GPU steps timed by events), and why a graph profile fell
+    back to the eager window (None when it did not). A graph profile that cannot be made says
+    why in one line. A data-parallel step is profiled like any other: its collectives are
+    kernels of the captured graph (comm_overlap splits them from the compute)."""
     if kind != "gpu":
-        return "wall", None
+        return "wall", None, None
     if asked == "eager":
-        return "eager", None
-    if processes > 1:
-        warn("WARN: per-op profile from an eager window: the replayed-graph profile of a "
-             "data-parallel step (NCCL in the graph) is not verified yet")
-        return "eager", None
+        return "eager", None, None
     if not graph:
         if asked == "graph":
             warn("WARN: PROFILE_MODE=graph needs the step replayed as a CUDA graph (GRAPH=off "
                  "here): profiling an eager window, which is the step that runs")
-        return "eager", None
+        return "eager", None, None
     try:
-        return "graph", CuptiTracer()
+        return "graph", CuptiTracer(), None
     except CuptiUnavailable as exc:
         warn(f"WARN: per-op profile from an eager window instead of the replayed graph: {exc}")
-        return "eager", None
+        return "eager", None, f"CUPTI is unavailable: {exc}"
+
+
+def shared_mode(choice: tuple[str, CuptiTracer | None, str | None],
+                everywhere: Callable[[bool], bool], warn: Callable[[str], None]
+                ) -> tuple[str, CuptiTracer | None, str | None]:
+    """A data-parallel run's choice: the ranks sample together, so the graph profile only if
+    every rank can make it (`everywhere`, a collective every rank calls, says whether all
+    ranks have a tracer); else the eager window on every rank."""
+    mode, tracer, _ = choice
+    if everywhere(tracer is not None) or tracer is None:
+        return choice
+    why = "CUPTI is unavailable on another rank of this run"
+    warn(f"WARN: per-op profile from an eager window instead of the replayed graph: {why}")
+    return "eager", None, why
 
 
 class GraphSampler:
@@ -64,12 +82,17 @@ class GraphSampler:
 
     def __init__(self, profiler: Profiler, tracer: CuptiTracer, max_samples: int,
                  budget: float | None = BUDGET,
-                 busy: Callable[[], bool] = lambda: True) -> None:
+                 busy: Callable[[], bool] = lambda: True,
+                 agree: Callable[[bool], bool] | None = None) -> None:
         """`budget`: the share of the training time sampling may take; None samples every
         replay after the first, up to `max_samples` (a benchmark's few steps). `busy`: whether
-        the device is still running earlier work (the stream is not done)."""
+        the device is still running earlier work (the stream is not done). `agree` (data
+        parallel, every rank calls it at the same replays): rank 0's decision, given this
+        rank's wish."""
         self.profiler, self.tracer, self.max_samples = profiler, tracer, max_samples
-        self.budget, self.busy = budget, busy
+        self.budget, self.busy, self.agree = budget, busy, agree
+        self.comm = CommAccount()  # compute against the collectives, per sampled replay
+        self._calls = 0  # replays since the first, for a data-parallel run's agreement
         self.samples = 0
         self.cost_s = 0.0  # the device's idle time for the samples (reading their records)
         self.costs: list[float] = []  # each sample's
@@ -100,6 +123,16 @@ class GraphSampler:
             return False  # the first replay warms the graph up
         if self.samples >= self.max_samples:
             return False
+        want = self._wants(last, now)
+        if self.agree is None:
+            return want
+        self._calls += 1
+        if not last and self._calls % AGREE_EVERY:
+            return False
+        return self.agree(want)
+
+    def _wants(self, last: bool, now: float) -> bool:
+        """This rank's decision: within the budget, with the device found busy."""
         if last and self.samples == 0:
             return True
         if self.budget is not None and (
@@ -119,6 +152,7 @@ class GraphSampler:
         graph = self.profiler.graph
         assert graph is not None, "sample() before capture()"
         graph.add_replay(records, step)
+        self.comm.add(graph.tag(records))
         self._last_cost = self.tracer.read_s + time.perf_counter() - start
         self.cost_s += self._last_cost
         self.costs.append(self._last_cost)
@@ -130,6 +164,7 @@ class GraphSampler:
         """What the record keeps of the sampling: how many, what it cost, the totals."""
         graph = self.profiler.graph
         totals = graph.totals() if graph is not None else {}
+        comm = self.comm.summary()
         return {"samples": self.samples, "cost_s": self.cost_s, **totals,
                 "sample_costs_s": [round(c, 6) for c in self.costs[:50]],
-                "nodes_tagged": len(self.tracer.node_ops)}
+                "nodes_tagged": len(self.tracer.node_ops), **({"comm": comm} if comm else {})}

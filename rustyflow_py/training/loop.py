@@ -76,7 +76,7 @@ class Trainer(RunParts):
             except TrainingError as exc:
                 status, message = "failed", str(exc)
             train_time = time.perf_counter() - start  # evaluation included
-            self.clock.end_run()
+            self.clock.end_run(self.pos.step)
             with self.signals.deferring(FINAL):
                 record, (status, message) = finish(self, status, message, train_time)
         stop = guard.late_stop(self.signals.requested, stop)

@@ -2,6 +2,9 @@
 
 The record's shape is `record_schema.RunRecord`; this module only fills it in. Times are this
 process's: a resumed run counts its own steps over its own time, so tokens/s stays true.
+Tokens/s is the counted steps' tokens over the training time of the run's clock (clock.py),
+the time its epoch times are made of; a data-parallel run adds every rank's figures, gathered
+at the end (rank_tables.py).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from ..reporting.record_schema import RunRecord
 from ..reporting.text import plural
 from .evaluate import protocol
 from .optimizers import settings as optimizer_settings
+from .rank_tables import spread, throughput
 
 
 class TransferLedger:
@@ -51,16 +55,15 @@ class TransferLedger:
 
 
 def build_record(trainer: Any, status: str, message: str | None, train_time: float,
-                 ckpt: str | None) -> RunRecord:
-    """The record of `trainer`'s run (a train.Trainer) that ended with `status`."""
+                 ckpt: str | None, ranks: list[dict[str, Any]] | None = None) -> RunRecord:
+    """The record of `trainer`'s run (a train.Trainer) that ended with `status`; `ranks`:
+    every rank's figures (rank_tables.gather_figures) in a data-parallel run."""
     cfg, m, runner = trainer.cfg, trainer.model.cfg, trainer.runner
     steps_done = len(trainer.losses)
     steps_here = max(trainer.pos.step - trainer.start_step, 0)
-    # the training steps' own time: no evaluation, checkpoint writes or start-up (nor the
-    # steps run inside it)
-    clock = trainer.clock
-    steps_time = max(train_time - clock.aside_in_run - clock.startup_s, 0.0)
-    timed = max(steps_here - clock.startup_steps, 0)
+    # the training steps' own time, as the epoch times count it: no evaluation, checkpoint
+    # writes or start-up (nor the steps run inside it), nothing between or after the epochs
+    steps_time, timed = trainer.clock.trained
     diverged = status == "failed"
     tokens_per_s = (timed * trainer.tokens_per_step / steps_time
                     if steps_time > 0 and timed and not diverged else None)
@@ -108,6 +111,7 @@ def build_record(trainer: Any, status: str, message: str | None, train_time: flo
             "tokens_per_s_per_rank": tokens_per_s / world.size if tokens_per_s else None,
             "bucket_mb": cfg.bucket_mb,
             "buckets": len(getattr(shards.sync, "buckets", ())),
+            **({"ranks": throughput(ranks)} if ranks else {}),
         },
         "loss_scale": _loss_scale(trainer),
         "val_ppl": trainer.val_ppl,
@@ -125,7 +129,7 @@ def build_record(trainer: Any, status: str, message: str | None, train_time: flo
         "message": message,
         # none when no step was profiled (profiling off, a run stopped before its first
         # profiled step or sample, a graph profile CUPTI refused)
-        "profile": (_profile(trainer, steps_done, step_time)
+        "profile": (_profile(trainer, steps_done, step_time, ranks)
                     if trainer.profiler is not None and trainer.profiler.steps else None),
         "curves": _curves(trainer),
     }
@@ -178,7 +182,8 @@ def _digits(x: float) -> float:
     return float(f"{x:.6g}")
 
 
-def _profile(trainer: Any, steps: int, step_time: float) -> dict[str, Any]:
+def _profile(trainer: Any, steps: int, step_time: float,
+             ranks: list[dict[str, Any]] | None) -> dict[str, Any]:
     prof, runner, mode = trainer.profiler, trainer.runner, trainer.profile_mode
     gpu = trainer.backend.kind == "gpu"
     phases = dict(runner.phases)
@@ -207,7 +212,9 @@ def _profile(trainer: Any, steps: int, step_time: float) -> dict[str, Any]:
     elif gpu:
         out.update({
             "timing": "cuda-events",
-            "note": (("EAGER WINDOW, not the step that runs (training replays a CUDA graph): "
+            "note": ((f"EAGER WINDOW, not the step that runs (training replays a CUDA graph; "
+                      f"{trainer.profile_fallback}): " if trainer.profile_fallback else
+                      "EAGER WINDOW, not the step that runs (training replays a CUDA graph): "
                       if runner.captured is not None else
                       "eager steps (GRAPH=off: the step that runs): ")
                      + f"per-op device times from CUDA events over {prof.steps} eager steps "
@@ -221,6 +228,9 @@ def _profile(trainer: Any, steps: int, step_time: float) -> dict[str, Any]:
                              trainer.cfg.seq_len, step_time)
         out.update({"timing": "wall", "note": "per-op wall times of every step",
                     "profiled_time_s": runner.profiled_wall, "matmul_floor": floor})
+    across = spread(ranks) if ranks else None
+    if across is not None:
+        out["ranks"] = across
     out["peaks"] = peaks.of(trainer.backend, trainer.precision.compute, trainer.cfg.precision,
                             (out.get("matmul_floor") or {}).get("gflops"))
     return out

@@ -30,7 +30,7 @@ from .averaging import averager_for
 from .clock import RunClock
 from .config import Config
 from .evaluate import SplitEvaluator, upload_split
-from .graph_profile import GraphSampler, choose_mode
+from .graph_profile import GraphSampler, choose_mode, shared_mode
 from .init_from import initialize
 from .init_from import load as load_init
 from .optimizers import make_optimizer
@@ -142,11 +142,16 @@ class RunParts:
         self.profiler = (Profiler(self.backend, TRACE_STEPS if self.trace else 0)
                          if cfg.profile else None)
         graph = use_graph(self.backend.policy.graph, self.backend.kind, self.warn)
-        self.profile_mode, tracer = (
-            choose_mode(cfg.profile_mode, self.backend.kind, graph, self.warn, world.size)
-            if cfg.profile else ("off", None))
+        choice = (choose_mode(cfg.profile_mode, self.backend.kind, graph, self.warn)
+                  if cfg.profile else ("off", None, None))
+        if cfg.profile and self.comm is not None:
+            choice = shared_mode(choice, lambda mine: group.allreduce(int(mine)) == world.size,
+                                 self.warn)
+        self.profile_mode, tracer, self.profile_fallback = choice
+        # data parallel: every rank samples the replays rank 0 picks (graph_profile.py)
+        agree = ((lambda want: group.bcast(want, root=0)) if self.comm is not None else None)
         sampler = (GraphSampler(self.profiler, tracer, cfg.profile_steps,
-                                busy=lambda: not self.backend.stream.done)
+                                busy=lambda: not self.backend.stream.done, agree=agree)
                    if tracer is not None and self.profiler is not None else None)
         self.runner = StepRunner(
             self.model, self.optimizer, self.train_stream, cfg.seq_len,
