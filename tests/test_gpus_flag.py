@@ -14,7 +14,8 @@ import pytest
 from helpers import TINY, env_file, invoke, make_cfg, subprocess_env
 
 from rustyflow_py.distributed import launcher
-from rustyflow_py.distributed.launcher import Quiet, ranks_to_start, usable_gpus
+from rustyflow_py.distributed.launcher import ranks_to_start, usable_gpus
+from rustyflow_py.distributed.mpi_report import Quiet
 from rustyflow_py.distributed.world import World
 from rustyflow_py.errors import DistributedError
 

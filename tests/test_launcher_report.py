@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from rustyflow_py.distributed.exits import ExitOrder
-from rustyflow_py.distributed.launcher import _reason
+from rustyflow_py.distributed.mpi_report import Quiet, failure_line
 
 _BLOCK = ("=   BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\n"
           "=   PID {pid} RUNNING AT vm\n=   EXIT CODE: 9\n")
@@ -33,7 +33,7 @@ def test_the_first_rank_to_die_is_named_even_when_hydra_reports_another(tmp_path
     """Rank 1 was SIGKILLed; Hydra killed rank 0 in cleanup and its block names rank 0."""
     folder = _folder(tmp_path, {0: 100, 1: 101})
     report = [_BLOCK.format(pid=100), "[mpiexec@vm] Exit codes: [vm] 9,9\n", _STRING.format(sig=9)]
-    assert _reason(folder, report, 9, [(1,), (0,)]) == \
+    assert failure_line(folder, report, 9, [(1,), (0,)]) == \
         "rank 1 was killed by SIGKILL (out of host memory? killed by hand?)"
 
 
@@ -43,7 +43,7 @@ def test_each_rank_s_own_status_gives_the_signal(tmp_path: Path) -> None:
     folder = _folder(tmp_path, {0: 100, 1: 101})
     report = [_BLOCK.format(pid=100), "[mpiexec@vm] Exit codes: [vm] 9,11\n",
               _STRING.format(sig=11)]
-    line = _reason(folder, report, 11, [(1,), (0,)])
+    line = failure_line(folder, report, 11, [(1,), (0,)])
     assert line == "rank 1 was killed by SIGSEGV (a crash in native code?)"
 
 
@@ -51,14 +51,14 @@ def test_a_rank_that_exited_cleanly_first_is_passed_over(tmp_path: Path) -> None
     """Rank 0 finished (status 0) before rank 1 exited with status 3 and no error of its own."""
     folder = _folder(tmp_path, {0: 100, 1: 101})
     report = ["[mpiexec@vm] Exit codes: [vm] 0,768\n"]
-    line = _reason(folder, report, 3, [(0,), (1,)])
+    line = failure_line(folder, report, 3, [(0,), (1,)])
     assert line.startswith("rank 1 exited with status 3 without saying why"), line
 
 
 def test_the_first_rank_s_own_error_wins_over_a_later_one(tmp_path: Path) -> None:
     folder = _folder(tmp_path, {0: 100, 1: 101}, {0: "rank 0 failed: late", 1: "rank 1: first"})
     report = ["[mpiexec@vm] Exit codes: [vm] 256,256\n"]
-    assert _reason(folder, report, 1, [(1,), (0,)]) == "rank 1: first"
+    assert failure_line(folder, report, 1, [(1,), (0,)]) == "rank 1: first"
 
 
 def test_without_an_order_the_report_is_trusted(tmp_path: Path) -> None:
@@ -67,15 +67,30 @@ def test_without_an_order_the_report_is_trusted(tmp_path: Path) -> None:
     folder = _folder(tmp_path, {0: 100, 1: 101})
     report = [_BLOCK.format(pid=101), _STRING.format(sig=9)]
     for order in ([], [(0, 1)]):
-        assert _reason(folder, report, 9, order).startswith("rank 1 was killed by SIGKILL")
+        assert failure_line(folder, report, 9, order).startswith("rank 1 was killed by SIGKILL")
 
 
 def test_open_mpi_names_the_rank_itself(tmp_path: Path) -> None:
     folder = _folder(tmp_path, {0: 100, 1: 101})
     report = ["prterun noticed that process rank 1 with PID 101 on node vm exited on signal 6"
               " (Aborted).\n"]
-    assert _reason(folder, report, 134, []) == \
+    assert failure_line(folder, report, 134, []) == \
         "rank 1 was killed by SIGABRT (a crash in native code?)"
+
+
+def test_the_report_is_what_the_screen_was_spared(tmp_path: Path) -> None:
+    """The launcher reads only the lines Quiet kept off the screen: Hydra's whole account
+    of a SIGKILL, among the ranks' output (which is passed on, and read as no report)."""
+    folder = _folder(tmp_path, {0: 100, 1: 101})
+    ours = "  step 3: PID 100 RUNNING AT vm, EXIT STRING: x (signal 11)\n"
+    hydra = ["\n", "=" * 83 + "\n", _BLOCK.format(pid=101),
+             "[mpiexec@vm] Exit codes: [vm] 15,9\n", _STRING.format(sig=9),
+             "This typically refers to a problem with your application.\n"]
+    quiet = Quiet()
+    shown = [kept for line in [ours, *hydra] for kept in quiet(line)]
+    assert shown == [ours, "\n"]
+    assert failure_line(folder, quiet.dropped, 9, []) == \
+        "rank 1 was killed by SIGKILL (out of host memory? killed by hand?)"
 
 
 def _leave_pid(folder: Path, rank: int, pid: int) -> None:

@@ -1,23 +1,29 @@
-"""`rustyflow train --gpus N` (and `--processes N`): a convenience that starts `mpiexec -n N`
-on this machine.
+"""`rustyflow train --gpus N` (and `--processes N`): starts `mpiexec -n N` on this machine.
 
 Clusters start the ranks themselves (`mpiexec`, `srun`); on a workstation `--gpus N` does it
 for the user, once N GPUs are known to be usable (else nothing is started), and `--processes
-N` does it on the CPU. MPI's launcher does the work (starting, forwarding signals, killing
-every rank when one dies); this module finds it, forwards our stop signals to it once each,
-and turns its verdict into one line that names the rank that ended the job: the first to exit
-abnormally (the ranks' pid files, left in $RUSTYFLOW_ERROR_DIR, are watched: exits.py). The
-line is that rank's own error when it left one (rank-<r>.txt there; a rank that could leave
-it prints nothing itself), else how it ended, read from mpiexec's report (MPICH's Hydra is
-asked for every rank's exit status). That line replaces MPI's own account of the abort,
-which is kept off the screen: only the ranks' own output is passed through.
+N` does it on the CPU. mpiexec does the launch (starting the ranks, passing signals on, ending
+every rank when one dies); this module does only what it does not:
+
+- the `mpi` extra's mpiexec is on PATH only in an activated venv, so it is looked for beside
+  this Python first;
+- mpiexec runs in a session of its own (a Ctrl-C reaches it once, from us, not also from the
+  terminal), so it hears of our stop signals only when we forward them, once each;
+- mpiexec is not told when we are SIGKILLed, so it gets SIGTERM then (PR_SET_PDEATHSIG);
+- mpiexec relays every rank's output, so ranks that fail alike would print the same error
+  each: a rank leaves its line in $RUSTYFLOW_ERROR_DIR instead, printed once here;
+- mpiexec's report names one process, not always the one that ended the job, so the ranks
+  leave their pids there, their exits are watched in order (exits.py), and Hydra is asked for
+  every rank's exit status;
+- no option of mpiexec silences its account of the abort, which that one line replaces, so it
+  is kept off the screen and read (mpi_report.py).
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -32,6 +38,7 @@ from typing import IO, Protocol
 from ..errors import DistributedError
 from .exits import ExitOrder
 from .mpi import EXTRA_HINT
+from .mpi_report import Quiet, failure_line
 from .world import World
 
 
@@ -43,35 +50,9 @@ class Asked(Protocol):
     device: str
     source: dict[str, str]
 
+
 ERROR_DIR = "RUSTYFLOW_ERROR_DIR"
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
-_HINTS = {signal.SIGKILL: "out of host memory? killed by hand?",
-          signal.SIGSEGV: "a crash in native code?", signal.SIGBUS: "a crash in native code?",
-          signal.SIGABRT: "a crash in native code?"}
-# MPICH's Hydra: "=   PID 9579 RUNNING AT host", later "... EXIT STRING: Killed (signal 9)";
-# with -print-all-exitcodes, "[mpiexec@host] Exit codes: [host] 9,11" (wait statuses by rank)
-_HYDRA_PID = re.compile(r"PID (\d+) RUNNING AT")
-_HYDRA_CODE = re.compile(r"EXIT STRING: .*\(signal (\d+)\)")
-_HYDRA_ALL = re.compile(r"Exit codes: \[[^\]]*\] ([\d,]+)[ \t]*$", re.MULTILINE)
-# Open MPI: "... process rank 1 with PID 123 on node x exited on signal 9 (Killed)."
-_OMPI = re.compile(r"process rank (\d+) with PID \d+ on node \S+ exited on signal (\d+)")
-# MPI's own account of a job it ends, which the one line of `--gpus` replaces. MPICH, from
-# the aborting rank: "Abort(1) on node 0 (rank 0 in comm 496): application called
-# MPI_Abort(...) - process 0" (older: "[cli_0]: aborting job:" and "application called
-# MPI_Abort(MPI_COMM_WORLD, 1) - process 0"); Hydra's "BAD TERMINATION" banner, its exit
-# string with two lines of advice, and "[mpiexec@host] Exit codes: ..."; Open MPI's note that
-# more processes sent the same message.
-_NOISE = re.compile(
-    r"^(Abort\(\d+\) on node \d+|application called MPI_Abort|\[cli_\d+\]: aborting job"
-    r"|=+$|=   |YOUR APPLICATION TERMINATED WITH THE EXIT STRING"
-    r"|This typically refers to a problem with your application"
-    r"|Please see the FAQ page for debugging suggestions|\[mpiexec@[^\]]*\] Exit codes:"
-    r"|\[[^\]]+\] \d+ more process(es)? ha(s|ve) sent help message"
-    r"|\[[^\]]+\] Set MCA parameter \"orte_base_help_aggregate\")")
-# Open MPI frames its messages in lines of dashes; these frames tell of an abort or a death
-_FRAME = re.compile(r"^-{60,}$")
-_OMPI_ABORT = re.compile(r"MPI_ABORT was invoked|noticed that process rank|has exited due to "
-                         r"process rank|returned\s+a non-zero exit code")
 
 
 def find_mpiexec() -> str:
@@ -208,7 +189,7 @@ def launch(command: list[str], ranks: int, warn: Callable[[str], None]) -> int:
         try:
             proc = subprocess.Popen(args, env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    start_new_session=True, preexec_fn=_stop_with_parent)
+                                    start_new_session=True, preexec_fn=_parent_death_signal())
         except OSError as exc:
             exits.stop()
             raise DistributedError(f"cannot start {mpiexec}: {exc.strerror or exc}: "
@@ -226,7 +207,7 @@ def launch(command: list[str], ranks: int, warn: Callable[[str], None]) -> int:
                 proc.wait()
             order = exits.stop()
         if status not in (0, *(128 + s for s in _STOP_SIGNALS)):
-            warn(f"Error: {_reason(Path(folder), report, status, order)}")
+            warn(f"Error: {failure_line(Path(folder), report, status, order)}")
             # the command failed, with that line: exit 1, whichever status mpiexec chose (1,
             # or 9 when it killed the other ranks after one failed, as the race goes)
             return 1
@@ -235,24 +216,20 @@ def launch(command: list[str], ranks: int, warn: Callable[[str], None]) -> int:
 
 def _relay(proc: subprocess.Popen[bytes]) -> list[str]:
     """Pass mpiexec's output through (stdout to stdout, stderr to stderr) but for MPI's own
-    account of an abort (see _NOISE); keep the lines that report how a process ended."""
-    report: list[str] = []
+    account of the job's end, which is returned instead (mpi_report.Quiet)."""
     assert proc.stdout is not None and proc.stderr is not None
-    errors = threading.Thread(target=_pass, args=(proc.stderr, sys.stderr, report), daemon=True)
+    out, err = Quiet(), Quiet()
+    errors = threading.Thread(target=_pass, args=(proc.stderr, sys.stderr, err), daemon=True)
     errors.start()
-    _pass(proc.stdout, sys.stdout, report)
+    _pass(proc.stdout, sys.stdout, out)
     errors.join()
-    return report
+    return out.dropped + err.dropped
 
 
-def _pass(source: IO[bytes], sink: IO[str], report: list[str]) -> None:
-    """One stream of mpiexec's output to `sink`, line by line, through a `Quiet` filter."""
-    quiet = Quiet()
+def _pass(source: IO[bytes], sink: IO[str], quiet: Quiet) -> None:
+    """One stream of mpiexec's output to `sink`, line by line, through `quiet`."""
     for raw in source:
-        line = raw.decode(errors="replace")
-        if any(p.search(line) for p in (_HYDRA_PID, _HYDRA_CODE, _HYDRA_ALL, _OMPI)):
-            report.append(line)
-        _write(sink, quiet(line))
+        _write(sink, quiet(raw.decode(errors="replace")))
     _write(sink, quiet.rest())
 
 
@@ -260,33 +237,6 @@ def _write(sink: IO[str], lines: list[str]) -> None:
     if lines:
         sink.write("".join(lines))
         sink.flush()
-
-
-class Quiet:
-    """Drops MPI's own account of an abort from a stream of lines, passing the rest on: the
-    lines _NOISE matches, and Open MPI's frames (between lines of dashes) that tell of an
-    abort or a death. A frame is held until it closes, then dropped or passed on whole."""
-
-    def __init__(self) -> None:
-        self.frame: list[str] | None = None
-
-    def __call__(self, line: str) -> list[str]:
-        """The lines to pass on now that `line` came."""
-        text = line.rstrip("\r\n")
-        if self.frame is None:
-            if _FRAME.match(text):
-                self.frame = [line]
-                return []
-            return [] if _NOISE.match(text) else [line]
-        self.frame.append(line)
-        if not _FRAME.match(text):
-            return []
-        frame, self.frame = self.frame, None
-        return [] if _OMPI_ABORT.search("".join(frame)) else frame
-
-    def rest(self) -> list[str]:
-        """A frame that never closed, at the end of the stream."""
-        return self.frame or []
 
 
 def _report_options(mpiexec: str) -> list[str]:
@@ -300,69 +250,16 @@ def _report_options(mpiexec: str) -> list[str]:
     return ["-print-all-exitcodes"] if "HYDRA" in version else []
 
 
-def _reason(folder: Path, report: list[str], status: int,
-            order: list[tuple[int, ...]]) -> str:
-    """One line naming the rank that ended the job, and why."""
-    errors = {int(p.stem.split("-")[1]): p for p in folder.glob("rank-*.txt")}
-    text = "".join(report)
-    statuses = _hydra_statuses(text)
-    ompi = _OMPI.search(text)
-    pids = {p.read_text().strip(): int(p.stem.split("-")[1])
-            for p in folder.glob("rank-*.pid")}
-    hydra = _HYDRA_PID.search(text)
-    reported = int(ompi[1]) if ompi else pids.get(hydra[1]) if hydra else None
-    rank = _first_abnormal(order, statuses)
-    if rank is None:
-        rank = reported if reported is not None or not errors else min(errors)
-    if errors:
-        return errors.get(rank, errors[min(errors)]).read_text(errors="replace").strip()
-    signum = code = None
-    if rank in statuses:
-        signum, code = (statuses[rank] & 0x7F) or None, statuses[rank] >> 8
-    elif rank == reported and ompi:
-        signum = int(ompi[2])
-    elif rank == reported and (match := _HYDRA_CODE.search(text)):
-        signum = int(match[1])
-    who = f"rank {rank}" if rank is not None else "a rank"
-    if signum is not None:
-        hint = _HINTS.get(signum)
-        return f"{who} was killed by {_signal_name(signum)}" + (f" ({hint})" if hint else "")
-    if code:
-        return f"{who} exited with status {code} without saying why; see the output above"
-    return f"{who} failed: mpiexec exited with status {status}; see the output above"
-
-
-def _hydra_statuses(text: str) -> dict[int, int]:
-    """Hydra's wait status of every rank (-print-all-exitcodes, one host), by rank."""
-    match = _HYDRA_ALL.search(text)
-    return dict(enumerate(int(s) for s in match[1].split(","))) if match else {}
-
-
-def _first_abnormal(order: list[tuple[int, ...]], statuses: dict[int, int]) -> int | None:
-    """The first rank to exit other than cleanly (a status of 0; unknown counts as not
-    clean); None when the first such exit is shared by several ranks or none was seen."""
-    for place in order:
-        abnormal = [r for r in place if statuses.get(r, 1) != 0]
-        if abnormal:
-            return abnormal[0] if len(abnormal) == 1 else None
-    return None
-
-
-def _signal_name(signum: int) -> str:
-    try:
-        return signal.Signals(signum).name
-    except ValueError:
-        return f"signal {signum}"
-
-
-def _stop_with_parent() -> None:
-    """In mpiexec's child, before exec: SIGTERM it if we die (SIGKILLed, say), so the ranks
-    stop as from a stop signal instead of running on with nobody to report them, even when
-    they print nothing that would break the pipe to us (Linux's PR_SET_PDEATHSIG; elsewhere
-    nothing)."""
+def _parent_death_signal() -> Callable[[], object] | None:
+    """For mpiexec's child, before exec: SIGTERM it when we die, so the ranks stop as from a
+    stop signal instead of running on with nobody to report them. Linux's PR_SET_PDEATHSIG is
+    the only notice a SIGKILL of ours gives (the pipe breaks only when a rank prints); no
+    binding in the standard library, so ctypes, resolved here rather than in the forked
+    child. Elsewhere nothing."""
     try:
         import ctypes
 
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        pass
+        return None
+    return functools.partial(prctl, 1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
