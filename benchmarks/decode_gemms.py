@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from rustyflow_py.engine.devices import openblas
+from rustyflow_py.engine.devices import numpy_blas
 
 
 def main() -> None:
@@ -26,11 +26,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2, help="BLAS threads of the threaded rows")
     ap.add_argument("--tokens", type=int, default=50, help="timed tokens per row")
     args = ap.parse_args()
-    found = openblas()
+    found = numpy_blas()
     if found is None:
-        raise SystemExit("this NumPy's BLAS is not OpenBLAS: its threads cannot be set")
-    lib, pattern = found
-    set_threads: Callable[[int], Any] = getattr(lib, pattern % "set_num_threads")
+        raise SystemExit("threadpoolctl finds no BLAS of NumPy's: its threads cannot be set")
+    set_threads: Callable[[int], Any] = found.set_num_threads
     rng = np.random.default_rng(0)
     layer = [(384, 1152), (384, 384), (384, 1536), (1536, 384)]  # qkv, proj, fc, fc proj
     weights = [rng.random(shape, dtype=np.float32) for shape in layer * 6]

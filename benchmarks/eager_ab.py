@@ -1,6 +1,6 @@
-"""The eager GPU training step of `vs_pytorch.py` in two trees, timed in ONE process with their
-windows interleaved, for A/B runs of checkouts whose host-side code differs (the engine
-refactor's before and after).
+"""The eager training step of `vs_pytorch.py` (on the GPU, or the CPU with --device cpu) in two
+trees, timed in ONE process with their windows interleaved, for A/B runs of checkouts whose
+host-side code differs (the engine refactor's before and after).
 
 Why one process: an eager step on the GPU is bound by the host (Python and kernel launches),
 and on a shared host one process can run 1.5-2x slower than the next for the same code, so
@@ -53,19 +53,20 @@ def load_before(tree: Path, into: Path) -> types.ModuleType:
     return module
 
 
-def training(vp: types.ModuleType, shape: str, precision: str) -> tuple[Any, Any]:
+def training(vp: types.ModuleType, shape: str, precision: str, device: str = "gpu"
+             ) -> tuple[Any, Any]:
     """One eager step (a closure over its batch) and its backend, on either tree's API."""
     package = vp.GPT.__module__.split(".")[0]
     precisions = sys.modules[f"{package}.engine.precision"].Precision
     cfg, batch = vp.gpt_config(shape)
     if "backend" in vp.rustyflow_training.__code__.co_varnames:  # after: a run policy
         policy = sys.modules[f"{package}.engine.policy"].RunPolicy
-        backend = vp.get_backend("gpu", policy(precisions.of(precision)))
+        backend = vp.get_backend(device, policy(precisions.of(precision)))
         model, opt, scaler = vp.rustyflow_training(cfg, backend, 10**6)
     else:  # before: settings on the shared backend
-        backend = vp.get_backend("gpu")
+        backend = vp.get_backend(device)
         backend.set_precision(precisions.of(precision))
-        model, opt, scaler = vp.rustyflow_training(cfg, "gpu", precision, 10**6)
+        model, opt, scaler = vp.rustyflow_training(cfg, device, precision, 10**6)
     x, y = (backend.from_host(a) for a in vp.synthetic_batch(cfg, batch))
     step = vp.rustyflow_step_fn(model, opt, "eager", scaler)
     return (lambda: step(x, y)), backend
@@ -86,6 +87,7 @@ def window(run: Any, backend: Any, steps: int) -> float:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("before", type=Path, help="the other tree (a git archive of its commit)")
+    ap.add_argument("--device", choices=("gpu", "cpu"), default="gpu")
     ap.add_argument("--shapes", default="seed,small")
     ap.add_argument("--precisions", default="tf32,bf16")
     ap.add_argument("--pairs", type=int, default=24, help="window pairs per configuration")
@@ -97,7 +99,8 @@ def main() -> None:
         trees = {"before": load_before(args.before.resolve(), Path(tmp)), "after": after}
         for shape in args.shapes.split(","):
             for precision in args.precisions.split(","):
-                runs = {name: training(vp, shape, precision) for name, vp in trees.items()}
+                runs = {name: training(vp, shape, precision, args.device)
+                        for name, vp in trees.items()}
                 for run, backend in runs.values():
                     backend.make_current()
                     for _ in range(WARMUP):
@@ -116,7 +119,8 @@ def main() -> None:
                     f"{q1:.3f}, {q3:.3f}) over {args.pairs} pairs of {args.steps}-step windows",
                     flush=True)
                 del runs
-                after.free_gpu_memory()
+                if args.device == "gpu":
+                    after.free_gpu_memory()
 
 
 if __name__ == "__main__":

@@ -1,23 +1,29 @@
-"""cuBLASLt through NVIDIA's nvmath-python against rustyflow's own ctypes binding.
+"""cuBLAS/cuBLASLt bindings compared: nvmath-python's high-level Matmul, and the package's own
+GEMMs through nvmath's low-level bindings against the ctypes binding they replaced.
 
-The question this answers: can the maintained binding replace the hand-written one? It must
-(1) compute the same GEMM-with-epilogue problems the Linear layers use, (2) be captured into
-a CUDA graph (a training step is one), and (3) be as fast, both replayed in a graph (device
-time) and called eagerly (host time per call, which an eager step pays once per GEMM).
+The question this answers: which binding should the package call? It must (1) compute the
+same GEMM-with-epilogue problems the Linear layers use, (2) be captured into a CUDA graph (a
+training step is one), and (3) be as fast, both replayed in a graph (device time) and called
+eagerly (host time per call, which an eager step pays once per GEMM).
 
-    python benchmarks/gemm_bindings.py --out benchmarks/results/gemm-bindings-h100.md
+    python benchmarks/gemm_bindings.py --ctypes DIR --out benchmarks/results/gemm-bindings-h100.md
 
-The problems are GPT-2 124M's (B*T = 16384 rows, E = 768) in bf16, plus a small problem
-where the host's time per call is all there is. Both bindings are given the same operands;
-each answer is checked against the other. Needs CuPy and nvmath-python (`pip install
-nvmath-python`; the package itself does not use it, see engine/ops/gemm/cublaslt.py).
+DIR holds cublas.py and cublaslt.py of a revision that still called cuBLAS through ctypes
+(`git show 9dac08b:rustyflow_py/engine/ops/gemm/cublaslt.py`); without it only the
+high-level comparison runs. The problems are GPT-2 124M's (B*T = 16384 rows, E = 768) in
+bf16, plus small problems where the host's time per call is all there is. Each answer is
+checked against the other binding's. Needs CuPy and nvmath-python (the gpu or cuda13 extra).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import datetime
+import importlib.util
 import platform
+import statistics
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -84,7 +90,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=16384, help="B*T (GPT-2 124M: 16 x 1024)")
     parser.add_argument("--reps", type=int, default=50)
-    parser.add_argument("--out", type=Path, default=None, help="write the markdown table here")
+    parser.add_argument("--ctypes", type=Path, default=None,
+                        help="a folder with the ctypes binding's cublas.py and cublaslt.py")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="append the results here, as a dated section")
     args = parser.parse_args()
 
     import cupy as cp
@@ -136,37 +145,6 @@ def main() -> None:
             row.nvmath_graph_us = device_time(cp, stream, lambda: graph_n.launch(stream),
                                               args.reps)
         except Exception as exc:  # the finding is the refusal itself: say it in the table
-            row.note = f"nvmath: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
-
-    def bgrad_case(name: str, k: int, n: int) -> None:
-        """(dW, db) = (a^T g, column sums of g) with dW in float32 (BGRADA in ours)."""
-        row = Row(name)
-        rows.append(row)
-        a, g = arr(m, k), arr(m, n, scale=0.1)
-        dw = cp.empty((k, n), cp.float32)
-        db = cp.empty((n,), cp.float32)
-
-        def run_ours() -> None:
-            ours.matmul_bgrad(a.T, g, out=dw, bias_grad_out=db, out_dtype=cp.float32)
-
-        try:
-            run_ours()  # plans outside the capture, as a training step's first eager run does
-            graph_o, _ = captured(cp, stream, run_ours)
-            row.ours_graph_us = device_time(cp, stream, lambda: graph_o.launch(stream), args.reps)
-            # dW^T (N x K) = g^T a: nvmath's BGRADA sums A = g^T over k = M: db. The float32
-            # result of bf16 operands is asked for through an in-place float32 C.
-            c = cp.zeros((n, k), cp.float32, order="F")
-            with stream:
-                mm = Matmul(g.T, a, c=c, beta=0.0, options={"inplace": True}, stream=stream)
-                mm.plan(epilog=MatmulEpilog.BGRADA, stream=stream)
-                got = mm.execute(stream=stream)
-            stream.synchronize()
-            row.max_rel_diff = rel_diff(cp, c.T, dw)
-            row.note = f"nvmath returned {type(got).__name__}"
-            graph_n, _ = captured(cp, stream, lambda: mm.execute(stream=stream))
-            row.nvmath_graph_us = device_time(cp, stream, lambda: graph_n.launch(stream),
-                                              args.reps)
-        except Exception as exc:
             row.note = f"nvmath: {type(exc).__name__}: {str(exc).splitlines()[0][:160]}"
 
     def plain_case(name: str, k: int, n: int) -> None:
@@ -228,19 +206,23 @@ def main() -> None:
 
     forward_case("c_fc forward, GELU_AUX_BIAS (M x 768 @ 768 x 3072)", e, 4 * e, True)
     forward_case("c_proj forward, BIAS (M x 3072 @ 3072 x 768)", 4 * e, e, False)
-    bgrad_case("c_fc weight + bias grad, BGRADA, fp32 out (768 x M @ M x 3072)", e, 4 * e)
     plain_case("LM head logits, no epilogue (M x 768 @ 768 x 50304)", e, 50304)
     eager_case("eager call, BIAS 64 x 128 @ 128 x 128 (nvmath: reset_operands)", 64, 128)
     eager_case("eager call, BIAS 64 x 128 @ 128 x 128 (nvmath: reset_operands_unchecked)",
                64, 128, unchecked=True)
 
     dev = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    command = f"python benchmarks/gemm_bindings.py --rows {m} --reps {args.reps}" + (
+        f" --ctypes {args.ctypes}" if args.ctypes else "")
     lines = [
-        f"# cuBLASLt bindings: rustyflow's ctypes vs nvmath-python {nvmath.__version__}",
+        f"## {datetime.date.today()}: nvmath-python {nvmath.__version__}",
         "",
         f"Device: {dev}; CuPy {cp.__version__}; cuBLASLt {ours.version}; Python "
         f"{platform.python_version()}; M = {m} rows; dtype {cp.dtype(dtype).name}.",
-        f"Command: `python benchmarks/gemm_bindings.py --rows {m} --reps {args.reps}`.",
+        f"Command: `{command}`.",
+        "",
+        "### The package's GEMMs against nvmath's high-level Matmul",
+        "",
         "Graph: device µs per replay of a graph holding the one GEMM. Eager: host µs per call.",
         "",
         "| problem | ours graph µs | nvmath graph µs | ours eager µs | nvmath eager µs | "
@@ -255,10 +237,138 @@ def main() -> None:
         lines.append(f"| {r.problem} | {fmt(r.ours_graph_us)} | {fmt(r.nvmath_graph_us)} | "
                      f"{fmt(r.ours_eager_us)} | {fmt(r.nvmath_eager_us)} | "
                      f"{fmt(r.max_rel_diff, '.2e')} | {r.note} |")
+    if args.ctypes:
+        lines += low_level(cp, stream, args.ctypes, arr, m, args.reps)
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        args.out.write_text(text)
+        with args.out.open("a") as out:
+            out.write("\n" + text)
+
+
+def load_ctypes(folder: Path) -> tuple[Any, Any]:
+    """The ctypes binding's Cublas and CublasLt classes, from `folder`'s cublas.py and
+    cublaslt.py, loaded as modules of the gemm package (their relative imports resolve)."""
+    classes = []
+    for name, cls in (("cublas", "Cublas"), ("cublaslt", "CublasLt")):
+        full = f"rustyflow_py.engine.ops.gemm._ctypes_{name}"
+        spec = importlib.util.spec_from_file_location(full, folder / f"{name}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[full] = module  # where dataclasses look their module up
+        spec.loader.exec_module(module)
+        classes.append(getattr(module, cls))
+    return classes[0], classes[1]
+
+
+def low_level(cp: Any, stream: Any, folder: Path, arr: Callable[..., Any], m: int,
+              reps: int) -> list[str]:
+    """The package's Cublas and CublasLt on nvmath's low-level bindings against the ctypes
+    ones of `folder`: device µs per replay of one captured GPT-2 layer's GEMMs plus the LM
+    head, and host µs per eager call of small problems. Each binding is measured five times
+    in turn (A B A B ...), the median kept; the outputs are compared."""
+    from rustyflow_py.engine.ops.gemm.cublas import Cublas
+    from rustyflow_py.engine.ops.gemm.cublaslt import CublasLt
+
+    old_cublas, old_lt = load_ctypes(folder)
+    bindings = {"ctypes": (old_cublas(cp, stream), old_lt(cp, stream)),
+                "nvmath": (Cublas(cp, stream), CublasLt(cp, stream))}
+    e, vocab = 768, 50304
+    layers = [(e, 3 * e, False, False), (e, e, False, True), (e, 4 * e, True, False),
+              (4 * e, e, False, True)]  # (K, N, GELU, residual): c_attn, attn c_proj, c_fc, c_proj
+    weights = [(arr(k, n, scale=0.02), arr(n, scale=0.1), arr(m, k), arr(m, n, scale=0.1))
+               for k, n, _, _ in layers]  # w, b, x, the output's gradient g
+    head, h = arr(vocab, e, scale=0.02), arr(m, e)
+
+    def outputs() -> dict[str, Any]:
+        dt = h.dtype
+        with stream:
+            made = {"logits": cp.empty((m, vocab), dt)}
+            for i, (k, n, gelu, _) in enumerate(layers):
+                made |= {f"y{i}": cp.empty((m, n), dt), f"dw{i}": cp.zeros((k, n), cp.float32),
+                         f"dx{i}": cp.empty((m, k), dt)}
+                if gelu:
+                    made[f"pre{i}"] = cp.empty((m, n), dt)
+        return made
+
+    def sequence(plain: Any, lt: Any, out: dict[str, Any]) -> None:
+        """A layer's forward epilogue GEMMs, its weight gradients added into float32
+        buffers, its input gradients, and the tied LM head's logits."""
+        for i, ((_, _, gelu, residual), (w, b, x, g)) in enumerate(zip(layers, weights,
+                                                                        strict=True)):
+            lt.matmul_bias(x, w, b, gelu=gelu, out=out[f"y{i}"],
+                           pre_gelu_out=out.get(f"pre{i}"), residual=g if residual else None)
+            lt.matmul_into(x.T, g, out[f"dw{i}"], accumulate=True)
+            plain.matmul(g, w.T, out=out[f"dx{i}"])
+        plain.matmul(h, head.T, out=out["logits"])
+
+    results, graphs = {}, {}
+    for name, (plain, lt) in bindings.items():
+        out = outputs()
+        with stream:
+            sequence(plain, lt, out)  # eager: plans every problem
+        stream.synchronize()
+        graphs[name], _ = captured(cp, stream, lambda p=plain, q=lt, o=out: sequence(p, q, o))
+        results[name] = out
+    diff = max(rel_diff(cp, results["nvmath"][k], results["ctypes"][k])
+               for k in results["ctypes"] if not k.startswith("dw"))
+    replay = {name: [] for name in bindings}
+    for _ in range(5):
+        for name, graph in graphs.items():
+            replay[name].append(device_time(cp, stream, lambda g=graph: g.launch(stream), reps))
+
+    x, w, b = arr(64, 128), arr(128, 128, scale=0.02), arr(128, scale=0.1)
+    xs = [x, arr(64, 128)]
+    with stream:
+        y, pre, acc = (cp.empty((64, 128), x.dtype), cp.empty((64, 128), x.dtype),
+                       cp.zeros((128, 128), cp.float32))
+    flip = [0]
+
+    def calls(plain: Any, lt: Any) -> dict[str, Callable[[], Any]]:
+        def turn() -> Any:
+            flip[0] ^= 1
+            return xs[flip[0]]
+
+        return {"BIAS 64 x 128 @ 128 x 128 (CublasLt.matmul_bias)":
+                lambda: lt.matmul_bias(turn(), w, b, out=y),
+                "GELU_AUX_BIAS, same shapes": lambda: lt.matmul_bias(turn(), w, b, gelu=True,
+                                                                     out=y, pre_gelu_out=pre),
+                "dW += x.T @ g into float32 (CublasLt.matmul_into)":
+                lambda: lt.matmul_into(turn().T, y, acc, accumulate=True),
+                "plain 64 x 128 @ 128 x 128 (Cublas.matmul)":
+                lambda: plain.matmul(turn(), w, out=y)}
+
+    eager: dict[str, dict[str, list[float]]] = {}
+    with stream:
+        for _ in range(5):
+            for name, (plain, lt) in bindings.items():
+                for problem, call in calls(plain, lt).items():
+                    times = eager.setdefault(problem, {}).setdefault(name, [])
+                    times.append(host_time(stream, call, reps * 20))
+
+    def pct(new: float, old: float) -> str:
+        return f"{(new / old - 1) * 100:+.1f}%"
+
+    graph_old, graph_new = (statistics.median(replay[n]) for n in ("ctypes", "nvmath"))
+    lines = [
+        "", "### nvmath's low-level bindings (`nvmath.bindings.cublas`, `.cublasLt`) against "
+        "the ctypes binding", "",
+        f"Graph: device µs per replay of one captured sequence of {len(layers) * 3 + 1} "
+        "GEMMs (a GPT-2 layer's four Linear forwards through cuBLASLt epilogues, their "
+        "weight gradients added into float32 buffers, their input gradients through cuBLAS, "
+        f"and the tied LM head's logits), median of 5 alternating runs of {reps} replays "
+        f"(runs: ctypes {', '.join(f'{v:.1f}' for v in replay['ctypes'])}; nvmath "
+        f"{', '.join(f'{v:.1f}' for v in replay['nvmath'])}). Eager: host µs per call, "
+        f"median of 5 alternating runs of {reps * 20} calls. Max rel diff of the outputs "
+        f"(float32 gradients aside, which accumulate over the runs): {diff:.2e}.", "",
+        "| measurement | ctypes | nvmath bindings | change |", "|---|---:|---:|---:|",
+        f"| graph replay, µs | {graph_old:.1f} | {graph_new:.1f} | "
+        f"{pct(graph_new, graph_old)} |"]
+    for problem, by in eager.items():
+        old, new = statistics.median(by["ctypes"]), statistics.median(by["nvmath"])
+        lines.append(f"| eager call, {problem}, host µs | {old:.2f} | {new:.2f} | "
+                     f"{pct(new, old)} |")
+    return lines
 
 
 if __name__ == "__main__":

@@ -1,4 +1,5 @@
-"""The optional numba CPU kernels (ops/cpu_jit.py) against the NumPy formulation they replace.
+"""The optional numba CPU kernels (each op folder's jit.py) against the NumPy formulation they
+replace.
 
 Every test that needs numba skips without it; the NumPy side is the reference (its own
 correctness is covered by the gradient checks and the PyTorch parity tests)."""
@@ -14,9 +15,8 @@ from typing import TypeVar
 import numpy as np
 import pytest
 
-from rustyflow_py.engine.backend import get_backend
-from rustyflow_py.engine.ops.cpu_pool import load_jit
-from rustyflow_py.engine.ops.cpu_set import CpuKernels
+from rustyflow_py.engine.library import get_backend
+from rustyflow_py.engine.ops.cpu_set import CpuKernels, load_jit
 from rustyflow_py.engine.policy import RunPolicy
 from rustyflow_py.engine.tensor import Tensor
 from rustyflow_py.errors import install_command
@@ -47,7 +47,7 @@ def exp_via_kernel(x: np.ndarray) -> np.ndarray:
     row = x.reshape(1, -1).astype(np.float32)
     out = np.empty_like(row)
     nll, sums = np.empty(1, np.float32), np.empty(1, np.float32)
-    jit.softmax_xent(out, row, np.zeros(1, np.int64), False, 0, nll, sums)
+    jit.softmax_xent.softmax_xent(out, row, np.zeros(1, np.int64), False, 0, nll, sums)
     return out[0]
 
 
@@ -230,10 +230,12 @@ def test_warm_up_compiles_everything_a_training_step_needs(dtype: type) -> None:
     import numba
 
     from rustyflow_py.engine.ops import cpu_jit as jit
+    from rustyflow_py.engine.ops import jit_compile
 
     backend = cpu("on").backend
     jit.warm_up()
-    dispatchers = [f for f in vars(jit).values() if isinstance(f, numba.core.dispatcher.Dispatcher)]
+    dispatchers = [f for module in (*jit.MODULES, jit_compile) for f in vars(module).values()
+                   if isinstance(f, numba.core.dispatcher.Dispatcher)]
     before = [len(f.signatures) for f in dispatchers]
     for heads, seq_len in ((2, 8), (4, 64)):  # attention keeps the probabilities / the lse
         model = GPT(GPTConfig(300, seq_len, 1, heads, 16), backend, seed=1)

@@ -37,9 +37,11 @@ OPERATION_ARG = {"ElementwiseKernel": 2, "elementwise": 3, "ew": 3}
 
 
 def _modules() -> list[object]:
-    """Every module of the op library, imported (so every launcher has declared its file)."""
+    """Every module of the op library, imported (so every launcher has declared its file),
+    but the numba kernels (optional: each folder's jit.py, and what loads and compiles them)."""
     names = [m.name for m in pkgutil.walk_packages(ops.__path__, ops.__name__ + ".")]
-    return [importlib.import_module(n) for n in names if not n.endswith(".cpu_jit")]
+    numba = (".cpu_jit", ".jit_compile", ".jit")
+    return [importlib.import_module(n) for n in names if not n.endswith(numba)]
 
 
 def _text(node: ast.expr) -> str | None:

@@ -11,15 +11,15 @@ import pytest
 from conftest import DEVICES
 
 from rustyflow_py.engine.backend import (
-    TRANSFERS,
+    counting_transfers,
     device_name,
-    get_backend,
     parse_device,
     resolve_device,
 )
+from rustyflow_py.engine.library import get_backend
 from rustyflow_py.engine.tensor import Tensor
 from rustyflow_py.errors import ConfigError, DeviceError
-from rustyflow_py.training.config import Config
+from rustyflow_py.training.config.config import Config
 
 
 @pytest.mark.parametrize(("name", "parsed", "canonical"), [
@@ -45,12 +45,12 @@ def test_each_instance_has_one_backend_with_its_own_counters(device: str) -> Non
     assert get_backend(f"{device}:0" if device == "gpu" else device) is backend
     assert backend.name == device and backend.kind == device
     backend.transfers.reset()
-    TRANSFERS.reset()
-    t = Tensor(np.arange(4, dtype=np.float32), device=device)
-    t.numpy()
+    with counting_transfers() as seen:
+        t = Tensor(np.arange(4, dtype=np.float32), device=device)
+        t.numpy()
     expected = 0 if device == "cpu" else 1  # the CPU's arrays are already on the host
     assert (backend.transfers.h2d_count, backend.transfers.d2h_count) == (expected, expected)
-    assert TRANSFERS.snapshot() == backend.transfers.snapshot()  # one device in use
+    assert seen.snapshot() == backend.transfers.snapshot()  # one device in use
 
 
 def test_a_missing_gpu_index_is_named(monkeypatch: pytest.MonkeyPatch) -> None:

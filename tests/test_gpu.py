@@ -10,18 +10,18 @@ import numpy as np
 import pytest
 
 from rustyflow_py.engine.backend import (
-    TRANSFERS,
-    get_backend,
+    counting_transfers,
     gpu_unavailable_reason,
     strict_transfers,
 )
+from rustyflow_py.engine.library import get_backend
 from rustyflow_py.engine.ops.reference_set import XpKernels
 from rustyflow_py.engine.tensor import Tensor
 from rustyflow_py.model.gpt import GPT, GPTConfig
 from rustyflow_py.model.optim import AdamW, Schedule
 from rustyflow_py.reporting.log_parser import read_log
-from rustyflow_py.training.config import Config
-from rustyflow_py.training.loop import Trainer
+from rustyflow_py.training.config.config import Config
+from rustyflow_py.training.run.loop import Trainer
 
 pytestmark = [
     pytest.mark.gpu,
@@ -135,8 +135,7 @@ def steps_transfer_nothing(model: GPT, opt: Any, after: Any = None) -> None:
     xp = model.buffer.backend.xp
     x = xp.asarray(RNG.integers(0, 101, (4, 16)), dtype=np.int32)
     y = xp.asarray(RNG.integers(0, 101, (4, 16)), dtype=np.int32)
-    TRANSFERS.reset()
-    with strict_transfers(), cupyx.allow_synchronize(False):
+    with counting_transfers() as seen, strict_transfers(), cupyx.allow_synchronize(False):
         for _ in range(2):
             model.buffer.zero_grad()
             loss = model(Tensor(x), Tensor(y))
@@ -144,8 +143,8 @@ def steps_transfer_nothing(model: GPT, opt: Any, after: Any = None) -> None:
             opt.step()
             if after is not None:
                 after(opt.step_count)
-    assert TRANSFERS.snapshot() == {"h2d_count": 0, "h2d_bytes": 0, "d2h_count": 0,
-                                    "d2h_bytes": 0}
+    assert seen.snapshot() == {"h2d_count": 0, "h2d_bytes": 0, "d2h_count": 0,
+                               "d2h_bytes": 0}
     assert np.isfinite(float(loss.data.get()))
 
 

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from rustyflow_py import data
-from rustyflow_py.engine.backend import get_backend
+from rustyflow_py.engine.library import get_backend
 from rustyflow_py.engine.ops import table
 from rustyflow_py.engine.ops.batch.reference import epoch_offsets
 from rustyflow_py.engine.ops.cpu_set import CpuKernels
@@ -32,7 +32,7 @@ from rustyflow_py.engine.ops.table import ANY, KernelNotFound
 DTYPES = [np.float32, np.float64]
 PACKAGE = Path(__file__).resolve().parents[1] / "rustyflow_py"
 # `kernels.<name>` uses that are kernel-set state or settings, not kernels
-NOT_KERNELS = {"xp", "backend", "jit", "threads", "cublas", "bound", "py"}
+NOT_KERNELS = {"xp", "backend", "jit", "threads", "cublas", "bound", "py", "_blas_threaded"}
 GPU_ONLY = {"attention_forward", "attention_backward"}  # the fused attention
 
 
@@ -192,15 +192,14 @@ def test_a_few_rows_product_threads_blas_for_its_call_only() -> None:
     """On the CPU a decode step's product (few rows) runs on BLAS's own threads, which the
     kernel set otherwise pins to one (the pool splits the larger GEMMs): after the call BLAS
     is single-threaded again, and the product is right."""
-    from rustyflow_py.engine.devices import openblas
+    from rustyflow_py.engine.devices import numpy_blas
     from rustyflow_py.engine.policy import RunPolicy
 
-    found = openblas()
+    found = numpy_blas()
     kernels = get_backend("cpu", RunPolicy(threads=2)).kernels
     if found is None or not kernels.split_gemms:
         pytest.skip("this NumPy's BLAS cannot be pinned: the pool does not split GEMMs")
-    lib, pattern = found
-    threads = getattr(lib, pattern % "get_num_threads")
+    threads = found.get_num_threads
     seen: list[int] = []
     real = np.matmul
 

@@ -94,6 +94,47 @@ def test_no_import_cycles() -> None:
     assert len(graph) > 30  # the walk saw the package, not an empty folder
 
 
+# The engine's levels, bottom up: a module imports only its own level and those below.
+ENGINE = {
+    # the ground floor: facts about the machine, the frozen run policy, and the tools that are
+    # handed what they work on (peak memory, CUDA graphs, kernel records, CUPTI, op costs)
+    "precision": 0, "devices": 0, "policy": 0, "memory": 0, "graph": 0, "peaks": 0,
+    "op_cost": 0, "kernel_records": 0, "cupti_trace": 0, "comm_overlap": 0,
+    "backend": 1,  # a device instance: array module, stream, memory; given its kernel set
+    # 2: the op library's kernels and kernel sets (every engine.ops module but the functions)
+    "library": 3,  # wires the kernel sets into the devices: get_backend
+    "autograd": 4,  # Function, run_op, the tape
+    # 5: the ops' autograd Functions (engine.ops.*.function, the engine.ops package)
+    "regularize": 5, "profiler": 5,
+    "tensor": 6,  # Tensor with its operators bound to the ops
+    "engine": 7,  # the package
+}
+KERNELS, FUNCTIONS = 2, 5
+
+
+def _engine_level(module: str) -> int | None:
+    """The level of an engine module (None: one the table above does not place)."""
+    parts = module.split(".")
+    if parts[:2] == ["engine", "ops"]:
+        return FUNCTIONS if len(parts) == 2 or parts[-1] == "function" else KERNELS
+    return ENGINE.get(".".join(parts[1:]) or "engine")
+
+
+def test_every_engine_module_has_a_level() -> None:
+    unplaced = [m for m in _graph() if _layer(m) == "engine" and _engine_level(m) is None]
+    assert unplaced == []
+
+
+def test_nothing_in_the_engine_imports_a_module_above_it() -> None:
+    """The device layer does not build the op library, the kernels know no autograd, and so
+    on up: every import inside the engine runs down (or stays on its level)."""
+    graph = _graph()
+    wrong = [f"{a} imports {b}" for a, deps in graph.items() if _layer(a) == "engine"
+             for b in deps if _layer(b) == "engine"
+             and (_engine_level(b) or 0) > (_engine_level(a) or 0)]
+    assert wrong == []
+
+
 # The reporting modules, each one job, in the order they may import each other: the record,
 # its numbers as text, what is computed from it, its lines, the block, reading, the report.
 REPORTING = ["record_schema", "text", "analysis", "profile_tables", "run_text", "log_writer",

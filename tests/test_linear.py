@@ -16,8 +16,8 @@ import numpy as np
 import pytest
 
 from rustyflow_py.engine import ops
-from rustyflow_py.engine.backend import get_backend, gpu_unavailable_reason
-from rustyflow_py.engine.ops.gemm import cublaslt
+from rustyflow_py.engine.backend import gpu_unavailable_reason
+from rustyflow_py.engine.library import get_backend
 from rustyflow_py.engine.policy import RunPolicy
 from rustyflow_py.engine.precision import Precision
 from rustyflow_py.engine.tensor import Tensor
@@ -97,11 +97,12 @@ def test_fused_linear_and_mlp_match_the_unfused_ops(gpu_kernels: Any, mode: str)
             err = rel_max(a, b)
             assert err < TOLERANCE[mode], f"{op.__name__} {mode}: output/grad {i}: {err:.2e}"
     planned = planned_epilogues(fused_on.kernels)
-    fused = {cublaslt.EPILOGUE_BIAS}
+    lt = fused_on.kernels._cublaslt
+    fused = {lt.epilogue_bias}
     if mode != "fp32":  # exact float32 keeps its own GELU kernel (see CudaKernels.linear)
-        fused.add(cublaslt.EPILOGUE_GELU_AUX_BIAS)
+        fused.add(lt.epilogue_gelu_aux_bias)
     if precision.compute != np.float32:  # float32 weight gradients from 16-bit inputs
-        fused.add(cublaslt.EPILOGUE_DEFAULT)
+        fused.add(lt.epilogue_default)
     assert fused <= planned, f"epilogues never planned: {fused - planned}"
 
 

@@ -24,8 +24,9 @@ import numpy as np
 import pytest
 from helpers import STEPS_PER_EPOCH, load_script, make_cfg, quiet, run_interrupted
 
-from rustyflow_py.engine.backend import get_backend, gpu_unavailable_reason
-from rustyflow_py.engine.ops.optim.muon import NS_COEFFICIENTS
+from rustyflow_py.engine.backend import gpu_unavailable_reason
+from rustyflow_py.engine.library import get_backend
+from rustyflow_py.engine.ops.optim.reference import NS_COEFFICIENTS
 from rustyflow_py.engine.ops.reference_set import XpKernels
 from rustyflow_py.model.gpt import hidden_matrices
 from rustyflow_py.model.optim import (
@@ -43,10 +44,10 @@ from rustyflow_py.model.optim import (
 from rustyflow_py.model.params import ParameterBuffer
 from rustyflow_py.reporting.log_parser import read_log
 from rustyflow_py.reporting.log_writer import format_block
-from rustyflow_py.training import optimizers
-from rustyflow_py.training.config import KEYS, OPTIMIZERS, Config, ConfigError
-from rustyflow_py.training.loop import Trainer
-from rustyflow_py.training.resume import MATH_KEYS, SHAPE_KEYS, START_KEYS
+from rustyflow_py.training.config import optimizers
+from rustyflow_py.training.config.config import KEYS, OPTIMIZERS, Config, ConfigError
+from rustyflow_py.training.run.loop import Trainer
+from rustyflow_py.training.start.resume import MATH_KEYS, SHAPE_KEYS, START_KEYS
 
 pytestmark = pytest.mark.usefixtures("tiny_dir")
 
@@ -674,10 +675,10 @@ def test_graph_replay_matches_eager(tmp_path: Path, optimizer: str) -> None:
 def test_optimizer_steps_make_no_transfers(optimizer: str) -> None:
     import cupyx
 
-    from rustyflow_py.engine.backend import TRANSFERS, strict_transfers
+    from rustyflow_py.engine.backend import counting_transfers, strict_transfers
     from rustyflow_py.engine.tensor import Tensor
     from rustyflow_py.model.gpt import GPT, GPTConfig
-    from rustyflow_py.training.optimizers import make_optimizer
+    from rustyflow_py.training.config.optimizers import make_optimizer
 
     model = GPT(GPTConfig(vocab_size=101, seq_len=16, n_layer=2, n_head=2, n_embd=32), "gpu")
     cfg = Config(optimizer=optimizer, momentum=0.5, centered=optimizer == "rmsprop")
@@ -685,13 +686,12 @@ def test_optimizer_steps_make_no_transfers(optimizer: str) -> None:
     xp, rng = model.buffer.backend.xp, np.random.default_rng(0)
     x = xp.asarray(rng.integers(0, 101, (4, 16)), dtype=np.int32)
     y = xp.asarray(rng.integers(0, 101, (4, 16)), dtype=np.int32)
-    TRANSFERS.reset()
-    with strict_transfers(), cupyx.allow_synchronize(False):
+    with counting_transfers() as seen, strict_transfers(), cupyx.allow_synchronize(False):
         for _ in range(2):
             model.buffer.zero_grad()
             model(Tensor(x), Tensor(y)).backward()
             opt.step()
-    assert TRANSFERS.snapshot()["h2d_count"] == TRANSFERS.snapshot()["d2h_count"] == 0
+    assert seen.h2d_count == seen.d2h_count == 0
 
 
 # ---- the sample-efficiency benchmark at a tiny shape ---------------------------------------------

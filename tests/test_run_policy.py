@@ -17,15 +17,16 @@ import numpy as np
 import pytest
 from helpers import make_cfg, quiet
 
-from rustyflow_py.engine.backend import DeviceError, get_backend, gpu_unavailable_reason
+from rustyflow_py.engine.backend import DeviceError, gpu_unavailable_reason
+from rustyflow_py.engine.library import get_backend
 from rustyflow_py.engine.ops import table
 from rustyflow_py.engine.policy import DEFAULT, RunPolicy
 from rustyflow_py.engine.precision import Precision
 from rustyflow_py.engine.tensor import Tensor
 from rustyflow_py.model.gpt import GPT, GPTConfig
 from rustyflow_py.model.optim import AdamW, Schedule
-from rustyflow_py.training import evaluate
-from rustyflow_py.training.loop import Trainer
+from rustyflow_py.training.evaluation import evaluate
+from rustyflow_py.training.run.loop import Trainer
 
 _GPU_REASON = gpu_unavailable_reason()
 needs_gpu = pytest.mark.skipif(_GPU_REASON is not None, reason=str(_GPU_REASON))
@@ -110,8 +111,10 @@ def test_the_kernel_table_runs_a_views_kernels_with_the_views_policy() -> None:
     gemm = table.lookup("matmul", "cpu", "float32")
     mine, theirs = view.kernels.family(gemm), shared.kernels.family(gemm)
     assert mine is not theirs
-    assert (mine.threads, mine.jit, mine.policy) == (1, None, view.policy)
-    assert (theirs.threads, theirs.policy) == (shared.kernels.threads, DEFAULT)
+    assert (mine.threads, mine.backend.policy) == (1, view.policy)
+    assert (theirs.threads, theirs.backend.policy) == (shared.kernels.threads, DEFAULT)
+    gelu = table.lookup("gelu_forward", "cpu", "float32")
+    assert view.kernels.family(gelu).jit is None  # what a family takes comes from its view
 
 
 def test_tensors_of_two_policies_do_not_mix_silently() -> None:

@@ -10,7 +10,12 @@ import pytest
 from conftest import DEVICES
 
 from rustyflow_py.engine import ops
-from rustyflow_py.engine.backend import TRANSFERS, DeviceError, TransferError, strict_transfers
+from rustyflow_py.engine.backend import (
+    DeviceError,
+    TransferError,
+    counting_transfers,
+    strict_transfers,
+)
 from rustyflow_py.engine.tensor import Tensor, no_grad
 
 GPU = DEVICES[1]
@@ -67,15 +72,15 @@ def test_mixing_devices_is_an_error_naming_both(gpu: str) -> None:
 
 @pytest.mark.parametrize("gpu", [GPU])
 def test_transfers_are_counted_and_strict_mode_refuses_them(gpu: str) -> None:
-    TRANSFERS.reset()
     host = np.arange(6, dtype=np.float32)
-    t = Tensor(host, device=gpu)
-    assert (TRANSFERS.h2d_count, TRANSFERS.h2d_bytes) == (1, host.nbytes)
-    np.testing.assert_array_equal(t.numpy(), host)
-    assert (TRANSFERS.d2h_count, TRANSFERS.d2h_bytes) == (1, host.nbytes)
-    with strict_transfers(), pytest.raises(TransferError, match="24 bytes"):
-        t.numpy()
-    assert TRANSFERS.d2h_count == 1  # the refused copy did not happen
+    with counting_transfers() as seen:
+        t = Tensor(host, device=gpu)
+        assert (seen.h2d_count, seen.h2d_bytes) == (1, host.nbytes)
+        np.testing.assert_array_equal(t.numpy(), host)
+        assert (seen.d2h_count, seen.d2h_bytes) == (1, host.nbytes)
+        with strict_transfers(), pytest.raises(TransferError, match="24 bytes"):
+            t.numpy()
+    assert seen.d2h_count == 1  # the refused copy did not happen
 
 
 def test_an_op_refuses_an_attribute_it_does_not_declare() -> None:

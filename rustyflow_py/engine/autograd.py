@@ -5,35 +5,45 @@ A Tensor wraps one raw array (numpy.ndarray or cupy.ndarray) on one device. An o
 gradient to input gradients, again raw arrays, so no graph is built during backward.
 
 Every forward and backward goes through `run_op`, the single choke point a profiler attaches
-to. Without a profiler the cost there is one global lookup.
+to. The profiler and the grad mode are the caller's context (context variables: set by a
+`with` block, for its thread, and undone when it ends), never process-wide globals; without a
+profiler the cost at the choke point is one context-variable read.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import inspect
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 import numpy as np
 
-from .backend import Backend, DeviceError, device_name, get_backend
+from .backend import Backend, DeviceError, device_name
+from .library import get_backend
 from .precision import accumulate_dtype
 
-_grad_enabled = True
-_profiler: Any = None  # set by profiler.Profiler (a context manager); see run_op
+# The run's state at the choke point, scoped to the `with` block that set it (see no_grad,
+# attach_profiler): whether ops record the graph, and the profiler (profiler.Profiler) or None.
+_grad_enabled: contextvars.ContextVar[bool] = contextvars.ContextVar("grad_enabled",
+                                                                     default=True)
+_profiler: contextvars.ContextVar[Any] = contextvars.ContextVar("profiler", default=None)
 
 
-def set_profiler(profiler: Any) -> Any:
-    """Attach `profiler` (or None) to the choke point; returns the previous one."""
-    global _profiler
-    previous, _profiler = _profiler, profiler
-    return previous
+def attach_profiler(profiler: Any) -> contextvars.Token[Any]:
+    """Attach `profiler` to the choke point in the caller's context; `detach_profiler(token)`
+    restores what was attached before (a profiler's `with` block does both)."""
+    return _profiler.set(profiler)
+
+
+def detach_profiler(token: contextvars.Token[Any]) -> None:
+    _profiler.reset(token)
 
 
 def run_op(name: str, category: str, phase: str, fn: Callable[..., Any], *args: Any) -> Any:
     """Run one op's forward/backward (or an optimizer kernel): the profiler's hook point."""
-    prof = _profiler
+    prof = _profiler.get()
     if prof is None:
         return fn(*args)
     return prof.record(name, category, phase, fn, args)
@@ -42,7 +52,7 @@ def run_op(name: str, category: str, phase: str, fn: Callable[..., Any], *args: 
 def count_gemm(a: Any, product: Any) -> Any:
     """Tell the profiler (if one is attached) of a GEMM A @ B -> product, inside the op that
     is timing it, so the op's FLOPs are known; returns the product."""
-    prof = _profiler
+    prof = _profiler.get()
     if prof is not None:
         prof.add_gemm(a, product)
     return product
@@ -51,16 +61,15 @@ def count_gemm(a: Any, product: Any) -> Any:
 @contextlib.contextmanager
 def no_grad() -> Iterator[None]:
     """Evaluate without recording the graph (no saved activations)."""
-    global _grad_enabled
-    previous, _grad_enabled = _grad_enabled, False
+    token = _grad_enabled.set(False)
     try:
         yield
     finally:
-        _grad_enabled = previous
+        _grad_enabled.reset(token)
 
 
 def grad_enabled() -> bool:
-    return _grad_enabled
+    return _grad_enabled.get()
 
 
 class RowGrad:
@@ -204,7 +213,7 @@ class Function:
         fn = cls(backend, **attrs)
         out = run_op(cls.name, cls.category, "forward", fn.forward, *(t.data for t in inputs))
         needs = tuple(t.requires_grad for t in inputs)
-        if _grad_enabled and any(needs):
+        if _grad_enabled.get() and any(needs):
             fn.parents = tuple((t._ctx or t) if need else None
                                for t, need in zip(inputs, needs, strict=True))
             fn.needs_input_grad = needs

@@ -1,19 +1,22 @@
 """Backends: where a tensor's data lives (NumPy on the CPU, CuPy on an NVIDIA GPU).
 
-A backend is the array module (`xp`) plus the fused kernels the ops need (`kernels`).
-Ops are written once against `xp`; only the fused kernels differ between devices.
-Every host<->device copy goes through `to_host`/`from_host` so it can be counted, and
-`strict_transfers()` turns any copy inside a training step into an error.
+A backend is one device instance: the array module (`xp`), its stream and memory, and the
+kernel set it is given when made (`kernels`: the op library's, wired in by library.py, the
+module above both; this one imports no op set). Ops are written once against `xp`; only the
+fused kernels differ between devices. Every host<->device copy goes through
+`to_host`/`from_host` so it can be counted, and `strict_transfers()` turns any copy inside a
+block (a training step) into an error.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import copy
 import dataclasses
-import functools
 import os
 import resource
+import weakref
 from collections.abc import Callable, Iterator
 from types import ModuleType
 from typing import Any
@@ -26,6 +29,8 @@ from .policy import DEFAULT, RunPolicy
 
 DEVICES = ("cpu", "gpu", "gpu:N")  # "gpu" is GPU 0; "gpu:N" is GPU N (0-based)
 
+KernelSetMaker = Callable[["Backend"], Any]  # a kernel set's class: made over its backend
+
 
 class TransferError(RuntimeError):
     """A host<->device copy happened while transfers were forbidden."""
@@ -33,49 +38,69 @@ class TransferError(RuntimeError):
 
 @dataclasses.dataclass
 class TransferStats:
-    """Host<->device copies since the last reset (counts and bytes each way)."""
+    """Host<->device copies (counts and bytes each way): a device's since its last reset, or
+    those of one `counting_transfers()` block."""
 
     h2d_count: int = 0
     h2d_bytes: int = 0
     d2h_count: int = 0
     d2h_bytes: int = 0
-    strict: bool = False
 
     def snapshot(self) -> dict[str, int]:
-        return {k: v for k, v in dataclasses.asdict(self).items() if k != "strict"}
+        return dataclasses.asdict(self)
 
     def reset(self) -> None:
         self.h2d_count = self.h2d_bytes = self.d2h_count = self.d2h_bytes = 0
 
+    def add(self, direction: str, nbytes: int) -> None:
+        if direction == "host->device":
+            self.h2d_count += 1
+            self.h2d_bytes += nbytes
+        else:
+            self.d2h_count += 1
+            self.d2h_bytes += nbytes
 
-TRANSFERS = TransferStats()
+
+# The caller's transfer rules, scoped to the block that set them (its thread and context):
+# whether copies are forbidden, and the counters of the `counting_transfers` blocks open.
+_strict: contextvars.ContextVar[bool] = contextvars.ContextVar("strict_transfers",
+                                                               default=False)
+_counters: contextvars.ContextVar[tuple[TransferStats, ...]] = contextvars.ContextVar(
+    "transfer_counters", default=())
 
 
 @contextlib.contextmanager
 def strict_transfers() -> Iterator[None]:
     """Raise TransferError on any host<->device copy inside the block (GPU syncs too)."""
-    previous = TRANSFERS.strict
-    TRANSFERS.strict = True
+    token = _strict.set(True)
     try:
         yield
     finally:
-        TRANSFERS.strict = previous
+        _strict.reset(token)
+
+
+@contextlib.contextmanager
+def counting_transfers() -> Iterator[TransferStats]:
+    """The host<->device copies made inside the block, on every device (what a test asserts
+    a piece of code moves)."""
+    stats = TransferStats()
+    token = _counters.set((*_counters.get(), stats))
+    try:
+        yield stats
+    finally:
+        _counters.reset(token)
 
 
 def _count(direction: str, nbytes: int, device: TransferStats) -> None:
-    """Count a copy for its device and for the process (TRANSFERS)."""
-    if TRANSFERS.strict:
+    """Count a copy for its device and for each open `counting_transfers` block."""
+    if _strict.get():
         raise TransferError(
             f"{direction} copy of {nbytes} bytes inside a transfer-free region "
             "(strict mode): keep the data on the device, or move the copy out of the step"
         )
-    for stats in (device, TRANSFERS):
-        if direction == "host->device":
-            stats.h2d_count += 1
-            stats.h2d_bytes += nbytes
-        else:
-            stats.d2h_count += 1
-            stats.d2h_bytes += nbytes
+    device.add(direction, nbytes)
+    for stats in _counters.get():
+        stats.add(direction, nbytes)
 
 
 def parse_device(device: str) -> tuple[str, int]:
@@ -93,6 +118,14 @@ def device_name(kind: str, index: int = 0) -> str:
     return kind if kind == "cpu" or index == 0 else f"{kind}:{index}"
 
 
+def _views_of(device: Backend) -> weakref.WeakValueDictionary[RunPolicy, Backend]:
+    """A device's views by run policy, held weakly (see Backend.bound); the device is its own
+    view under the default policy."""
+    views: weakref.WeakValueDictionary[RunPolicy, Backend] = weakref.WeakValueDictionary()
+    views[DEFAULT] = device
+    return views
+
+
 class Backend:
     """NumPy backend; the CuPy backend overrides what differs.
 
@@ -102,21 +135,21 @@ class Backend:
 
     kind = "cpu"
 
-    def __init__(self) -> None:
+    def __init__(self, kernel_set: KernelSetMaker) -> None:
         self.name, self.index = "cpu", 0
         self.transfers = TransferStats()
         self.xp: ModuleType = np
         self.policy = DEFAULT
-        self._views: dict[RunPolicy, Backend] = {DEFAULT: self}
-        from .ops.cpu_set import CpuKernels
-
-        self.kernels = CpuKernels(self)
+        self._views = _views_of(self)
+        self.kernels = kernel_set(self)
 
     def bound(self, policy: RunPolicy) -> Backend:
         """This device under a run's `policy`: a view sharing the device (its array module,
-        stream, transfer counts, handles and buffers) whose kernels read `policy` (made once
-        per policy, so every tensor of a run, and of a later run with the same policy, is on
-        one backend). The device itself is never changed by a run."""
+        stream, transfer counts, handles and buffers) whose kernels read `policy`. One view
+        per policy while anything holds it (a run, its tensors), so every tensor of a run, and
+        of another live run with the same policy, is on one backend; a view nothing holds any
+        more is dropped, so the device keeps no view per policy it has ever seen. The device
+        itself is never changed by a run."""
         view = self._views.get(policy)
         if view is None:
             view = copy.copy(self)
@@ -198,20 +231,18 @@ class CupyBackend(Backend):
 
     kind = "gpu"
 
-    def __init__(self, index: int = 0) -> None:
+    def __init__(self, kernel_set: KernelSetMaker, index: int = 0) -> None:
         import cupy
 
         self.name, self.index = device_name("gpu", index), index
         self.transfers = TransferStats()
         self.policy = DEFAULT
-        self._views = {DEFAULT: self}
+        self._views = _views_of(self)
         cupy.cuda.Device(index).use()
         self.xp = cupy
         self.stream = cupy.cuda.Stream(non_blocking=True)
         self.stream.use()
-        from .ops.cuda_set import CudaKernels
-
-        self.kernels = CudaKernels(self)
+        self.kernels = kernel_set(self)
         self.reset_memory_stats()
 
     def prepared(self, say: Callable[[str], None], warn: Callable[[str], None]) -> Backend:
@@ -299,30 +330,6 @@ def resolve_device(requested: str, strict: bool, say: Callable[[str], None],
     return "cpu", reason
 
 
-def get_backend(device: str, policy: RunPolicy | None = None) -> Backend:
-    """The backend of a device instance (cpu, gpu (= gpu:0) or gpu:N) under a run's `policy`
-    (None: the default policy, what tests and library calls get); raises DeviceError when it
-    is unusable. The device is made once and shared; each policy gets its own view of it
-    (Backend.bound). Its device and stream become current in the calling thread (CuPy's
-    current stream is per thread: a backend first made in another thread would otherwise
-    leave this one launching CuPy's kernels on the default stream)."""
-    backend = _backend(*parse_device(device))
-    if policy is not None:
-        backend = backend.bound(policy)
-    backend.make_current()
-    return backend
-
-
-@functools.cache
-def _backend(kind: str, index: int) -> Backend:
-    if kind == "cpu":
-        return Backend()
-    reason = gpu_unavailable_reason(index)
-    if reason is not None:
-        raise DeviceError(f"GPU backend unavailable: {reason}")
-    return CupyBackend(index)
-
-
 def cpu_kernels(kernels: Any) -> str:
     """Which formulation a CPU kernel set's elementwise kernels run (CPU_JIT)."""
     return "NumPy" if kernels.jit is None else f"numba {kernels.jit.VERSION}"
@@ -333,19 +340,3 @@ def cpu_description(kernels: Any) -> str:
     blas = blas_info()
     return (f"{cpu_name()} ({os.cpu_count()} cores; numpy {np.__version__}, "
             f"{blas['library']}, {kernels.threads} threads, {cpu_kernels(kernels)} kernels)")
-
-
-def devices_report() -> dict[str, Any]:
-    """Everything `rustyflow devices` prints: each backend, usable or why not."""
-    kernels = get_backend("cpu").kernels
-    report: dict[str, Any] = {
-        "cpu": {"usable": True, "name": cpu_name(), "cores": os.cpu_count(),
-                "numpy": np.__version__, "threads": kernels.threads,
-                "kernels": cpu_kernels(kernels),
-                **{f"blas_{k}": v for k, v in blas_info().items()}},
-    }
-    reason = gpu_unavailable_reason()
-    report["gpu"] = {"usable": reason is None, "reason": reason}
-    if reason is None:
-        report["gpu"].update(gpu_properties())
-    return report

@@ -1,51 +1,44 @@
 """What the machine offers: CPU and BLAS (threads settable at run time), CUDA GPU and CuPy.
 
-BLAS threads are set through OpenBLAS's own C entry points found in the loaded libraries
-(the mechanism threadpoolctl uses), so no extra dependency is needed.
+BLAS threads are read and set through threadpoolctl, which finds NumPy's BLAS (OpenBLAS, MKL,
+BLIS or FlexiBLAS) among the loaded libraries.
 """
 
 from __future__ import annotations
 
-import ctypes
 import functools
+import importlib.util
 import os
 import platform
+from pathlib import Path
 from typing import Any
 
 from ..errors import install_command
 
+_BLAS_NAMES = {"openblas": "OpenBLAS", "mkl": "MKL", "blis": "BLIS", "flexiblas": "FlexiBLAS"}
+
 
 @functools.cache
-def openblas() -> tuple[Any, str] | None:
-    """The loaded OpenBLAS library and its symbol prefix/suffix, if NumPy uses OpenBLAS."""
-    try:
-        with open("/proc/self/maps") as maps:
-            paths = {line.split()[-1] for line in maps if "openblas" in line.lower()}
-    except OSError:
-        return None
-    for path in sorted(paths):
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for prefix, suffix in (("scipy_", "64_"), ("", "64_"), ("scipy_", ""), ("", "")):
-            if hasattr(lib, f"{prefix}openblas_get_num_threads{suffix}"):
-                return lib, f"{prefix}openblas_%s{suffix}"
-    return None
+def numpy_blas() -> Any | None:
+    """NumPy's BLAS as threadpoolctl controls it (`set_num_threads`, `num_threads`,
+    `internal_api`, `version`), or None when threadpoolctl finds none it can control. Where
+    several are loaded (SciPy brings its own), the one shipped inside NumPy comes first."""
+    import numpy as np
+    from threadpoolctl import ThreadpoolController
+
+    found = ThreadpoolController().select(user_api="blas").lib_controllers
+    home = str(Path(np.__file__).resolve().parent)  # a prefix of numpy/ and numpy.libs/
+    found.sort(key=lambda c: not str(c.filepath).startswith(home))
+    return found[0] if found else None
 
 
 def blas_info() -> dict[str, Any]:
     """BLAS library name, version and current thread count."""
-    found = openblas()
-    if found is None:
-        return {"library": "unknown (not OpenBLAS)", "threads": None}
-    lib, pattern = found
-    get_config = getattr(lib, pattern % "get_config")
-    get_config.restype = ctypes.c_char_p
-    return {
-        "library": " ".join(get_config().decode().split()[:2]),
-        "threads": int(getattr(lib, pattern % "get_num_threads")()),
-    }
+    blas = numpy_blas()
+    if blas is None:
+        return {"library": "unknown (not controllable by threadpoolctl)", "threads": None}
+    name = _BLAS_NAMES.get(blas.internal_api, blas.internal_api)
+    return {"library": f"{name} {blas.version or ''}".strip(), "threads": blas.num_threads}
 
 
 def cpu_name() -> str:
@@ -112,6 +105,9 @@ def gpu_unavailable_reason(index: int = 0) -> str | None:
         if count <= index:
             return (f"no CUDA device {index} (this machine has {count})" if count else
                     "no CUDA device found")
+        if importlib.util.find_spec("nvmath") is None:  # the GEMMs' cuBLAS binding
+            return (f"nvmath-python is not installed ({install_command('gpu')} for a CUDA 12 "
+                    f"driver, {install_command('cuda13')} for CUDA 13)")
         with cupy.cuda.Device(index):
             cupy.zeros(1).sum().item()  # proves driver, runtime and kernels agree
     except Exception as exc:

@@ -1,6 +1,6 @@
 """A run's frozen policy: every setting that decides how kernels compute, in one immutable object.
 
-A backend is one device and is shared by everything in the process (backend.get_backend caches
+A backend is one device and is shared by everything in the process (library.get_backend caches
 it), so nothing a run chooses may be stored on it: a mode set there would outlive the run and
 leak into the next one (an evaluation after a training run, a test after another test). A run
 instead builds one `RunPolicy` from its configuration before any work, and the backend view it
@@ -27,7 +27,7 @@ Switch = Literal["auto", "on", "off"]
 
 @dataclasses.dataclass(frozen=True)
 class RunPolicy:
-    """How a run computes (hashable: a backend keeps one view per policy).
+    """How a run computes (hashable: a backend keeps one view per policy in use).
 
     - `precision`: the dtypes and the GEMM compute mode (PRECISION), engine/precision.py;
     - `attention`: which fused attention runs where one can (ATTENTION): "own" (flash.py),

@@ -1,4 +1,4 @@
-"""The profiler that hooks the op choke point (autograd.run_op).
+"""The profiler that hooks the op choke point (autograd.run_op) inside its `with` block.
 
 Three ways to time an op, one per way a step runs:
 - CPU (`wall`): wall time around each op of every step.
@@ -67,14 +67,16 @@ class Profiler:
         self.trace_steps = trace_steps
         self.spans: list[OpSpan] = []  # the ops of the first `trace_steps` steps
         self.step_numbers: list[int] = []  # the training step number of each traced step
+        self._attached: list[Any] = []  # the context tokens of the open `with` blocks
 
     # ---- attaching -----------------------------------------------------------------------------
     def __enter__(self) -> Profiler:
-        self._previous = autograd.set_profiler(self)
+        """Attach to the choke point for the block, in the caller's context (autograd)."""
+        self._attached.append(autograd.attach_profiler(self))
         return self
 
     def __exit__(self, *exc: object) -> None:
-        autograd.set_profiler(self._previous)
+        autograd.detach_profiler(self._attached.pop())
 
     # ---- the hook --------------------------------------------------------------------------------
     def record(self, name: str, category: str, phase: str, fn: Any, args: tuple[Any, ...]) -> Any:

@@ -16,10 +16,8 @@ from .autograd import (
     grad_enabled,
     no_grad,
     run_op,
-    set_profiler,
 )
 
 ops.bind_operators(Tensor)
 
-__all__ = ["Function", "RowGrad", "Tensor", "count_gemm", "grad_enabled", "no_grad", "run_op",
-           "set_profiler"]
+__all__ = ["Function", "RowGrad", "Tensor", "count_gemm", "grad_enabled", "no_grad", "run_op"]

@@ -1,14 +1,12 @@
-"""The ground every CPU kernel stands on: one thread pool fed cache-sized blocks, the
-buffers reused from call to call, and the choice of NumPy or numba for a block.
+"""The ground every CPU kernel stands on: one thread pool fed cache-sized blocks, and the
+buffers reused from call to call.
 
 The elementwise and row-wise passes (softmax cross-entropy over the (B*T, V) logits, GELU,
 attention softmax, LayerNorm, AdamW) release the GIL, so a pool of threads scales them. Work
 is cut into cache-sized blocks that the threads take from one shared queue: a kernel's
 several passes over a block hit the cache rather than memory, and a core slowed down by
-another process simply takes fewer blocks instead of holding the others up.
-
-With numba installed (CPU_JIT=auto|on), a block of float32 work goes to the matching kernel of
-cpu_jit.py instead of the NumPy calls: same blocks, same pool, one compiled loop.
+another process simply takes fewer blocks instead of holding the others up. (Whether a
+block runs NumPy's calls or a numba kernel, CPU_JIT, is the kernel set's: cpu_set.py.)
 """
 
 from __future__ import annotations
@@ -18,13 +16,11 @@ import ctypes
 import os
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from types import ModuleType
 from typing import Any
 
 import numpy as np
 
-from ...errors import install_command
-from ..devices import openblas
+from ..devices import numpy_blas
 from ..policy import RunPolicy
 from .table import KernelSet
 
@@ -56,30 +52,14 @@ def _keep_freed_memory() -> None:
 
 
 def _blas_threads_setter() -> Callable[[int], None] | None:
-    """OpenBLAS's set_num_threads, after making it single-threaded; None if this NumPy's
-    BLAS cannot be controlled."""
-    found = openblas()
-    if found is None:
+    """BLAS's set_num_threads (threadpoolctl's), after making it single-threaded; None if
+    this NumPy's BLAS cannot be controlled."""
+    blas = numpy_blas()
+    if blas is None:
         return None
-    lib, pattern = found
-    setter: Callable[[int], None] = getattr(lib, pattern % "set_num_threads")
+    setter: Callable[[int], None] = blas.set_num_threads
     setter(1)
     return setter
-
-
-def load_jit(mode: str) -> ModuleType | None:
-    """cpu_jit.py (numba) for CPU_JIT=auto when numba imports, or on; None for off."""
-    if mode == "off":
-        return None
-    try:
-        from . import cpu_jit as jit
-    except ImportError as exc:  # numba missing, or built for another NumPy
-        if mode == "on":
-            raise RuntimeError(f"CPU_JIT=on, but numba does not import ({exc}): "
-                               f"{install_command('jit')}, or set CPU_JIT=auto to use NumPy"
-                               ) from exc
-        return None
-    return jit
 
 
 def _blocks(start: int, stop: int, size: int) -> Blocks:
@@ -88,11 +68,10 @@ def _blocks(start: int, stop: int, size: int) -> Blocks:
 
 
 class CpuPool(KernelSet):
-    """The CPU kernel set's state, which its op families share: threads, pools, JIT module
-    and buffers.
+    """The CPU kernel set's state, which its op families share: threads, pools and buffers.
 
-    Threads and CPU_JIT come from the run's policy, read when the set (or a view of it for
-    another policy, `bound`) is made; the buffers are the device's, shared by its views."""
+    Threads come from the run's policy, read when the set (or a view of it for another
+    policy, `bound`) is made; the buffers are the device's, shared by its views."""
 
     kind = "cpu"
 
@@ -107,8 +86,7 @@ class CpuPool(KernelSet):
 
     def _read_policy(self, policy: RunPolicy) -> None:
         """THREADS cores; GEMMs are split by the pool only when BLAS can be pinned to one
-        thread per call (otherwise BLAS threads itself and chunks would oversubscribe).
-        CPU_JIT: auto (numba kernels when numba imports), on (numba required) or off."""
+        thread per call (otherwise BLAS threads itself and chunks would oversubscribe)."""
         super()._read_policy(policy)
         self.threads = policy.cpu_threads
         self._set_blas_threads = _blas_threads_setter()
@@ -116,14 +94,14 @@ class CpuPool(KernelSet):
         # BLAS's own threads for the products the pool does not cut: THREADS may be any
         # number, BLAS takes at most the cores this process may use
         self._blas_cores = min(self.threads, len(os.sched_getaffinity(0)))
-        self.jit = load_jit(policy.cpu_jit)
 
     @contextlib.contextmanager
     def _blas_threaded(self) -> Iterator[None]:
         """Inside, BLAS runs on THREADS threads of its own (only where split_gemms pinned it
         to one): for the products the pool cannot cut cheaply, called from one thread while
         no other GEMM runs (GEMMs come from the caller's thread; the pool runs the chunks of
-        larger ones, never inside this block)."""
+        larger ones, never inside this block; a CPU decode step, model/decode.py, holds one
+        around all of its products)."""
         setter = self._set_blas_threads
         if setter is None:
             yield
@@ -133,11 +111,6 @@ class CpuPool(KernelSet):
             yield
         finally:
             setter(1)
-
-    def _jit_for(self, *arrays: np.ndarray) -> ModuleType | None:
-        """The numba kernels for float32 work; float64 (gradient checks, PRECISION=fp64)
-        keeps the NumPy formulation, whose exp is exact to float64."""
-        return self.jit if all(a.dtype == np.float32 for a in arrays) else None
 
     def _parallel(self, worker: Callable[[Blocks], Any], n: int, block: int,
                   work: float) -> list[Any]:

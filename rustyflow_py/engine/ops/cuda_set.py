@@ -32,6 +32,9 @@ class CudaKernels(KernelSet):
     policy shares the device's handles through views of them in its compute mode."""
 
     kind = "gpu"
+    # what its families may take (Family.uses): the policy's GEMM compute mode and
+    # epilogues, the cuBLAS and cuBLASLt handles, the ones vectors and the device 1.0
+    offers = (*KernelSet.offers, "cublas", "epilogues", "_lt", "_ones", "_one")
 
     def __init__(self, backend: Any) -> None:
         self._device_cublas = Cublas(backend.xp, backend.stream)  # shared by the views

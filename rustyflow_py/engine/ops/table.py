@@ -10,16 +10,22 @@ three. Which class runs is therefore written down, not found by walking base cla
 
 The classes are an op family's kernels on one device (`Family`): a device's class extends
 its family's reference class (same folder) and overrides what pays. One instance per class
-and kernel set holds that family's caches; what it lacks (the set's state such as the CPU's
-thread pool or the GPU's cuBLAS handle, and every other op's kernels, through this table)
-comes from the kernel set it belongs to.
+and kernel set holds that family's caches. What else a class needs is declared on it, by
+name, and handed to each instance when its kernel set makes it: `uses`, the kernel set's
+state and helpers (the CPU's thread pool, the GPU's cuBLAS handle, what the run policy
+decided; each set lists what it `offers`), and `calls`, the other ops it runs (through the
+set's dispatchers, so the table picks their kernels too). Declarations add up along a
+class's bases, and what is handed over is a plain attribute of the instance: a kernel
+reads it as cheaply as its own. A name neither declared nor defined is an AttributeError
+(tests/test_kernel_declarations.py reads every family's source for such names), and one a
+set does not offer fails when that set makes the family.
 
 A kernel set belongs to one view of its device under one run policy (engine/policy.py): what
 the policy decides (ATTENTION here; threads and CPU_JIT on the CPU, the GEMM compute mode and
 cuBLASLt's epilogues on the GPU) is read into plain attributes once, when the set is made or
 bound to another view (`bound`), and never set afterwards. A bound set shares the device's
-handles, caches and buffers, and makes its own family instances and dispatchers (they point
-back at it, so they see its policy).
+handles, caches and buffers, and makes its own family instances and dispatchers (made from
+it, so they see its policy).
 
 Common rules of every kernel (each op folder's kernels.py has its own contract). Arrays live
 on the set's device. Float arrays share one storage dtype (float32 for training, float64 for
@@ -63,21 +69,38 @@ class KernelNotFound(DeviceError):
 class Family:
     """An op family's kernels on one device (see the module docstring)."""
 
+    uses: tuple[str, ...] = ()  # the kernel set's state and helpers this class reads
+    calls: tuple[str, ...] = ()  # the other ops it runs, through the set's dispatchers
+    taken: tuple[str, ...] = ()  # both, along the class's bases: what each instance receives
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        taken = dict.fromkeys((*declared(cls, "uses"), *declared(cls, "calls")))
+        defined = [name for name in taken if hasattr(cls, name)]
+        if defined:  # the instance's attribute would hide the class's own
+            raise TypeError(f"{cls.__name__} defines {', '.join(defined)}, which it also "
+                            "declares it takes from its kernel set")
+        cls.taken = tuple(taken)
+
     def __init__(self, kernels: KernelSet) -> None:
-        self._set = kernels
         self.xp = kernels.xp
         self.backend = kernels.backend
+        for name in self.taken:
+            setattr(self, name, getattr(kernels, name))
 
-    def __getattr__(self, name: str) -> Any:
-        if name == "_set":  # not made yet: nothing to delegate to
-            raise AttributeError(name)
-        value = getattr(self._set, name)
-        # A set's public attributes are fixed once made (the policy's, read at creation; its
-        # methods and dispatchers), so a value found is kept here and the next access skips
-        # this lookup. What a set makes lazily (a thread pool, a cuBLASLt handle) stays
-        # private to it, reached through its methods (`_parallel`, `_lt`).
-        setattr(self, name, value)
-        return value
+
+def declared(cls: type[Family], what: str) -> tuple[str, ...]:
+    """The names a family class declares in `what` ("uses" or "calls"), its bases' too."""
+    return tuple(dict.fromkeys(name for base in reversed(cls.__mro__)
+                               for name in vars(base).get(what, ())))
+
+
+def unmet(cls: type[Family], offers: Iterable[str]) -> list[str]:
+    """What `cls` declares that a kernel set offering `offers` cannot give it: helpers the
+    set does not offer, and calls of ops the table does not know."""
+    known = set(ops())
+    return ([name for name in declared(cls, "uses") if name not in offers]
+            + [name for name in declared(cls, "calls") if name not in known])
 
 
 def add_into(into: Any, value: Any) -> Any:
@@ -176,6 +199,8 @@ class KernelSet:
     """
 
     kind = "reference"
+    # what its families may take (Family.uses): the policy's values read by _read_policy
+    offers: tuple[str, ...] = ("policy", "attention")
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
@@ -207,8 +232,13 @@ class KernelSet:
         self.attention = policy.attention
 
     def family(self, cls: type[Family]) -> Family:
-        """This set's instance of an op family's class (made on first use)."""
+        """This set's instance of an op family's class (made on first use, when what the
+        class declares it takes is checked against what this set offers)."""
         found = self._families.get(cls)
         if found is None:
+            missing = unmet(cls, self.offers)
+            if missing:
+                raise TypeError(f"{cls.__name__} takes {', '.join(missing)} from the "
+                                f"{self.kind} kernel set, which offers none of them")
             found = self._families[cls] = cls(self)
         return found

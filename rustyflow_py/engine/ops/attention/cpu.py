@@ -19,6 +19,8 @@ _QUERY_BLOCK = 64  # attention rows per block: keys past a block's last row are 
 
 
 class CpuAttention(AttentionReference):
+    uses = ("_parallel", "_jit_for")
+
     def __init__(self, kernels: Any) -> None:
         super().__init__(kernels)
         self._notmask: dict[int, np.ndarray] = {}
@@ -68,7 +70,7 @@ class CpuAttention(AttentionReference):
                 np.add(z, m, out=lse[mats, rows])
 
         jit = self._jit_for(s)
-        self._causal_pass((s,), block, jit and (lambda mats: jit.causal_softmax_forward(
+        self._causal_pass((s,), block, jit and (lambda mats: jit.attention.causal_softmax_forward(
             s[mats], scale, None if lse is None else lse[mats])))
         probs = s.reshape(scores.shape)
         return (probs, lse.reshape((*scores.shape[:-1], 1))) if lse is not None else probs
@@ -86,7 +88,7 @@ class CpuAttention(AttentionReference):
             np.exp(x, out=x)
 
         jit = self._jit_for(s, rows_lse)
-        self._causal_pass((s,), block, jit and (lambda mats: jit.causal_softmax_recompute(
+        self._causal_pass((s,), block, jit and (lambda mats: jit.attention.causal_softmax_recompute(
             s[mats], rows_lse[mats], scale)))
         return s.reshape(scores.shape)
 
@@ -103,18 +105,19 @@ class CpuAttention(AttentionReference):
 
         p3, g3 = probs.reshape(-1, t, t), g.reshape(-1, t, t)
         jit = self._jit_for(p3, g3)
-        self._causal_pass((ds, p3, g3), block, jit and (lambda mats: jit.causal_softmax_backward(
-            g3[mats], p3[mats], scale, ds[mats])))
+        self._causal_pass((ds, p3, g3), block, jit and (
+            lambda mats: jit.attention.causal_softmax_backward(g3[mats], p3[mats], scale,
+                                                               ds[mats])))
         return ds.reshape(probs.shape)
 
     def decode_attention(self, qkv: Any, keys: Any, values: Any, pos: Any, scale: float,
                          n: int) -> Any:
-        """cpu_jit.decode_attention for float32 (positions 0..pos only: `n`, the reference's
-        window, is not needed); the reference formulation otherwise."""
+        """attention/jit.py's decode_attention for float32 (positions 0..pos only: `n`, the
+        reference's window, is not needed); the reference formulation otherwise."""
         jit = self._jit_for(qkv, keys, values)
         if jit is None or not (qkv.flags.c_contiguous and keys.flags.c_contiguous
                                and values.flags.c_contiguous):
             return super().decode_attention(qkv, keys, values, pos, scale, n)
         y = np.empty((qkv.shape[0], qkv.shape[1] // 3), dtype=qkv.dtype)  # (B, E)
-        jit.decode_attention(qkv, keys, values, int(pos[0]), scale, y)
+        jit.attention.decode_attention(qkv, keys, values, int(pos[0]), scale, y)
         return y

@@ -38,6 +38,8 @@ def _drop(dropout: tuple[float, int, int, Any] | None) -> flash.Dropout | None:
 
 
 class CudaAttention(AttentionReference):
+    uses = ("attention", "policy", "cublas")  # ATTENTION, GRAPH, the GEMM compute mode
+
     def causal_softmax_forward(
         self, scores: Any, scale: float, with_lse: bool = False
     ) -> Any:

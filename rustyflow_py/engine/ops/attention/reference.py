@@ -14,6 +14,8 @@ from ..widen import wide
 
 
 class AttentionReference(Family):
+    calls = ("matmul",)  # decode_attention's two products
+
     def __init__(self, kernels: Any) -> None:
         super().__init__(kernels)
         self._masks: dict[int, Any] = {}

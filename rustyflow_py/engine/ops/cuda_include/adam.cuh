@@ -1,4 +1,4 @@
-// Adam and AdamW over the flat buffer, one element per call (adam.py's ElementwiseKernels):
+// Adam and AdamW over the flat buffer, one element per call (optim/cuda.py's ElementwiseKernels):
 // rf_adam_update<true> is Adam (torch.optim.Adam: the weight decay is an L2 term of the
 // gradient), rf_adam_update<false> AdamW (decoupled decay of the parameter first); both
 // decay only the first `decay` elements. c = 1 - beta and lb = log(beta) come from double

@@ -9,9 +9,11 @@ from .reference import EmbeddingReference
 
 
 class CpuEmbedding(EmbeddingReference):
+    uses = ("_jit_for",)
+
     def scatter_add_rows(self, dst: Any, idx: Any, rows: Any) -> None:
         jit = self._jit_for(dst, rows)
         if jit is None:
             super().scatter_add_rows(dst, idx, rows)
         else:
-            jit.scatter_add_rows(dst, idx.ravel(), rows.reshape(-1, dst.shape[-1]))
+            jit.embedding.scatter_add_rows(dst, idx.ravel(), rows.reshape(-1, dst.shape[-1]))

@@ -13,6 +13,8 @@ from .reference import GELU_C, GELU_K, GeluReference
 
 
 class CpuGelu(GeluReference):
+    uses = ("_parallel", "_jit_for", "jit")
+
     def _gelu_pass(self, x: Any, bias: Any | None, fn: Callable[..., None], *others: Any,
                    jit_fn: Callable[..., None] | None = None) -> Any:
         """Run fn(z, out, *other_blocks, scratch) over cache blocks of rows, z = x (+ bias);
@@ -50,7 +52,7 @@ class CpuGelu(GeluReference):
             t += 1.0
             np.divide(z, t, out=out)  # z * sigmoid(2u) = 0.5 z (1 + tanh u)
 
-        jit_fn = None if self.jit is None else self.jit.gelu_forward
+        jit_fn = None if self.jit is None else self.jit.gelu.gelu_forward
         return self._gelu_pass(x, bias, fwd, jit_fn=jit_fn)
 
     def _gelu_backward(self, g: Any, x: Any, bias: Any | None) -> Any:
@@ -71,5 +73,5 @@ class CpuGelu(GeluReference):
             z2 += sig  # d/dz z sigmoid(2u) = s + z s (1 - s) 2 du/dz
             np.multiply(z2, gb, out=out)
 
-        jit_fn = None if self.jit is None else self.jit.gelu_backward
+        jit_fn = None if self.jit is None else self.jit.gelu.gelu_backward
         return self._gelu_pass(x, bias, bwd, g, jit_fn=jit_fn)

@@ -14,6 +14,7 @@ GELU_K = 0.044715
 
 
 class GeluReference(Family):
+    calls = ("sum_rows",)  # the bias gradient gelu_backward adds into `sums_into`
 
     def gelu_forward(self, x: Any, bias: Any | None) -> Any:
         if is_16bit(x.dtype):

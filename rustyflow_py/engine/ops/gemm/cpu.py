@@ -18,10 +18,12 @@ from .reference import GemmReference
 
 _GEMM_CHUNK = 8e6  # multiply-adds in the smallest GEMM chunk worth a BLAS call of its own
 _CHUNKS_PER_THREAD = 4  # GEMM chunks per thread: enough for the threads to even out
-_STREAMED_ROWS = 16  # below this many rows of a, a product streams b from memory: see _gemm
+STREAMED_ROWS = 16  # below this many rows of a, a product streams b from memory: see _gemm
 
 
 class CpuGemm(GemmReference):
+    uses = ("threads", "split_gemms", "_parallel", "_blas_threaded")
+
     def matmul(self, a: Any, b: Any, *, transpose_b: bool = False, out: Any = None,
                accumulate: bool = False) -> Any:
         """a @ b (into `out` if given, added to it with `accumulate`), a large product spread
@@ -68,7 +70,7 @@ class CpuGemm(GemmReference):
         columns of b (a shared), or the reduction (partial products summed afterwards)."""
         m, k = a.shape
         n = b.shape[1]
-        if m < _STREAMED_ROWS:
+        if m < STREAMED_ROWS:
             # A product of few rows (a decode step's matrix-vector products) reads each
             # element of b for only m multiply-adds: memory, not arithmetic, is its time, and
             # one core cannot draw the caches' bandwidth alone. Cut into the pool's chunks,

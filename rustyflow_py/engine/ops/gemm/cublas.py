@@ -1,4 +1,4 @@
-"""Matrix products through cuBLAS called directly (ctypes), so they can be graph-captured.
+"""Matrix products through cuBLAS called directly, so they can be graph-captured.
 
 CuPy refuses any cuBLAS call while a stream is being captured. cuBLAS itself supports capture
 when its workspace is preset (no allocation inside the graph), so RustyFlow keeps its own
@@ -8,9 +8,12 @@ C^T = B^T A^T in cuBLAS's column-major convention; transposed views are passed a
 `h @ W.T` (the tied LM head) needs no copy. A, B and C share one type, float32, float64,
 float16 or bfloat16; 16-bit products accumulate in fp32.
 
-Why not nvmath-python's Matmul for these plain products: on the H100 it chose a slower
-algorithm for the tied LM head's GEMM in a replayed graph, and its eager calls cost the host
-more than this binding's (benchmarks/results/gemm-bindings-h100.md; cublaslt.py says more).
+The binding is NVIDIA's nvmath-python, its low-level `nvmath.bindings.cublas` (the C API one
+to one, with the header's enums; it finds the library itself), imported on first use so the
+package imports without it. Why not nvmath's high-level Matmul for these plain products: on
+the H100 it chose a slower algorithm for the tied LM head's GEMM in a replayed graph, and its
+eager calls cost the host more than the low-level binding's
+(benchmarks/results/gemm-bindings-h100.md).
 """
 
 from __future__ import annotations
@@ -18,19 +21,20 @@ from __future__ import annotations
 import copy
 import ctypes
 import functools
+import importlib
+from types import ModuleType
 from typing import Any, TypeVar
 
 import numpy as np
 
+from ....errors import install_command
 from ...precision import MatmulCompute, dtype_name
 
-_OP_N, _OP_T = 0, 1
-# The cudaDataType of each operand dtype (A, B and C share it): CUDA_R_32F, _64F, _16F,
-# _16BF (bfloat16 is ml_dtypes', matched by name so this module imports without it).
-_CUDA_TYPES = {"float32": 0, "float64": 1, "float16": 2, "bfloat16": 14}
-_COMPUTE_32F, _COMPUTE_64F, _COMPUTE_32F_FAST_TF32 = 68, 70, 77
-_GEMM_DEFAULT = -1
 _WORKSPACE_BYTES = 32 * 2**20
+# nvmath.CudaDataType's name of each operand dtype (A, B and C share it); bfloat16 is
+# ml_dtypes', matched by name so this module imports without it
+_CUDA_TYPES = {"float32": "CUDA_R_32F", "float64": "CUDA_R_64F", "float16": "CUDA_R_16F",
+               "bfloat16": "CUDA_R_16BF"}
 
 
 Handle = TypeVar("Handle")
@@ -45,64 +49,59 @@ def in_compute(handle: Handle, compute: MatmulCompute) -> Handle:
     return view
 
 
-class CublasError(RuntimeError):
-    pass
-
-
 @functools.cache
-def _library() -> ctypes.CDLL:
-    """The libcublas CuPy already loaded (same CUDA runtime), found in the process maps."""
-    import cupy
-
-    cupy.cuda.device.get_cublas_handle()  # makes CuPy load libcublas
-    with open("/proc/self/maps") as maps:
-        paths = sorted({line.split()[-1] for line in maps if "libcublas.so" in line})
-    if not paths:
-        raise CublasError("libcublas is not loaded in this process; cannot call cuBLAS")
-    lib = ctypes.CDLL(paths[0])
-    lib.cublasGemmStridedBatchedEx.argtypes = [
-        ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
-        ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_longlong,
-        ctypes.c_int, ctypes.c_int, ctypes.c_int,
-    ]
-    return lib
+def binding(name: str) -> ModuleType:
+    """nvmath.bindings.`name` (cublas or cublasLt); an error naming the extras without it."""
+    try:
+        return importlib.import_module(f"nvmath.bindings.{name}")
+    except ImportError as exc:
+        raise RuntimeError(
+            f"the GPU's GEMMs call {name} through nvmath-python, which does not import "
+            f"({exc}): {install_command('gpu')} for a CUDA 12 driver, "
+            f"{install_command('cuda13')} for CUDA 13") from None
 
 
-def _check(status: int, what: str) -> None:
-    if status != 0:
-        raise CublasError(f"{what} failed with cuBLAS status {status}")
+def cuda_types() -> dict[str, int]:
+    """The cudaDataType_t of each supported dtype name, from nvmath's enum."""
+    import nvmath
+
+    return {k: int(getattr(nvmath.CudaDataType, v)) for k, v in _CUDA_TYPES.items()}
 
 
 class Cublas:
-    """A cuBLAS handle on one stream with a fixed workspace."""
+    """A cuBLAS handle on one stream with a fixed workspace (a failing call raises
+    nvmath's cuBLASError, naming its status)."""
 
     def __init__(self, xp: Any, stream: Any) -> None:
         self.xp = xp
-        self.lib = _library()
-        self.handle = ctypes.c_void_p()
-        _check(self.lib.cublasCreate_v2(ctypes.byref(self.handle)), "cublasCreate")
-        _check(self.lib.cublasSetStream_v2(self.handle, ctypes.c_void_p(stream.ptr)),
-               "cublasSetStream")
+        self.lib = lib = binding("cublas")
+        self.handle = lib.create()
+        lib.set_stream(self.handle, stream.ptr)
         self.workspace = xp.empty(_WORKSPACE_BYTES, dtype=np.uint8)
-        _check(self.lib.cublasSetWorkspace_v2(self.handle, ctypes.c_void_p(self.workspace.data.ptr),
-                                              ctypes.c_size_t(_WORKSPACE_BYTES)),
-               "cublasSetWorkspace")
+        lib.set_workspace(self.handle, self.workspace.data.ptr, _WORKSPACE_BYTES)
         self.matmul_compute: MatmulCompute = "fp32"  # Precision.matmul_compute: in_compute
-        self._one32, self._zero32 = ctypes.c_float(1.0), ctypes.c_float(0.0)
-        self._one64, self._zero64 = ctypes.c_double(1.0), ctypes.c_double(0.0)
+        self._types = cuda_types()
+        self._op_n, self._op_t = int(lib.Operation.N), int(lib.Operation.T)
+        compute = lib.ComputeType
+        self._compute_64f, self._compute_32f = int(compute.COMPUTE_64F), int(compute.COMPUTE_32F)
+        self._compute_tf32 = int(compute.COMPUTE_32F_FAST_TF32)
+        self._algo = int(lib.GemmAlgo.DEFAULT)
+        # alpha and beta live on the host (the handle's default pointer mode), by address
+        self._scalars = [ctypes.c_float(1.0), ctypes.c_float(0.0), ctypes.c_double(1.0),
+                         ctypes.c_double(0.0)]
+        self._one32, self._zero32, self._one64, self._zero64 = map(ctypes.addressof,
+                                                                   self._scalars)
 
     def _operand(self, x: Any) -> tuple[Any, int, int]:
         """(array, op, leading dimension) of the last two axes in column-major terms."""
         r, c = x.shape[-2:]
         sr, sc = (s // x.itemsize for s in x.strides[-2:])
         if sc == 1 and sr >= max(c, 1):
-            return x, _OP_N, sr
+            return x, self._op_n, sr
         if sr == 1 and sc >= max(r, 1):
-            return x, _OP_T, sc
+            return x, self._op_t, sc
         x = self.xp.ascontiguousarray(x)
-        return x, _OP_N, c
+        return x, self._op_n, c
 
     def _batch_stride(self, x: Any) -> tuple[Any, int]:
         """Collapse the leading axes into one uniform stride (copying when they don't merge)."""
@@ -122,7 +121,7 @@ class Cublas:
         into `out` (C-contiguous, the result's shape and dtype) when given.
 
         strict=True keeps full fp32 even when TF32 is on (for reductions written as GEMMs)."""
-        if a.dtype != b.dtype or dtype_name(a.dtype) not in _CUDA_TYPES:
+        if a.dtype != b.dtype or dtype_name(a.dtype) not in self._types:
             return self.xp.matmul(a, b, out=out)
         if a.ndim > 2 and b.ndim > 2 and a.shape[:-2] != b.shape[:-2]:
             return self.xp.matmul(a, b, out=out)
@@ -145,15 +144,15 @@ class Cublas:
         b, stride_b = self._batch_stride(b)
         a, op_a, lda = self._operand(a)
         b, op_b, ldb = self._operand(b)
-        dtype = _CUDA_TYPES[dtype_name(a.dtype)]
+        dtype = self._types[dtype_name(a.dtype)]
         double = a.dtype == np.float64
         tf32 = self.matmul_compute == "tf32" and a.dtype == np.float32 and not strict
         # 16-bit operands accumulate in fp32 (COMPUTE_32F, fp32 alpha and beta)
-        compute = _COMPUTE_64F if double else _COMPUTE_32F_FAST_TF32 if tf32 else _COMPUTE_32F
+        compute = (self._compute_64f if double else self._compute_tf32 if tf32
+                   else self._compute_32f)
         one, zero = (self._one64, self._zero64) if double else (self._one32, self._zero32)
-        _check(self.lib.cublasGemmStridedBatchedEx(
-            self.handle, op_b, op_a, n, m, k, ctypes.byref(one),
+        self.lib.gemm_strided_batched_ex(
+            self.handle, op_b, op_a, n, m, k, one,
             b.data.ptr, dtype, ldb, stride_b, a.data.ptr, dtype, lda, stride_a,
-            ctypes.byref(zero), out.data.ptr, dtype, n, m * n, count, compute, _GEMM_DEFAULT,
-        ), "cublasGemmStridedBatchedEx")
+            zero, out.data.ptr, dtype, n, m * n, count, compute, self._algo)
         return out

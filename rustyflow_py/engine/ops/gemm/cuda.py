@@ -25,6 +25,8 @@ _SUM_DIRECT_ROWS = 2048  # up to this many rows of acc, sum_rows.cu sums them
 class CudaGemm(GemmReference):
     """The GEMM family on the GPU (the handles are the kernel set's: cuda_set.py)."""
 
+    uses = ("cublas", "epilogues", "_lt", "_ones")  # _ones: sum_rows' vectors, by (n, dtype)
+
     def matmul(self, a: Any, b: Any, *, transpose_b: bool = False, out: Any = None,
                accumulate: bool = False) -> Any:
         """cuBLAS takes the swapped view as op=T: no copy. A 2-D product added into `out`, or

@@ -13,6 +13,7 @@ from ..table import Family, add_into
 class GemmReference(Family):
     """matmul, sum_rows, linear, linear_grads, linear_dgelu against `self.xp`."""
 
+    calls = ("gelu_forward", "gelu_backward")  # the Linear layers' GELU
 
     def matmul(self, a: Any, b: Any, *, transpose_b: bool = False, out: Any = None,
                accumulate: bool = False) -> Any:

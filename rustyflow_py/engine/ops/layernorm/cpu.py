@@ -13,6 +13,8 @@ from .reference import LayerNormReference
 
 
 class CpuLayerNorm(LayerNormReference):
+    uses = ("_parallel", "_jit_for", "_ones_vector")
+
     def layernorm_forward(self, x: Any, w: Any, b: Any, eps: float) -> tuple[Any, Any, Any]:
         c = x.shape[-1]
         x2 = x.reshape(-1, c)
@@ -27,7 +29,7 @@ class CpuLayerNorm(LayerNormReference):
             for i, j in blocks:
                 xb, yb, mb, rb = x2[i:j], y[i:j], mean[i:j], rstd[i:j]
                 if jit is not None:
-                    jit.layernorm_forward(xb, w, b, eps, yb, mb, rb)
+                    jit.layernorm.layernorm_forward(xb, w, b, eps, yb, mb, rb)
                     continue
                 np.multiply(xb @ ones, 1.0 / c, out=mb[:, 0])
                 np.subtract(xb, mb, out=yb)
@@ -60,7 +62,8 @@ class CpuLayerNorm(LayerNormReference):
             scratch = None if jit is not None else np.empty((rows, c), dx.dtype)
             for i, j in blocks:
                 if jit is not None:
-                    jit.layernorm_backward(g2[i:j], x2[i:j], w, m2[i:j], r2[i:j], dx[i:j], dw, db)
+                    jit.layernorm.layernorm_backward(g2[i:j], x2[i:j], w, m2[i:j], r2[i:j],
+                                                     dx[i:j], dw, db)
                     continue
                 gb, d, xhat, ones = g2[i:j], dx[i:j], scratch[: j - i], ones_r[: j - i]
                 np.subtract(x2[i:j], m2[i:j], out=xhat)

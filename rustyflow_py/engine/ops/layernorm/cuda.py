@@ -42,6 +42,8 @@ def _row_kernel(name: str, x: Any, *same: Any) -> Any:
 
 
 class CudaLayerNorm(LayerNormReference):
+    calls = ("sum_rows",)  # dw and db from the kernels' partial sums
+
     def layernorm_forward(self, x: Any, w: Any, b: Any, eps: float) -> tuple[Any, Any, Any]:
         xp = self.xp
         x = xp.ascontiguousarray(x)

@@ -1,2 +1,3 @@
-"""The optimizers' update kernels over the flat parameter buffer: one file per optimizer
-(reference, CPU and CUDA classes) and one .cu file per optimizer."""
+"""The optimizers' update kernels over the flat parameter buffer: the reference, CPU and CUDA
+classes of every algorithm (reference.py, cpu.py, cuda.py), and one .cu file per
+algorithm."""

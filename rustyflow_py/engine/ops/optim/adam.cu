@@ -1,3 +1,3 @@
-// Adam and AdamW, one element per call: the preamble of adam.py's ElementwiseKernels, which
+// Adam and AdamW, one element per call: the preamble of cuda.py's ElementwiseKernels, which
 // call adam.cuh's rf_adam_update (the vector kernels are adam_vec.cu).
 #include "adam.cuh"

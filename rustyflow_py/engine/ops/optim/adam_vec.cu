@@ -1,4 +1,4 @@
-// Adam and AdamW (adam.cuh's update) over float32 buffers of whole 16-byte vectors (adam.py
+// Adam and AdamW (adam.cuh's update) over float32 buffers of whole 16-byte vectors (cuda.py
 // checks them): four elements a thread, loaded and stored as one access each, the scalars
 // read from device memory once a thread. With `copy` (null: none) the updated parameters
 // are also written there in the storage type `real`: mixed precision's 16-bit compute copy,

@@ -1,6 +1,6 @@
-"""The optimizer kernels: their contract, and their entries in the kernel table. Each
-optimizer is a file of this folder (its reference, CPU and CUDA classes; its CUDA C in the
-.cu file of its name), and common.py holds what they share.
+"""The optimizer kernels: their contract, and their entries in the kernel table. As in
+every op folder, reference.py holds each algorithm's reference class, cpu.py and cuda.py its
+CPU and CUDA classes (its CUDA C in the .cu file of its name), jit.py the CPU's numba loops.
 
 Every device's kernel for an op takes exactly these arguments and keeps these rules (and
 table.py's common ones); tests/test_kernel_contract.py holds each to the reference.
@@ -82,31 +82,24 @@ device arrays, so nothing waits for the host; weight decay applies to p[:decay_s
 from __future__ import annotations
 
 from ..table import ANY, FLOATS, declare
-from .adadelta import AdadeltaReference, CpuAdadelta, CudaAdadelta
-from .adagrad import AdagradReference, CpuAdagrad, CudaAdagrad
-from .adam import AdamReference, CpuAdam, CudaAdam
-from .ema import CudaEma, EmaReference
-from .lamb import CpuLamb, CudaLamb, LambReference
-from .muon import CudaMuon, MuonReference
-from .norm import CpuNorm, CudaNorm, NormReference
-from .rmsprop import CpuRmsprop, CudaRmsprop, RmspropReference
-from .sgd import CpuSgd, CudaSgd, SgdReference
+from . import cpu, cuda
+from . import reference as ref
 
-declare("l2_norm", reference={ANY: NormReference}, cpu={FLOATS: CpuNorm}, gpu={FLOATS: CudaNorm})
-declare(("adamw", "adam"), reference={ANY: AdamReference}, cpu={FLOATS: CpuAdam},
-        gpu={FLOATS: CudaAdam})
-declare("sgd", reference={ANY: SgdReference}, cpu={FLOATS: CpuSgd}, gpu={FLOATS: CudaSgd})
-declare("rmsprop", reference={ANY: RmspropReference}, cpu={FLOATS: CpuRmsprop},
-        gpu={FLOATS: CudaRmsprop})
-declare("adagrad", reference={ANY: AdagradReference}, cpu={FLOATS: CpuAdagrad},
-        gpu={FLOATS: CudaAdagrad})
-declare("adadelta", reference={ANY: AdadeltaReference}, cpu={FLOATS: CpuAdadelta},
-        gpu={FLOATS: CudaAdadelta})
+# each algorithm's op(s): its reference, CPU and GPU classes, the devices' for every float dtype
+ALGORITHMS = {
+    "l2_norm": (ref.NormReference, cpu.CpuNorm, cuda.CudaNorm),
+    ("adamw", "adam"): (ref.AdamReference, cpu.CpuAdam, cuda.CudaAdam),
+    "sgd": (ref.SgdReference, cpu.CpuSgd, cuda.CudaSgd),
+    "rmsprop": (ref.RmspropReference, cpu.CpuRmsprop, cuda.CudaRmsprop),
+    "adagrad": (ref.AdagradReference, cpu.CpuAdagrad, cuda.CudaAdagrad),
+    "adadelta": (ref.AdadeltaReference, cpu.CpuAdadelta, cuda.CudaAdadelta),
+    "lamb": (ref.LambReference, cpu.CpuLamb, cuda.CudaLamb),
+    ("muon_momentum", "newton_schulz", "muon_apply"): (ref.MuonReference, ref.MuonReference,
+                                                       cuda.CudaMuon),
+    "ema_update": (ref.EmaReference, ref.EmaReference, cuda.CudaEma),
+}
+for ops, (reference, on_cpu, on_gpu) in ALGORITHMS.items():
+    declare(ops, reference={ANY: reference}, cpu={FLOATS: on_cpu}, gpu={FLOATS: on_gpu})
 # segments has no array argument: one entry per device for any dtype
-declare("segments", reference={ANY: LambReference}, cpu={ANY: LambReference},
-        gpu={ANY: CudaLamb})
-declare("lamb", reference={ANY: LambReference}, cpu={FLOATS: CpuLamb}, gpu={FLOATS: CudaLamb})
-declare(("muon_momentum", "newton_schulz", "muon_apply"), reference={ANY: MuonReference},
-        cpu={FLOATS: MuonReference}, gpu={FLOATS: CudaMuon})
-declare("ema_update", reference={ANY: EmaReference}, cpu={FLOATS: EmaReference},
-        gpu={FLOATS: CudaEma})
+declare("segments", reference={ANY: ref.LambReference}, cpu={ANY: ref.LambReference},
+        gpu={ANY: cuda.CudaLamb})

@@ -1,4 +1,4 @@
-// LAMB in three launches over chunks of the flat buffer (lamb.py's _Segments).
+// LAMB in three launches over chunks of the flat buffer (cuda.py's _Segments).
 #include "types.cuh"
 #include "warp_reduce.cuh"
 

@@ -1,4 +1,4 @@
-// Muon's elementwise kernels (muon.py's CudaMuon): the momentum of one matrix into its (possibly
+// Muon's elementwise kernels (cuda.py's CudaMuon): the momentum of one matrix into its (possibly
 // transposed) Newton-Schulz slot, the update with decoupled weight decay, and the two small
 // steps of the Newton-Schulz iteration.
 template <typename T>

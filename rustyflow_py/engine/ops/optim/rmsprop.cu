@@ -1,4 +1,4 @@
-// RMSprop over the flat buffer (torch.optim.RMSprop), one element per call (rmsprop.py's
+// RMSprop over the flat buffer (torch.optim.RMSprop), one element per call (cuda.py's
 // ElementwiseKernels), one instance per variant: the centered average (ga) and the momentum
 // buffer (buf) are read and written only when CENTERED / MOMENTUM (otherwise the caller
 // passes another array, which is left alone). The weight decay is an L2 term of the gradient

@@ -11,6 +11,13 @@ table.py's common ones); tests/test_kernel_contract.py holds each to the referen
         (temperature > 0; top_k 0 and top_p 1 are off) at the float64 uniforms u (B,) in
         [0, 1). The probabilities are float64; a kernel's may differ from the reference's in
         rounding only, so a draw differs only where u * total falls that close to a step.
+
+    next_tokens(logits, uniforms, count, tokens, ring, pos, temperature, top_k, top_p) -> None
+        The decode loop's draw, with no host value read (a CUDA graph replays it): with
+        slot = count % N, the ids that argmax_rows (temperature 0) or sample_rows at the
+        uniforms uniforms[slot] (B,) give for logits (B, V) are written into tokens (B,) and
+        ring[slot], then count and pos (int64 (1,) each) go up by 1. uniforms (N, B) float64
+        and ring (N, B) int64; tokens, ring, count and pos are modified.
 """
 
 from __future__ import annotations
@@ -20,5 +27,5 @@ from .cpu import CpuSampling
 from .cuda import CudaSampling
 from .reference import SamplingReference
 
-declare(("argmax_rows", "sample_rows"), reference={ANY: SamplingReference},
+declare(("argmax_rows", "sample_rows", "next_tokens"), reference={ANY: SamplingReference},
         cpu={ANY: CpuSampling}, gpu={ANY: CudaSampling})

@@ -62,3 +62,13 @@ class SamplingReference(Family):
     def sample_rows(self, logits: Any, u: Any, temperature: float, top_k: int,
                     top_p: float) -> Any:
         return draw(self.xp, token_probs(self.xp, logits, temperature, top_k, top_p), u)
+
+    def next_tokens(self, logits: Any, uniforms: Any, count: Any, tokens: Any, ring: Any,
+                    pos: Any, temperature: float, top_k: int, top_p: float) -> None:
+        slot = count % uniforms.shape[0]  # (1,), on the device
+        ids = (self.argmax_rows(logits) if temperature == 0 else
+               self.sample_rows(logits, uniforms[slot][0], temperature, top_k, top_p))
+        tokens[...] = ids
+        ring[slot] = ids
+        count += 1
+        pos += 1

@@ -4,16 +4,20 @@
 // probabilities in double as there.
 //
 // sample_rows spreads a row over gridDim.x blocks (blockIdx.y is the row), each owning a
-// contiguous slice of it, and nothing is sorted: the k-th largest logit is a radix select of
-// counts, and top-p's threshold a radix select of probability mass (the largest logit whose
-// tokens at or above it hold at least top_p of the mass: the nucleus a full sort gives, ties
-// included). The blocks of a row meet at row_sync between the passes; the launcher (cuda.py)
+// contiguous slice of it, and nothing is sorted: the k-th largest logit and top-p's threshold
+// are one radix select (radix_edge), of counts and of probability mass (the largest logit
+// whose tokens at or above it hold at least top_p of the mass: the nucleus a full sort gives,
+// ties included). The blocks of a row meet at row_sync between the passes; the launcher (cuda.py)
 // starts at most as many blocks as the GPU holds at once, so every one of them runs.
 //
 // With top-k on (k <= THREADS) the launcher starts one block a row instead, and the block
 // takes top_k_draw's path: no barrier between blocks, two reads of the row, and only the few
 // candidates for the k largest sorted in shared memory (top-p's cut and the draw among them).
 // Where ties leave too many candidates, it goes on with the passes above in its one block.
+//
+// Both kernels also serve the decode loop's graph (model/graph_decode.py): with n_u > 0 a
+// launch reads its uniforms at a device counter, and its last block (`advance`) files the ids
+// and advances the counter and the decode step's position, so a token needs no host work.
 #include "types.cuh"
 #include "warp_reduce.cuh"
 
@@ -21,7 +25,7 @@
 static_assert(THREADS == 1024, "block_all needs 32 warps: a warp's lanes hold one per warp");
 #define WARPS (THREADS / 32)
 #define UNROLL 8  // row loads issued before any is used
-#define SLICE_UNROLL 4  // the same for the radix passes (cuda.py gives a block ~4 per thread)
+#define SLICE_UNROLL 4  // the same for the radix passes (cuda.py gives a block ~2 per thread)
 #define FULL 0xffffffffu
 #define DIGITS 256  // a radix pass chooses 8 bits
 
@@ -103,9 +107,37 @@ __device__ __forceinline__ T block_all(T x, Op op, T* red) {
     return x;
 }
 
-// Greedy: ids[b] = the first index of row b's largest logit, as argmax.
+// After a draw of the decode loop (n_u > 0; 0: a plain call, nothing here): the last block
+// of the launch to finish copies the ids (rows,) into row count % n_u of `ring` (n_u, rows)
+// and advances *count and *pos, so that the next launch (the next replay of the loop's graph)
+// reads the next uniforms and the decode step after it writes the next position. `done`
+// counts the blocks finished (the last one puts it back to 0). Every block calls it.
+__device__ void advance(const long long* ids, int rows, int n_u, long long* count,
+                        long long* ring, long long* pos, unsigned int* done) {
+    if (n_u == 0) return;
+    __shared__ bool last;
+    __syncthreads();  // this block's ids are written
+    if (threadIdx.x == 0) {
+        __threadfence();
+        last = atomicAdd(done, 1u) == gridDim.x * gridDim.y - 1;
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const long long slot = __ldcg(count) % n_u;  // every block read *count before it finished
+    for (int b = threadIdx.x; b < rows; b += THREADS) ring[slot * rows + b] = __ldcg(&ids[b]);
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        *count += 1;
+        *pos += 1;
+        *done = 0;
+    }
+}
+
+// Greedy: ids[b] = the first index of row b's largest logit, as argmax; then `advance`.
 extern "C" __global__ void __launch_bounds__(THREADS) argmax_rows(
-    const real* __restrict__ logits, long long* __restrict__ ids, int v) {
+    const real* __restrict__ logits, long long* __restrict__ ids, int v, int n_u,
+    long long* count, long long* ring, long long* pos, unsigned int* done) {
     __shared__ acc red_v[WARPS];
     __shared__ int red_i[WARPS];
     const real* row = logits + (long long)blockIdx.x * v;
@@ -120,6 +152,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) argmax_rows(
     const int first = block_all((at != v && best == top) ? at : v,
                                 [](int a, int b) { return min(a, b); }, red_i);
     if (threadIdx.x == 0) ids[blockIdx.x] = first == v ? 0 : first;
+    advance(ids, gridDim.x, n_u, count, ring, pos, done);
 }
 
 // The blocks of one row wait for each other: bar[0] counts arrivals, bar[1] counts the
@@ -180,66 +213,28 @@ __device__ void merge(T* h, T* row_h, unsigned int* bar) {
     __syncthreads();
 }
 
-// The key of the row's k-th largest element (1 <= k < v): a radix select, 8 bits a pass from
-// the top, counting the elements that match the digits chosen so far.
-__device__ rkey kth_largest(const real* __restrict__ row, int lo, int hi, int k,
-                             const row_state& s) {
-    __shared__ unsigned int hist[DIGITS];
-    __shared__ rkey chosen;
-    __shared__ int left;
-    rkey prefix = 0, mask = 0;
-    int remaining = k;
-    for (int r = 0; r < ROUNDS; r++) {
-        const int shift = keys::bits - 8 * (r + 1);
-        for (int d = threadIdx.x; d < DIGITS; d += THREADS) hist[d] = 0;
-        __syncthreads();
-        for_slice(row, lo, hi, [&](acc x, bool valid) {
-            const rkey key = keys::of(x);
-            warp_add(hist, valid && (key & mask) == prefix ? (int)((key >> shift) & 255) : -1,
-                     1u);
-        });
-        merge(hist, s.counts + r * DIGITS, s.bar);
-        if (threadIdx.x < 32) {  // lane l: digits 255 - 8l down to 248 - 8l
-            const int lane = threadIdx.x;
-            unsigned int c[8], sum = 0;
-            for (int j = 0; j < 8; j++) sum += (c[j] = hist[255 - 8 * lane - j]);
-            unsigned int above = sum;  // elements of this lane's digits and all higher ones
-            for (int o = 1; o < 32; o <<= 1) {
-                const unsigned int y = __shfl_up_sync(FULL, above, o);
-                if (lane >= o) above += y;
-            }
-            unsigned int seen = above - sum;
-            if (seen < (unsigned int)remaining && (unsigned int)remaining <= above) {
-                for (int j = 0; j < 8; j++) {
-                    if (seen + c[j] >= (unsigned int)remaining) {
-                        chosen = prefix | ((rkey)(255 - 8 * lane - j) << shift);
-                        left = remaining - (int)seen;
-                        break;
-                    }
-                    seen += c[j];
-                }
-            }
-        }
-        __syncthreads();
-        prefix = chosen;
-        remaining = left;
-        mask |= (rkey)255 << shift;
-    }
-    return prefix;
+// Infinity for a mass, and for a count a total no row reaches: radix_edge's need once every
+// element left is kept.
+__device__ __forceinline__ unsigned int beyond(unsigned int) { return 0xffffffffu; }
+__device__ __forceinline__ double beyond(double) {
+    return __longlong_as_double(0x7ff0000000000000LL);
 }
 
-// Top-p's threshold: the key of the largest logit whose tokens at or above it hold at least
-// top_p of the kept mass (the first token of a descending sort at which the mass reaches top_p,
-// so every token tied with it is kept too): a radix select as kth_largest's, of mass instead of
-// counts. The first pass sums the whole kept mass.
-template <typename W>
-__device__ rkey nucleus_edge(const real* __restrict__ row, int lo, int hi, double top_p,
-                              const row_state& s, W weight) {
-    __shared__ double hist[DIGITS];
+// The key of the largest element at or above which the row's elements hold at least `need`
+// of weight (the first element of a descending sort at which the running sum reaches need,
+// so every element tied with it is in), by a radix select: 8 bits a pass from the top,
+// summing weight(x) (a T) per digit over the elements that match the digits chosen so far.
+// need_of(total) gives need from the first pass's total of the whole row. Top-k: T counts,
+// weight 1, need k (the k-th largest). Top-p: T mass, need top_p of the kept mass. If
+// rounding leaves the sum short of need, the lowest digit holding weight (all of it kept).
+template <typename T, typename W, typename N>
+__device__ rkey radix_edge(const real* __restrict__ row, int lo, int hi, T* row_hist,
+                           unsigned int* bar, W weight, N need_of) {
+    __shared__ T hist[DIGITS];
     __shared__ rkey chosen;
-    __shared__ double still;  // the mass still needed below the digits chosen so far
+    __shared__ T still;  // the weight still needed below the digits chosen so far
     rkey prefix = 0, mask = 0;
-    double need = 0;
+    T need = 0;
     for (int r = 0; r < ROUNDS; r++) {
         const int shift = keys::bits - 8 * (r + 1);
         for (int d = threadIdx.x; d < DIGITS; d += THREADS) hist[d] = 0;
@@ -247,36 +242,36 @@ __device__ rkey nucleus_edge(const real* __restrict__ row, int lo, int hi, doubl
         for_slice(row, lo, hi, [&](acc x, bool valid) {
             const rkey key = keys::of(x);
             const bool in = valid && (key & mask) == prefix;
-            warp_add(hist, in ? (int)((key >> shift) & 255) : -1, in ? weight(x) : 0.0);
+            warp_add(hist, in ? (int)((key >> shift) & 255) : -1, in ? weight(x) : (T)0);
         });
-        merge(hist, s.mass + r * DIGITS, s.bar);
+        merge(hist, row_hist + r * DIGITS, bar);
         if (threadIdx.x < 32) {  // lane l: digits 255 - 8l down to 248 - 8l
             const int lane = threadIdx.x;
-            double c[8], sum = 0;
+            T c[8], sum = 0;
             for (int j = 0; j < 8; j++) sum += (c[j] = hist[255 - 8 * lane - j]);
-            double incl = sum;  // mass of this lane's digits and all higher ones
+            T incl = sum;  // weight of this lane's digits and all higher ones
             for (int o = 1; o < 32; o <<= 1) {
-                const double y = __shfl_up_sync(FULL, incl, o);
+                const T y = __shfl_up_sync(FULL, incl, o);
                 if (lane >= o) incl += y;
             }
-            if (r == 0) need = top_p * __shfl_sync(FULL, incl, 31);  // of the whole mass
-            double before = __shfl_up_sync(FULL, incl, 1);
+            if (r == 0) need = need_of(__shfl_sync(FULL, incl, 31));  // of the whole row
+            T before = __shfl_up_sync(FULL, incl, 1);
             if (lane == 0) before = 0;
-            // the first digit from the top whose running mass reaches `need`; if rounding
-            // leaves none, the lowest digit holding mass (everything here is kept)
+            // the first digit from the top whose running sum reaches `need`; if rounding
+            // leaves none, the lowest digit holding weight
             int hit = -1;
-            double at = before;
+            T at = before;
             for (int j = 0; j < 8 && hit < 0; j++) {
                 if (c[j] > 0 && at + c[j] >= need) hit = j;
                 else at += c[j];
             }
             const unsigned int hits = __ballot_sync(FULL, hit >= 0);
-            int low = -1;  // this lane's lowest digit (its last j) holding mass
+            int low = -1;  // this lane's lowest digit (its last j) holding weight
             for (int j = 0; j < 8; j++) if (c[j] > 0) low = j;
             const unsigned int holding = __ballot_sync(FULL, low >= 0);
             if (hits ? lane == __ffs(hits) - 1 : lane == 31 - __clz(holding)) {
                 chosen = prefix | ((rkey)(255 - 8 * lane - (hits ? hit : low)) << shift);
-                still = hits ? need - at : __longlong_as_double(0x7ff0000000000000LL);  // +inf
+                still = hits ? need - at : beyond(need);
             }
         }
         __syncthreads();
@@ -420,12 +415,11 @@ __device__ bool top_k_draw(const real* __restrict__ row, int v, double u, double
     return true;
 }
 
-// A draw from each row b at the uniform u[b] in [0, 1). top_k 0 (or >= v) and top_p 1 are
-// off. Block blockIdx.x of gridDim.x takes the slice [lo, hi) of row blockIdx.y.
-extern "C" __global__ void __launch_bounds__(THREADS) sample_rows(
-    const real* __restrict__ logits, const double* __restrict__ u, long long* __restrict__ ids,
-    int v, double temperature, int top_k, double top_p, unsigned int* bars, double* maxima,
-    double* sums, unsigned int* counts, double* masses) {
+// A draw from row b = blockIdx.y at the uniform u in [0, 1) into ids[b]. top_k 0 (or >= v)
+// and top_p 1 are off. Block blockIdx.x of gridDim.x takes the slice [lo, hi) of the row.
+__device__ void draw_row(const real* __restrict__ logits, double u, long long* ids, int v,
+                         double temperature, int top_k, double top_p, unsigned int* bars,
+                         double* maxima, double* sums, unsigned int* counts, double* masses) {
     __shared__ acc red_a[WARPS];
     __shared__ double red_d[WARPS];
     __shared__ double work[THREADS];  // where each thread's segment of the slice starts
@@ -440,7 +434,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) sample_rows(
                          masses + (long long)b * ROUNDS * DIGITS};
     const int per = (v + blocks - 1) / blocks, lo = min(v, g * per), hi = min(v, lo + per);
     if (blocks == 1 && 0 < top_k && top_k < v && top_k <= THREADS &&
-        top_k_draw(row, v, u[b], temperature, top_k, top_p, ids + b))
+        top_k_draw(row, v, u, temperature, top_k, top_p, ids + b))
         return;
 
     if (g == 0) {  // the radix passes add into these after the first row_sync
@@ -460,14 +454,18 @@ extern "C" __global__ void __launch_bounds__(THREADS) sample_rows(
     const double top = largest / temperature;  // the largest z = logit / temperature
 
     const bool by_k = 0 < top_k && top_k < v;
-    const rkey kth = by_k ? kth_largest(row, lo, hi, top_k, s) : 0;  // key 0: all kept
+    const rkey kth = by_k ? radix_edge(row, lo, hi, s.counts, s.bar,
+                                       [](acc) { return 1u; },
+                                       [=](unsigned int) { return (unsigned int)top_k; })
+                          : 0;  // key 0: all kept
     // exp(z - top) of what top-k keeps, 0 for the rest
     auto weight = [&](acc x) { return keys::of(x) >= kth ? exp((double)x / temperature - top)
                                                          : 0.0; };
     double smallest = 0.0;  // top-p keeps the weights at or above this
     if (top_p < 1.0)
-        smallest = exp((double)keys::value(nucleus_edge(row, lo, hi, top_p, s, weight))
-                       / temperature - top);
+        smallest = exp((double)keys::value(radix_edge(
+                           row, lo, hi, s.mass, s.bar, weight,
+                           [=](double total) { return top_p * total; })) / temperature - top);
 
     // the inverse CDF in vocabulary order: the slice of block g starts at the kept mass of the
     // slices before it, and thread t's contiguous segment of the slice at work[t] within it.
@@ -505,7 +503,7 @@ extern "C" __global__ void __launch_bounds__(THREADS) sample_rows(
     if (threadIdx.x == 0) {  // every block finds the same slice
         double total = 0;
         for (int i = 0; i < blocks; i++) total += __ldcg(&s.sums[i]);
-        target = u[b] * total;
+        target = u * total;
         double at = 0;
         picked = -1;
         for (int i = 0; i < blocks; i++) {
@@ -533,4 +531,18 @@ extern "C" __global__ void __launch_bounds__(THREADS) sample_rows(
         });
         ids[b] = last;  // >= 0: the segment holds kept mass
     }
+}
+
+// sample_rows: draw_row for each row b at u[b], the uniforms being the row count % n_u of
+// u (n_u, B) in the decode loop (n_u > 0), else u (B,); then `advance`.
+extern "C" __global__ void __launch_bounds__(THREADS) sample_rows(
+    const real* __restrict__ logits, const double* __restrict__ u, long long* __restrict__ ids,
+    int v, double temperature, int top_k, double top_p, unsigned int* bars, double* maxima,
+    double* sums, unsigned int* counts, double* masses, int n_u, long long* count,
+    long long* ring, long long* pos, unsigned int* done) {
+    const int rows = gridDim.y;
+    const long long first = n_u ? (__ldcg(count) % n_u) * rows : 0;
+    draw_row(logits, u[first + blockIdx.y], ids, v, temperature, top_k, top_p, bars, maxima,
+             sums, counts, masses);
+    advance(ids, rows, n_u, count, ring, pos, done);
 }

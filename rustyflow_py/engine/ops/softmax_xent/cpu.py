@@ -40,6 +40,8 @@ def _redo_shifted(
 
 
 class CpuCrossEntropy(CrossEntropyReference):
+    uses = ("_parallel", "_jit_for", "_ones_vector", "_workspace", "_give_back")
+
     def _softmax_rows(
         self, logits: np.ndarray, out: np.ndarray, targets: np.ndarray, grad_of_mean: bool,
         source: tuple[np.ndarray, np.ndarray] | None = None,
@@ -63,8 +65,9 @@ class CpuCrossEntropy(CrossEntropyReference):
             for i, j in blocks:
                 x, e, t = logits[i:j], out[i:j], targets[i:j]
                 if jit is not None:
-                    jit.softmax_xent(e, None if out is logits else x, t, source is None,
-                                     n if grad_of_mean else 0, nll[i:j], sums[i:j])
+                    jit.softmax_xent.softmax_xent(e, None if out is logits else x, t,
+                                                  source is None, n if grad_of_mean else 0,
+                                                  nll[i:j], sums[i:j])
                     continue
                 idx = np.arange(j - i)
                 if source is None:
