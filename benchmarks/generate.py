@@ -11,6 +11,10 @@ GPT2LMHeadModel and runs `generate` with its dynamic cache and, on the GPU, its 
 each timed on a second run of the same length. Prints a Markdown table of tokens per second
 (all sequences of the batch counted).
 
+Every rustyflow row runs before torch is imported: once transformers' `generate` has run in a
+process, rustyflow decodes slower in it, and `rustyflow generate` or `chat` is a process of
+its own. transformers' rows follow in the same run, on the same weights, for the ratio.
+
     python benchmarks/generate.py --device gpu --out benchmarks/results/generate-h100.md
 """
 
@@ -30,7 +34,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rustyflow_py.data import EOS, Vocab  # noqa: E402
-from rustyflow_py.engine.backend import get_backend  # noqa: E402
+from rustyflow_py.engine.library import get_backend  # noqa: E402
 from rustyflow_py.engine.policy import RunPolicy  # noqa: E402
 from rustyflow_py.interop.hf_export import hf_name  # noqa: E402
 from rustyflow_py.model.generate import Session, chat_loop, generate_text  # noqa: E402
@@ -147,27 +151,31 @@ def main() -> None:
              "cache) | transformers (static cache) | generate / static |",
              "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     print("\n".join(lines), flush=True)
-    for name in args.shapes.split(","):
-        model = GPT(SHAPES[name], backend, seed=0)
+    models = {name: GPT(SHAPES[name], backend, seed=0) for name in args.shapes.split(",")}
+    rows = [(name, int(batch), mode) for name in models for batch in args.batches.split(",")
+            for mode in args.modes.split(",")]
+    for model in models.values():
         model.training = False
-        hf = None if args.no_transformers else transformers_model(model, args.device)
-        for batch in (int(b) for b in args.batches.split(",")):
-            for mode in args.modes.split(","):
-                sampling = MODES[mode]
-                ours = generate_rate(model, batch, sampling, args.tokens)
-                chat = f"{chat_rate(model, sampling, args.tokens).decode_rate():,.0f}" \
-                    if batch == 1 else "(batch 1)"
-                theirs: list[float | str] = ["not run"] * 2 if hf is None else [
-                    transformers_rate(hf, batch, sampling, args.tokens, cache)
-                    if cache != "static" or backend.kind == "gpu" else "(GPU only)"
-                    for cache in (None, "static")]
-                ratio = (f"{ours.decode_rate() / theirs[1]:.2f}x"
-                         if isinstance(theirs[1], float) else "")
-                cells = [f"{x:,.0f}" if isinstance(x, float) else x for x in theirs]
-                lines.append(f"| {name} | {batch} | {mode} | {ours.decode_rate():,.0f} | "
-                             f"{chat} | {startup_text(ours)} | {cells[0]} | {cells[1]} | "
-                             f"{ratio} |")
-                print(lines[-1], flush=True)
+    ours: dict[tuple[str, int, str], tuple[Session, str]] = {}
+    for name, batch, mode in rows:  # all of them before torch comes into the process
+        session = generate_rate(models[name], batch, MODES[mode], args.tokens)
+        ours[name, batch, mode] = session, (
+            f"{chat_rate(models[name], MODES[mode], args.tokens).decode_rate():,.0f}"
+            if batch == 1 else "(batch 1)")
+    hfs = {name: None if args.no_transformers else transformers_model(model, args.device)
+           for name, model in models.items()}
+    for name, batch, mode in rows:
+        hf, (session, chat) = hfs[name], ours[name, batch, mode]
+        theirs: list[float | str] = ["not run"] * 2 if hf is None else [
+            transformers_rate(hf, batch, MODES[mode], args.tokens, cache)
+            if cache != "static" or backend.kind == "gpu" else "(GPU only)"
+            for cache in (None, "static")]
+        ratio = (f"{session.decode_rate() / theirs[1]:.2f}x"
+                 if isinstance(theirs[1], float) else "")
+        cells = [f"{x:,.0f}" if isinstance(x, float) else x for x in theirs]
+        lines.append(f"| {name} | {batch} | {mode} | {session.decode_rate():,.0f} | {chat} | "
+                     f"{startup_text(session)} | {cells[0]} | {cells[1]} | {ratio} |")
+        print(lines[-1], flush=True)
     if args.out:
         Path(args.out).write_text("\n".join(lines) + "\n")
 

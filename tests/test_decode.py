@@ -104,7 +104,7 @@ def test_graph_replayed_decode_equals_eager_decode(batch: int) -> None:
     session = Session(model, Vocab(WORDS), Sampling(0.0), 0, batch=batch, graphs=True,
                       warn=pytest.fail)  # a failed capture fails the test
     replayed = np.stack(list(session.tokens(prompt, 50)), axis=1)
-    assert session.decoder.run_step.graph is not None
+    assert session.draws.graph is not None  # generation's graph: each token drawn and decoded
     np.testing.assert_array_equal(replayed, eager)
     assert replayed[0].tolist() == greedy_reference(model, prompt, 50)
 
@@ -170,7 +170,7 @@ def test_graph_decode_replay_and_fallback_on_the_cpu(monkeypatch: pytest.MonkeyP
 def check_decode_kernel(device: str, dtype_name: str, heads: int, s_len: int, d: int) -> None:
     """A device's decode_attention against the reference formulation on the same device, at
     the first, a middle and the last position: the outputs, and the caches the two wrote."""
-    from rustyflow_py.engine.backend import get_backend
+    from rustyflow_py.engine.library import get_backend
     from rustyflow_py.engine.ops.attention.reference import AttentionReference
     from rustyflow_py.engine.precision import bfloat16
 
@@ -209,6 +209,6 @@ def test_the_decode_attention_kernel_equals_the_reference(dtype_name: str, heads
                          [("float32", 4, 64, 8), ("float32", 6, 300, 64), ("float64", 3, 40, 16)])
 def test_the_cpu_decode_attention_equals_the_reference(dtype_name: str, heads: int, s_len: int,
                                                        d: int) -> None:
-    """The CPU's: cpu_jit.decode_attention for float32 where numba is installed (the
+    """The CPU's: attention/jit.py's decode_attention for float32 where numba is installed (the
     reference formulation without it, and for float64)."""
     check_decode_kernel("cpu", dtype_name, heads, s_len, d)

@@ -1,14 +1,22 @@
 """Device sampling (model/sampling.py and the reference rules of engine/ops/sampling): the
-rules against the host sampler they replaced."""
+rules against the host sampler they replaced; the decode loop's draw (next_tokens) and the
+graph that replays it with the decode step (model/graph_decode.py)."""
 
 from __future__ import annotations
+
+import io
+from typing import Any
 
 import numpy as np
 import pytest
 
-from rustyflow_py.engine.backend import get_backend
+from rustyflow_py.data import EOS, Vocab
+from rustyflow_py.engine.devices import gpu_unavailable_reason
+from rustyflow_py.engine.library import get_backend
 from rustyflow_py.engine.ops.sampling.cuda import blocks_per_row
 from rustyflow_py.engine.ops.sampling.reference import draw, token_probs
+from rustyflow_py.model.generate import Session, chat_loop
+from rustyflow_py.model.gpt import GPT, GPTConfig
 from rustyflow_py.model.sampling import CHUNK, Sampler, Sampling
 
 
@@ -170,12 +178,12 @@ def test_the_seeded_sampler_draws_the_reference_tokens(device: str, mode: str) -
 
 
 def test_a_draw_spreads_a_row_over_the_gpu_but_no_more_blocks_than_it_holds() -> None:
-    """About 4 logits a thread (GPT-2's vocabulary over 13 blocks of 1024 threads), every
+    """About 2 logits a thread (GPT-2's vocabulary over 25 blocks of 1024 threads), every
     block of a launch on the GPU at once (their rows wait for each other), one block a row
     once the batch alone fills the GPU."""
-    assert blocks_per_row(50257, 1, 132) == 13
-    assert blocks_per_row(33278, 1, 132) == 9
-    assert blocks_per_row(50257, 8, 132) == 13
+    assert blocks_per_row(50257, 1, 132) == 25
+    assert blocks_per_row(33278, 1, 132) == 17
+    assert blocks_per_row(50257, 8, 132) == 16  # 132 // 8
     assert blocks_per_row(50257, 64, 132) == 2
     assert blocks_per_row(300, 1, 132) == 1
     assert blocks_per_row(50257, 140, 132) == 1
@@ -186,4 +194,73 @@ def test_a_draw_with_top_k_takes_one_block_a_row() -> None:
     beyond the block's threads takes the spread passes."""
     assert blocks_per_row(50257, 1, 132, top_k=50) == 1
     assert blocks_per_row(50257, 1, 132, top_k=1024) == 1
-    assert blocks_per_row(50257, 1, 132, top_k=1025) == 13
+    assert blocks_per_row(50257, 1, 132, top_k=1025) == 25
+
+
+# ---- the decode loop's draw (next_tokens) and the graph that replays it --------------------
+
+@pytest.mark.parametrize("mode", ["greedy", "temperature", "top_k", "top_p_alone",
+                                  "top_k_and_top_p", "top_k_wide"])
+@pytest.mark.parametrize(("rows", "vocab"), [(3, 50257), (1, 33278), (140, 300)],
+                         ids=["gpt2-vocab", "one-row", "more-rows-than-multiprocessors"])
+def test_next_tokens_draws_at_its_counter_and_advances(device: str, mode: str, rows: int,
+                                                       vocab: int) -> None:
+    """Each call draws the reference's ids at the uniforms of row count % N (u = 0 and
+    u -> 1 among them), writes them into tokens and that row of the ring, and moves count and
+    pos on by one: on the GPU one launch, whose last block to finish does the filing."""
+    s = MODES[mode]
+    backend = get_backend(device)
+    xp, kernels = backend.xp, backend.kernels
+    logits = tied_logits(rows, vocab, seed=rows + 1)
+    dev_logits = backend.from_host(logits)
+    n = 4
+    host_u = np.concatenate([np.zeros((1, rows)), np.full((1, rows), ALMOST_ONE),
+                             np.random.default_rng(3).random((n - 2, rows))])  # (N, B)
+    uniforms = backend.from_host(host_u)
+    count, pos = xp.zeros(1, np.int64), xp.full(1, 7, np.int64)
+    tokens, ring = xp.zeros(rows, np.int64), xp.full((n, rows), -1, np.int64)
+    for call in range(n + 2):  # past the ring's end: row 0 again
+        kernels.next_tokens(dev_logits, uniforms, count, tokens, ring, pos, s.temperature,
+                            s.top_k, s.top_p)
+        want = reference_ids(logits, s, host_u[call % n])
+        assert backend.to_host(tokens).tolist() == want, call
+        assert backend.to_host(ring)[call % n].tolist() == want, call
+        assert backend.to_host(count).tolist() == [call + 1]
+        assert backend.to_host(pos).tolist() == [8 + call]
+
+
+def word_model(device: str, seq_len: int) -> tuple[Any, Vocab]:
+    """A tiny random GPT over 60 words whose logits are spread enough for every mode."""
+    words = [EOS, *(f"w{i}" for i in range(1, 60))]
+    model = GPT(GPTConfig(len(words), seq_len, 2, 2, 16), device, 0)
+    model.p["wte"].data[...] *= 8
+    model.training = False
+    return model, Vocab(words)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(gpu_unavailable_reason() is not None, reason=str(gpu_unavailable_reason()))
+@pytest.mark.parametrize("mode", ["greedy", "temperature", "top_k", "top_p_alone",
+                                  "top_k_and_top_p"])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_the_graph_decode_loop_draws_the_queued_steps_tokens(mode: str, batch: int) -> None:
+    """On the GPU, the graph that draws and decodes each token (GraphDraws) gives the tokens
+    of the eager steps with the Sampler: across the window's slide (SEQ_LEN 24), a
+    continuation without a prompt, and chat replies cut at <eos> in the middle of a batch it
+    ran ahead (what ran past is given back: the uniforms, the cache's length, the logits)."""
+    s = MODES[mode]
+    model, vocab = word_model("gpu", 24)
+    graphs, eager = (Session(model, vocab, s, 5, batch=batch, graphs=g, warn=pytest.fail)
+                     for g in (True, False))
+    assert graphs.draws is not None and eager.draws is None
+    for ids, n, stop in [([3, 4], 40, False), ([], 9, False), ([5], 30, True), ([], 30, True),
+                         ([6, 7, 8], 30, True)]:
+        got = [x.tolist() for x in graphs.tokens(ids, n, stop)]
+        assert got == [x.tolist() for x in eager.tokens(ids, n, stop)], (ids, n)
+        assert graphs.decoder.contexts == eager.decoder.contexts
+        assert graphs.decoder.cache.length == eager.decoder.cache.length
+    assert graphs.draws.graph is not None
+    out = [io.StringIO(), io.StringIO()]
+    for session, o in zip((graphs, eager), out, strict=True):
+        chat_loop(session, io.StringIO("w1 w2\nw3\nw4 w5 w6\n"), o, io.StringIO(), 20)
+    assert out[0].getvalue() == out[1].getvalue()

@@ -13,7 +13,9 @@ price of one full-window forward per token beyond SEQ_LEN.
 
 The next tokens are chosen on the device (sampling.py); the one host read per token is the
 chosen ids, which the text needs, copied asynchronously while the step that feeds them back is
-already queued (Decoder.feed_chosen), so the device never waits for Python between tokens.
+already queued (Decoder.feed_chosen), so the device never waits for Python between tokens. On
+the GPU with graphs a token is one replay of a graph that draws it and decodes it, and the ids
+come back a batch at a time (graph_decode.GraphDraws).
 """
 
 from __future__ import annotations
@@ -28,9 +30,9 @@ import numpy as np
 
 from ..data import EOS, UNK, Vocab, tokenize
 from ..engine.tensor import Tensor, no_grad
-from .decode import DecodeStep
+from .decode import decode_step
 from .gpt import GPT
-from .graph_decode import GraphDecode
+from .graph_decode import GraphDecode, GraphDraws
 from .sampling import Sampler, Sampling
 
 __all__ = ["Decoder", "Sampling", "Session", "Timing", "chat_loop", "generate_text"]
@@ -57,7 +59,7 @@ class Decoder:
         self.model = model
         self.backend = model.buffer.backend
         self.cache = model.new_cache(batch)
-        self.step = DecodeStep(model, self.cache)
+        self.step = decode_step(model, self.cache)
         self.run_step: Any = self.step
         if graphs and self.backend.kind == "gpu":
             self.run_step = GraphDecode(self.step, warn or (lambda msg: None))
@@ -267,6 +269,9 @@ class Session:
         self.decoder = Decoder(model, batch, graphs, warn)
         self.sampler = Sampler(self.backend, sampling, seed, batch)
         self.to_host = IdsToHost(self.backend, batch)
+        # on the GPU with graphs a token is one replay that draws it and decodes it
+        self.draws = (GraphDraws(self.decoder, self.sampler, warn or (lambda msg: None))
+                      if isinstance(self.decoder.run_step, GraphDecode) else None)
         self.generated = 0  # tokens sampled, all sequences counted
         self.timing = Timing()
         self.path = ""  # where the model was loaded from, for messages
@@ -290,18 +295,19 @@ class Session:
         t, started = self.timing, self.timing.first_token_s > 0
         cache_files = self._kernel_cache() if not started else 0
         logits = self._prefill(ids, started) if ids else self.decoder.logits
+        chosen = (self.draws.tokens(logits, max_tokens, not started) if self.draws else
+                  self._queued(logits, max_tokens))
         tick, decoded = time.perf_counter(), 0
         try:
-            for _ in range(max_tokens):
-                chosen = self.sampler(logits)  # (B,) on the device
-                host, logits = self.decoder.feed_chosen(chosen, self.to_host.start(chosen))
+            for host in chosen:
                 self.generated += self.batch
                 if started:
                     decoded += self.batch
                 else:  # the first token compiled the kernels and captured the graph
                     self.backend.synchronize()
                     t.first_token_s, tick = time.perf_counter() - tick, time.perf_counter()
-                    t.capture_s = getattr(self.decoder.run_step, "capture_s", 0.0)
+                    t.capture_s = getattr(self.draws or self.decoder.run_step, "capture_s",
+                                          0.0)
                     if self.backend.kind == "gpu":
                         t.cache = "cold" if self._kernel_cache() != cache_files else "warm"
                     started = True
@@ -309,9 +315,18 @@ class Session:
                 if stop_at_eos and self.text.ends_line(int(host[0])):
                     return
         finally:
+            chosen.close()  # a series run past the last token kept gives it back
             self.backend.synchronize()  # the last token's step too
             t.decoded += decoded
             t.decode_s += time.perf_counter() - tick if decoded else 0.0
+
+    def _queued(self, logits: Any, max_tokens: int) -> Iterator[np.ndarray]:
+        """The host ids (B,) of max_tokens tokens, each sampled and its step queued before
+        its ids are read (the CPU, or the GPU without graphs)."""
+        for _ in range(max_tokens):
+            chosen = self.sampler(logits)  # (B,) on the device
+            host, logits = self.decoder.feed_chosen(chosen, self.to_host.start(chosen))
+            yield host
 
     def _prefill(self, ids: Sequence[int], started: bool) -> Any:
         """Feed a prompt (every sequence the same), timed to its logits on the device."""
