@@ -13,7 +13,7 @@ import click
 from . import __version__
 from .cli_help import SectionedCommand
 from .errors import RustyFlowError, command, install_command
-from .training.config import KEYS, ConfigError, check_data_dir, load_config, tagged
+from .training.config.config import KEYS, ConfigError, check_data_dir, load_config, tagged
 
 
 def _hyperparameter_options(fn: Any) -> Any:
@@ -94,7 +94,7 @@ class _Main(click.Group):
             raise
 
     def _invoke(self, ctx: click.Context) -> Any:
-        from .training.signals import Stopped
+        from .training.run.signals import Stopped
 
         try:
             return super().invoke(ctx)
@@ -181,7 +181,7 @@ def _with_init_shape(init_from: str | None, resume: str | None,
     if resume:
         raise click.UsageError("--init-from starts a new run from a checkpoint's weights, "
                                "--resume continues a run: pass one of them")
-    from .training.init_from import shape_overrides
+    from .training.start.init_from import shape_overrides
 
     return shape_overrides(init_from, overrides)
 
@@ -205,8 +205,8 @@ def train(config_file: str | None, config: str | None, allow_unknown_keys: bool,
     from .distributed.launcher import launch, ranks_to_start
     from .distributed.world import World
     from .reporting.progress import TrainingProgress
-    from .training.loop import train as run_training
-    from .training.signals import Stopped
+    from .training.run.loop import train as run_training
+    from .training.run.signals import Stopped
 
     processes = overrides.pop("processes")
     cfg = _load_run(config, config_file, _with_init_shape(init_from, resume, overrides),
@@ -255,7 +255,7 @@ def warmup(config_file: str | None, config: str | None, allow_unknown_keys: bool
     that the run itself starts warm. Takes train's options (--resume, --trace, --max-steps,
     --gpus and --processes do not change the kernels); trains nothing and writes no file of
     its own."""
-    from .training.loop import warm_up
+    from .training.run.loop import warm_up
 
     overrides.pop("processes")
     overrides.update(max_steps=None, num_gpus=None)
@@ -272,18 +272,49 @@ def warmup(config_file: str | None, config: str | None, allow_unknown_keys: bool
 @click.option("--data-dir", default=None, help="where the dataset lives (DATA_DIR); must exist")
 @click.option("--eval-tokens", "budget", type=click.IntRange(min=0), default=0,
               show_default=True, help="score only the first N tokens of the split (0 = all)")
-def eval_(model_path: str, split: str, device: str, data_dir: str | None, budget: int) -> None:
-    """Perplexity of a checkpoint on a split (per token, and per word for subwords)."""
+@click.option("--adapt", default=None, metavar="cache|dynamic",
+              help="adaptive evaluation, reported beside the model alone: the neural cache "
+                   "pointer (Grave et al., 2017) or dynamic evaluation (Krause et al., 2018)")
+@click.option("--streams", type=int, default=None,
+              help="--adapt: read the split as N parallel streams [default: 1, in order]")
+@click.option("--cache-window", type=int, default=None,
+              help="--adapt cache: positions of the text kept [default: 2000]")
+@click.option("--cache-theta", type=float, default=None,
+              help="--adapt cache: scale of the hidden-state dot products [default: 0.3]")
+@click.option("--cache-lambda", type=float, default=None,
+              help="--adapt cache: the cache's weight in the mixture, 0 to 1 [default: 0.1]")
+@click.option("--dynamic-lr", type=float, default=None,
+              help="--adapt dynamic: SGD step size [default: 0.01]")
+@click.option("--dynamic-decay", type=float, default=None,
+              help="--adapt dynamic: pull toward the original weights per step, 0 to 1 "
+                   "[default: 0]")
+@click.option("--dynamic-segment", type=int, default=None,
+              help="--adapt dynamic: tokens scored, then learnt from, per step "
+                   "[default: 0 = SEQ_LEN]")
+def eval_(model_path: str, split: str, device: str, data_dir: str | None, budget: int,
+          adapt: str | None, streams: int | None, **options: Any) -> None:
+    """Perplexity of a checkpoint on a split (per token, and per word for subwords); with
+    --adapt, also with evaluation-time adaptation (docs/commands.md)."""
     from .reporting.progress import TrainingProgress
     from .reporting.text import on_tokens
-    from .training.evaluate import evaluate_checkpoint
+    from .training.evaluation.adaptive.run import evaluate_adaptive, method_of, result_lines
+    from .training.evaluation.evaluate import evaluate_checkpoint
 
+    method = method_of(adapt, streams, options)
     progress = TrainingProgress(1)
     try:
-        result = evaluate_checkpoint(model_path, split, device, data_dir, progress.evaluating,
-                                     budget)
+        if method is None:
+            result = evaluate_checkpoint(model_path, split, device, data_dir,
+                                         progress.evaluating, budget)
+        else:
+            result = evaluate_adaptive(model_path, split, device, method, data_dir,
+                                       streams or 1, budget, progress.evaluating)
     finally:
         progress.close()
+    if method is not None:
+        for line in result_lines(result):
+            click.echo(line)
+        return
     per = " per token" if "word_perplexity" in result else ""
     click.echo(f"{split} perplexity {result['perplexity']:.3f}{per} (mean NLL "
                f"{result['nll']:.4f} on {on_tokens(result['tokens'], result['of'])}, "
@@ -483,7 +514,7 @@ def export(model: str, fmt: str, out: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="machine-readable output")
 def devices(as_json: bool) -> None:
     """Which backends are usable here, and why not."""
-    from .engine.backend import devices_report
+    from .engine.library import devices_report
 
     info = devices_report()
     if as_json:
@@ -514,7 +545,7 @@ def banner(train_args: tuple[str, ...]) -> None:
     """
     from .data import where_found
     from .reporting.text import plural
-    from .training.optimizers import describe as describe_optimizer
+    from .training.config.optimizers import describe as describe_optimizer
 
     with train.make_context(f"{command()} train", list(train_args)) as ctx:
         params = dict(ctx.params)
@@ -599,8 +630,8 @@ def _open_session(model_path: str | None, config: str | None, quiet: bool,
                   prompt_missing: bool = False, samples: int = 1, **overrides: Any) -> Any:
     """Config (flags > env > file), device and checkpoint; user errors as one clear line."""
     from .model.generate import Sampling
-    from .training.evaluate import open_session
-    from .training.model_choice import choose_model
+    from .training.evaluation.evaluate import open_session
+    from .training.outputs.model_choice import choose_model
 
     cfg = _load(config, overrides)
     say = (lambda msg: None) if quiet else _warn

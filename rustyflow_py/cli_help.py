@@ -13,8 +13,9 @@ import re
 import click
 
 # the sections, in the order `--help` lists them
-ORDER = ("Run", "Model", "Data", "Optimiser", "Regularisation", "Evaluation", "Precision",
-         "Device", "GPU", "Distributed", "Output", "Profile", "Sampling (generate, chat)")
+ORDER = ("Run", "Model", "Data", "Optimiser", "Regularisation", "Evaluation",
+         "Adaptive evaluation", "Precision", "Device", "GPU", "Distributed", "Output",
+         "Profile", "Sampling (generate, chat)")
 
 KEY_SECTIONS = {
     **dict.fromkeys(("SEED", "NUM_EPOCHS", "MAX_STEPS"), "Run"),
@@ -47,6 +48,9 @@ OPTION_SECTIONS = {
     "processes": "Distributed",
     "overwrite": "Output",
     "trace": "Profile",
+    # eval's options of evaluation-time adaptation (--adapt)
+    **dict.fromkeys(("adapt", "streams", "cache_window", "cache_theta", "cache_lambda",
+                     "dynamic_lr", "dynamic_decay", "dynamic_segment"), "Adaptive evaluation"),
 }
 
 
