@@ -20,7 +20,7 @@ from typing import Any
 from rustyflow_py.engine.cupti_trace import CuptiTracer, CuptiUnavailable
 from rustyflow_py.engine.kernel_records import KernelAttribution, short_kernel_name
 from rustyflow_py.engine.profiler import Profiler
-from rustyflow_py.training.graph_profile import GraphSampler
+from rustyflow_py.training.run.graph_profile import GraphSampler
 
 AHEAD = 2  # ordinary replays queued before each sampled one, so it starts on a busy device
 

@@ -30,8 +30,8 @@ sys.path.insert(0, str(ROOT))  # the working tree's package, installed or not
 from rustyflow_py import data  # noqa: E402
 from rustyflow_py.errors import TrainingError  # noqa: E402
 from rustyflow_py.model.optim import Schedule  # noqa: E402
-from rustyflow_py.training.config import Config  # noqa: E402
-from rustyflow_py.training.loop import Trainer  # noqa: E402
+from rustyflow_py.training.config.config import Config  # noqa: E402
+from rustyflow_py.training.run.loop import Trainer  # noqa: E402
 
 SHAPES = {  # layers, heads, embed, seq_len, batch (benchmarks/vs_pytorch.py's)
     "seed": (2, 4, 128, 64, 16),

@@ -31,8 +31,8 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rustyflow_py.training.config import load_config  # noqa: E402
-from rustyflow_py.training.loop import Trainer  # noqa: E402
+from rustyflow_py.training.config.config import load_config  # noqa: E402
+from rustyflow_py.training.run.loop import Trainer  # noqa: E402
 
 SHAPES = {  # name -> config file, overrides
     "seed": ("configs/seed.env", {}),

@@ -32,7 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 from rustyflow_py.reporting.log_parser import read_log  # noqa: E402
 from rustyflow_py.reporting.text import markdown  # noqa: E402
-from rustyflow_py.training.outputs import write_atomically  # noqa: E402
+from rustyflow_py.training.outputs.writing import write_atomically  # noqa: E402
 
 
 @dataclasses.dataclass(frozen=True)

@@ -33,9 +33,9 @@ sys.path.insert(0, str(ROOT))  # time the working tree's package, installed or n
 from rustyflow_py.distributed.group import process_group  # noqa: E402
 from rustyflow_py.distributed.launcher import launch  # noqa: E402
 from rustyflow_py.distributed.world import World  # noqa: E402
-from rustyflow_py.training.checkpoint import Checkpoint  # noqa: E402
-from rustyflow_py.training.config import Config  # noqa: E402
-from rustyflow_py.training.loop import Trainer  # noqa: E402
+from rustyflow_py.training.config.config import Config  # noqa: E402
+from rustyflow_py.training.outputs.checkpoint import Checkpoint  # noqa: E402
+from rustyflow_py.training.run.loop import Trainer  # noqa: E402
 
 SHAPES = {  # layers, heads, embed, seq_len, per-GPU batch: vs_pytorch.py's
     "small": (6, 6, 384, 256, 32),
@@ -70,7 +70,7 @@ def worker(spec: dict[str, Any]) -> None:
                 runner.run(step)
             backend.synchronize()
             times.append((time.perf_counter() - start) / spec["steps"])
-        result = {"step_s": min(times), "tokens_per_step": trainer.tokens_per_step,
+        result = {"step_s": min(times), "tokens_per_step": trainer.parts.tokens_per_step,
                   "graph": runner.captured is not None,
                   "params": trainer.model.num_params(),
                   "optimizer_state_bytes": _state_bytes(trainer.optimizer),

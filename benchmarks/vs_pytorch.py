@@ -57,8 +57,9 @@ sys.path.insert(0, str(ROOT))  # time the working tree's package, installed or n
 
 from rustyflow_py import data  # noqa: E402
 from rustyflow_py.engine import backend, devices  # noqa: E402
-from rustyflow_py.engine.backend import Backend, get_backend, gpu_unavailable_reason  # noqa: E402
+from rustyflow_py.engine.backend import Backend, gpu_unavailable_reason  # noqa: E402
 from rustyflow_py.engine.graph import CapturedStep, GraphCaptureError  # noqa: E402
+from rustyflow_py.engine.library import get_backend  # noqa: E402
 from rustyflow_py.engine.memory import PeakMemory  # noqa: E402
 from rustyflow_py.engine.ops.attention import cudnn  # noqa: E402
 from rustyflow_py.engine.policy import RunPolicy  # noqa: E402
@@ -67,7 +68,7 @@ from rustyflow_py.engine.tensor import Tensor  # noqa: E402
 from rustyflow_py.model.gpt import GPT, GPTConfig, init_weights  # noqa: E402
 from rustyflow_py.model.loss_scale import INIT_SCALE, LossScaler  # noqa: E402
 from rustyflow_py.model.optim import AdamW, Schedule  # noqa: E402
-from rustyflow_py.training.outputs import write_atomically  # noqa: E402
+from rustyflow_py.training.outputs.writing import write_atomically  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))  # its sibling modules, when loaded by path
 import mfu  # noqa: E402

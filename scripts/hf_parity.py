@@ -23,7 +23,7 @@ import transformers
 from rustyflow_py.engine.tensor import Tensor, no_grad
 from rustyflow_py.interop.hf_export import export_hf
 from rustyflow_py.interop.hf_import import import_hf
-from rustyflow_py.training.evaluate import load_model
+from rustyflow_py.training.evaluation.evaluate import load_model
 
 SIZES = {"tiny": dict(vocab_size=101, n_positions=24, n_embd=32, n_layer=2, n_head=4),
          "gpt2": dict(vocab_size=50257, n_positions=1024, n_embd=768, n_layer=12, n_head=12)}

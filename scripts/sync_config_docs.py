@@ -4,7 +4,7 @@
     .venv/bin/python scripts/sync_config_docs.py          rewrite both files where they differ
     .venv/bin/python scripts/sync_config_docs.py --check  exit 1 and name the files instead
 
-The keys are declared once, as the fields of `Config` in rustyflow_py/training/config.py.
+The keys are declared once, as the fields of `Config` in rustyflow_py/training/config/config.py.
 The table is regenerated whole from `markdown_table()`. config.env is written by hand (its
 comments say more than the one-line help), so only a key it lacks is added: its help as a
 comment and its default, after the key declared before it. tests/test_config.py fails, naming
@@ -21,7 +21,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from rustyflow_py.training.config import KEYS, Key, markdown_table  # noqa: E402
+from rustyflow_py.training.config.config import KEYS, Key, markdown_table  # noqa: E402
 
 DOCS = ROOT / "docs" / "configuration.md"
 CONFIG_ENV = ROOT / "config.env"

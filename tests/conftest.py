@@ -15,7 +15,7 @@ import pytest
 from helpers import TINY, TINY_TEXT, TRAIN, env_file, invoke
 
 from rustyflow_py.engine.backend import gpu_unavailable_reason
-from rustyflow_py.training.config import KEYS
+from rustyflow_py.training.config.config import KEYS
 
 _GPU_REASON = gpu_unavailable_reason()
 REPO_ROOT = Path(__file__).resolve().parents[1]

@@ -30,9 +30,10 @@ from rustyflow_py.cli import main
 from rustyflow_py.model.optim import AdamW
 from rustyflow_py.model.params import ParameterBuffer
 from rustyflow_py.reporting.log_parser import read_log
-from rustyflow_py.training import checkpoint, outputs
-from rustyflow_py.training.config import KEYS, Config, load_config
-from rustyflow_py.training.loop import Trainer
+from rustyflow_py.training.config.config import KEYS, Config, load_config
+from rustyflow_py.training.outputs import checkpoint
+from rustyflow_py.training.outputs import writing as outputs
+from rustyflow_py.training.run.loop import Trainer
 
 REPO = Path(__file__).resolve().parents[1]
 

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from helpers import TRAIN, TRAINED, assert_intact, invoke, snapshot
 
-from rustyflow_py.training import npz
+from rustyflow_py.training.outputs import npz
 
 BIG = 1 << 26  # 64 MiB: more than any command here allocates for the tiny model
 TERA = 2**40  # elements a hostile header declares

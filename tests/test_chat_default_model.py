@@ -15,7 +15,7 @@ import pytest
 from helpers import REPO, TINY, env_file, invoke, make_cfg, run_interrupted, subprocess_env
 
 from rustyflow_py.reporting.log_parser import read_log
-from rustyflow_py.training.config import load_config
+from rustyflow_py.training.config.config import load_config
 
 BASE = {k: v for k, v in TINY.items() if k not in ("LOG_FILE", "MODEL_PATH")}
 CHAT = "the cat\nquit\n"

@@ -11,8 +11,8 @@ from click.testing import CliRunner
 
 from rustyflow_py.cli import main
 from rustyflow_py.data import Vocab
-from rustyflow_py.training import checkpoint
-from rustyflow_py.training.checkpoint import Checkpoint, CheckpointError, validate_against
+from rustyflow_py.training.outputs import checkpoint
+from rustyflow_py.training.outputs.checkpoint import Checkpoint, CheckpointError, validate_against
 
 SHAPES = {"wte": (10, 4), "ln_f.weight": (4,)}
 OPT_SIZES = {"m": 44, "v": 44, "step_count": 1}
@@ -135,7 +135,7 @@ def test_written_files_get_the_mode_umask_allows(tmp_path: Path) -> None:
     temporary file's 0600: a checkpoint is readable by whoever may read its folder."""
     import os
 
-    from rustyflow_py.training.outputs import write_atomically
+    from rustyflow_py.training.outputs.writing import write_atomically
 
     old = os.umask(0o022)
     try:

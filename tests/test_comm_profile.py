@@ -14,20 +14,20 @@ import numpy as np
 import pytest
 from helpers import TINY_TEXT, make_cfg
 
-from rustyflow_py.engine.backend import get_backend
 from rustyflow_py.engine.comm_overlap import CommAccount, is_comm, merged, uncovered_ns
 from rustyflow_py.engine.kernel_records import KernelAttribution, KernelRecord
+from rustyflow_py.engine.library import get_backend
 from rustyflow_py.engine.profiler import Profiler
 from rustyflow_py.reporting.comm_text import comm_lines, rank_lines
 from rustyflow_py.reporting.log_parser import read_log
 from rustyflow_py.reporting.run_text import format_summary
-from rustyflow_py.training import clock as clock_module
-from rustyflow_py.training import graph_profile
-from rustyflow_py.training.clock import RunClock
-from rustyflow_py.training.config import KEYS
-from rustyflow_py.training.graph_profile import AGREE_EVERY, GraphSampler
-from rustyflow_py.training.loop import Trainer
-from rustyflow_py.training.rank_tables import spread, throughput
+from rustyflow_py.training.config.config import KEYS
+from rustyflow_py.training.run import clock as clock_module
+from rustyflow_py.training.run import graph_profile
+from rustyflow_py.training.run.clock import RunClock
+from rustyflow_py.training.run.graph_profile import AGREE_EVERY, GraphSampler
+from rustyflow_py.training.run.loop import Trainer
+from rustyflow_py.training.run.rank_tables import spread, throughput
 
 REPO = Path(__file__).resolve().parents[1]
 MAIN, SIDE = 7, 13  # the step's stream and the collectives' stream

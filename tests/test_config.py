@@ -11,7 +11,13 @@ from typing import Any
 import pytest
 from helpers import load_script
 
-from rustyflow_py.training.config import KEYS, Config, ConfigError, load_config, markdown_table
+from rustyflow_py.training.config.config import (
+    KEYS,
+    Config,
+    ConfigError,
+    load_config,
+    markdown_table,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 

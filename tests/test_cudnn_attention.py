@@ -131,8 +131,8 @@ def test_views_in_place_and_the_lse_is_flashs(cp: Any, dtype: str) -> None:
 def test_a_captured_graph_replays_on_new_inputs(cp: Any) -> None:
     """Planned eagerly, then captured: a replay reads the buffers' new values and writes what
     an eager call gives; an unplanned shape inside a capture is a clear error."""
-    from rustyflow_py.engine.backend import get_backend
     from rustyflow_py.engine.graph import CapturedStep, GraphCaptureError
+    from rustyflow_py.engine.library import get_backend
 
     backend = get_backend("gpu")
     backend.make_current()
@@ -171,7 +171,7 @@ def test_training_with_cudnn_follows_the_own_kernel() -> None:
     from helpers import quiet
 
     from rustyflow_py.engine.ops.attention.cuda import CudaAttention
-    from rustyflow_py.training.loop import Trainer
+    from rustyflow_py.training.run.loop import Trainer
 
     losses = {}
     for mode, graph, on_cudnn in (("own", "auto", False), ("cudnn", "auto", True),

@@ -14,9 +14,9 @@ from rustyflow_py.model.optim import Schedule
 from rustyflow_py.reporting.curves import MAX_POINTS, curve, evenly_spaced, sparkline
 from rustyflow_py.reporting.log_parser import parse_log, read_log
 from rustyflow_py.reporting.report_page import render_report
-from rustyflow_py.training.config import Config, load_config
-from rustyflow_py.training.loop import Trainer
-from rustyflow_py.training.record import _curves
+from rustyflow_py.training.config.config import Config, load_config
+from rustyflow_py.training.outputs.record import _curves
+from rustyflow_py.training.run.loop import Trainer
 
 pytestmark = pytest.mark.usefixtures("tiny_dir")
 

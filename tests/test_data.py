@@ -24,8 +24,8 @@ from rustyflow_py import data
 from rustyflow_py.cli import main
 from rustyflow_py.data import DataError
 from rustyflow_py.model.gpt import GPT, GPTConfig
-from rustyflow_py.training import config
-from rustyflow_py.training.evaluate import perplexity
+from rustyflow_py.training.config import config
+from rustyflow_py.training.evaluation.evaluate import perplexity
 
 REPO = Path(__file__).resolve().parents[1]
 # Read at import: the autouse fixture below hides $RUSTYFLOW_DATA_DIR from the tests.

@@ -39,14 +39,14 @@ from rustyflow_py.distributed.launcher import find_mpiexec
 from rustyflow_py.distributed.mpi import EXTRA_HINT
 from rustyflow_py.distributed.world import World
 from rustyflow_py.engine.autograd import Function, Tensor
-from rustyflow_py.engine.backend import get_backend
+from rustyflow_py.engine.library import get_backend
 from rustyflow_py.errors import ConfigError
 from rustyflow_py.model.gpt import GPT, GPTConfig
 from rustyflow_py.reporting.log_parser import read_log
 from rustyflow_py.reporting.record_schema import BLOCK_START
-from rustyflow_py.training.checkpoint import Checkpoint
-from rustyflow_py.training.config import KEYS, load_config
-from rustyflow_py.training.loop import Trainer, check_world
+from rustyflow_py.training.config.config import KEYS, load_config
+from rustyflow_py.training.outputs.checkpoint import Checkpoint
+from rustyflow_py.training.run.loop import Trainer, check_world
 
 REPO = Path(__file__).resolve().parents[1]
 RUN_TIMEOUT = 120  # seconds for one launched run; a hang fails the test instead of blocking

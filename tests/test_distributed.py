@@ -48,7 +48,7 @@ import numpy as np
 from mpi4py import MPI
 from rustyflow_py.distributed.comm import communicator
 from rustyflow_py.distributed.world import World
-from rustyflow_py.engine.backend import get_backend
+from rustyflow_py.engine.library import get_backend
 
 world = World.from_env()
 assert (world.size, world.local_size, world.launcher) == (3, 3, "mpiexec")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from rustyflow_py.engine import ops
-from rustyflow_py.engine.backend import get_backend
+from rustyflow_py.engine.library import get_backend
 from rustyflow_py.engine.ops.dropout import philox
 from rustyflow_py.engine.tensor import Tensor
 from rustyflow_py.model.gpt import GPT, GPTConfig

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from helpers import TRAIN, TRAINED, assert_intact, env_file, invoke, snapshot
 
-from rustyflow_py.training.config import KEYS
+from rustyflow_py.training.config.config import KEYS
 
 pytestmark = pytest.mark.usefixtures("tiny_dir")
 

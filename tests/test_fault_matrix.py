@@ -6,7 +6,7 @@ and log), a text file and another program's .npz. After the command, every file 
 there before has the same bytes, except the ones the case says the command may rewrite (and
 the log, which may only grow: its old bytes must be its start). The matrix runs the commands
 in this process (CliRunner), except where a real signal must reach a real `rustyflow train`:
-those run as subprocesses that pause at the dangerous moment (see training/hooks.py), so the
+those run as subprocesses that pause at the dangerous moment (see training/run/hooks.py), so the
 signal lands there without relying on sleeps.
 """
 
@@ -48,12 +48,15 @@ from helpers import (
 from rustyflow_py.engine.backend import gpu_unavailable_reason
 from rustyflow_py.engine.precision import Precision
 from rustyflow_py.reporting import logfile
-from rustyflow_py.training import checkpoint, evaluate, lock, run_parts
-from rustyflow_py.training.checkpoint import Checkpoint
+from rustyflow_py.training.evaluation import evaluate
+from rustyflow_py.training.outputs import checkpoint, lock
+from rustyflow_py.training.outputs.checkpoint import Checkpoint
+from rustyflow_py.training.run import parts as run_parts
 
 pytestmark = pytest.mark.usefixtures("tiny_dir")
 
 NEW = ("--model-path", "models/new-cpu.npz")  # a path no earlier run used, used as typed
+PAUSED_CLI = Path(__file__).with_name("paused_cli.py")  # a run with pause points injected
 
 
 # ------------------------------------------------------------------------------ the harness
@@ -157,9 +160,10 @@ def stale_lock(_root: Path) -> None:
 
 
 def big_checkpoint(root: Path) -> None:
-    """A small checkpoint whose stored config describes a 38-billion-parameter model."""
+    """A small checkpoint whose stored config describes a 2.5-trillion-parameter model (10 TB in
+    float32: larger than any machine's memory, so the refusal does not depend on the host)."""
     ckpt = Checkpoint(root / TRAINED[0])
-    config = {**ckpt.meta["config"], "NUM_LAYERS": 48, "EMBED_DIM": 8192, "NUM_HEADS": 8}
+    config = {**ckpt.meta["config"], "NUM_LAYERS": 48, "EMBED_DIM": 65536, "NUM_HEADS": 8}
     checkpoint.save(root / "models/big.npz", ckpt.weights, {**ckpt.meta, "config": config},
                     ckpt.vocab, ckpt.optimizer)
 
@@ -410,11 +414,11 @@ CASES = [
          patch=never_built),
     Case("eval-huge-stored-config", "eval of a checkpoint whose config is huge",
          ("eval", "--model", "models/big.npz", "--device", "cpu"), 1,
-         r"the model does not fit: evaluation L48 E8192", setup=big_checkpoint,
+         r"the model does not fit: evaluation L48 E65536", setup=big_checkpoint,
          patch=never_built),
     Case("generate-huge-stored-config", "generate from a checkpoint whose config is huge",
          ("generate", "--model", "models/big.npz", "--device", "cpu", "--prompt", "the"), 1,
-         r"the model does not fit: evaluation L48 E8192", setup=big_checkpoint,
+         r"the model does not fit: evaluation L48 E65536", setup=big_checkpoint,
          patch=never_built),
     Case("resume-huge-stored-config", "--resume of a checkpoint whose config is huge",
          (*TRAIN, "--resume", "models/big.npz", "--model-path", "models/big.npz", *HUGE), 1,
@@ -437,11 +441,11 @@ def test_fault(case: Case, workspace: Path, monkeypatch: pytest.MonkeyPatch) -> 
 @contextmanager
 def paused(root: Path, point: str, *args: str) -> Iterator[subprocess.Popen[str]]:
     """`rustyflow train args` in a subprocess, held at the pause point `point` (see
-    training/hooks.py) until the block ends; killed if it outlives the test."""
+    training/run/hooks.py, injected by paused_cli.py) until the block ends; killed if it outlives
+    the test."""
     marker = root / "pause.marker"
-    env = subprocess_env(RUSTYFLOW_PAUSE_AT=point, RUSTYFLOW_PAUSE_MARKER=str(marker),
-                         PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "rustyflow_py", *TRAIN, *args],
+    env = subprocess_env(PYTHONUNBUFFERED="1")
+    proc = subprocess.Popen([sys.executable, str(PAUSED_CLI), point, str(marker), *TRAIN, *args],
                             stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env)
     try:

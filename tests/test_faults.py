@@ -31,9 +31,10 @@ from helpers import (
 
 from rustyflow_py.errors import RustyFlowError, TrainingError
 from rustyflow_py.reporting import logfile
-from rustyflow_py.training import checkpoint, run_parts
-from rustyflow_py.training.checkpoint import Checkpoint
-from rustyflow_py.training.loop import Trainer
+from rustyflow_py.training.outputs import checkpoint
+from rustyflow_py.training.outputs.checkpoint import Checkpoint
+from rustyflow_py.training.run import parts as run_parts
+from rustyflow_py.training.run.loop import Trainer
 
 pytestmark = pytest.mark.usefixtures("tiny_dir")
 
@@ -311,7 +312,7 @@ def test_losses_stay_finite_after_all_this() -> None:
     trainer = Trainer(make_cfg(MAX_STEPS=10), quiet)
     trainer.run()
     assert all(map(math.isfinite, trainer.losses)) and len(trainer.losses) == 10
-    assert np.isfinite(trainer.val_ppl)
+    assert np.isfinite(trainer.history.val_ppl)
 
 
 def test_the_banner_says_where_the_dataset_was_found(tiny_dir: Path) -> None:

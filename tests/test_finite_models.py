@@ -15,7 +15,7 @@ from click.testing import CliRunner
 from helpers import TRAIN, TRAINED, assert_intact, invoke, snapshot
 
 from rustyflow_py.cli import main
-from rustyflow_py.training.checkpoint import nonfinite
+from rustyflow_py.training.outputs.checkpoint import nonfinite
 
 BAD = "diverged.npz"
 

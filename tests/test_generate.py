@@ -26,10 +26,10 @@ from rustyflow_py.model.generate import (
     render,
 )
 from rustyflow_py.model.gpt import GPT, GPTConfig
-from rustyflow_py.training import checkpoint
-from rustyflow_py.training.checkpoint import CheckpointError
-from rustyflow_py.training.config import Config
-from rustyflow_py.training.evaluate import load_model
+from rustyflow_py.training.config.config import Config
+from rustyflow_py.training.evaluation.evaluate import load_model
+from rustyflow_py.training.outputs import checkpoint
+from rustyflow_py.training.outputs.checkpoint import CheckpointError
 
 REPO = Path(__file__).resolve().parents[1]
 WORDS = [UNK, EOS, *(f"w{i}" for i in range(28))]
@@ -336,7 +336,7 @@ def test_generate_and_chat_take_threads_from_the_flag_or_the_config(
         ckpt: Path, isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """THREADS (batch-1 decoding on a many-core CPU is faster on a few): --threads, else the
     config's; the same greedy text on any count."""
-    from rustyflow_py.training import evaluate
+    from rustyflow_py.training.evaluation import evaluate
 
     seen: list[int] = []
     real = evaluate.load_model

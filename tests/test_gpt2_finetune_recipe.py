@@ -17,8 +17,8 @@ pytest.importorskip("safetensors", reason="the hf extra: pip install 'rustyflow-
 from helpers import invoke, log_records  # noqa: E402
 from test_tokenizers import TEXT, gpt2_folder, here  # noqa: E402, F401 (here: a fixture)
 
-from rustyflow_py.training.checkpoint import Checkpoint  # noqa: E402
-from rustyflow_py.training.config import load_config  # noqa: E402
+from rustyflow_py.training.config.config import load_config  # noqa: E402
+from rustyflow_py.training.outputs.checkpoint import Checkpoint  # noqa: E402
 from rustyflow_py.training.subword.tokenizer import load_gpt2  # noqa: E402
 
 RECIPE = Path(__file__).resolve().parents[1] / "configs" / "gpt2-finetune-wikitext2.env"

@@ -20,7 +20,7 @@ from helpers import TINY, quiet
 from test_trace import check_nesting, check_schema, tracks
 
 from rustyflow_py.engine.autograd import run_op
-from rustyflow_py.engine.backend import get_backend, gpu_unavailable_reason
+from rustyflow_py.engine.backend import gpu_unavailable_reason
 from rustyflow_py.engine.kernel_records import (
     UNATTRIBUTED,
     KernelAttribution,
@@ -29,6 +29,7 @@ from rustyflow_py.engine.kernel_records import (
     last_replay,
     short_kernel_name,
 )
+from rustyflow_py.engine.library import get_backend
 from rustyflow_py.engine.op_cost import gemm_cost, op_bytes
 from rustyflow_py.engine.peaks import compute_type, lookup, probe_gpu
 from rustyflow_py.engine.profiler import Profiler
@@ -37,11 +38,11 @@ from rustyflow_py.reporting import profile_text
 from rustyflow_py.reporting.log_parser import read_log
 from rustyflow_py.reporting.log_writer import format_block
 from rustyflow_py.reporting.trace import graph_trace
-from rustyflow_py.training import clock as clock_module
-from rustyflow_py.training import graph_profile
-from rustyflow_py.training.config import load_config
-from rustyflow_py.training.graph_profile import GraphSampler, choose_mode
-from rustyflow_py.training.loop import Trainer
+from rustyflow_py.training.config.config import load_config
+from rustyflow_py.training.run import clock as clock_module
+from rustyflow_py.training.run import graph_profile
+from rustyflow_py.training.run.graph_profile import GraphSampler, choose_mode
+from rustyflow_py.training.run.loop import Trainer
 
 pytestmark = pytest.mark.usefixtures("tiny_dir")
 
@@ -256,10 +257,10 @@ def test_a_cold_start_is_kept_out_of_the_epoch_time(monkeypatch: pytest.MonkeyPa
     trainer = Trainer(tiny_cfg(), quiet)
     for cold, elapsed in ((False, 11.0), (True, 40.0)):
         now[0] = 0.0
-        trainer.clock.start_epoch(step=0)
+        trainer.parts.clock.start_epoch(step=0)
         trainer.runner.startup["first_step_s"] = 30.0 if cold else 0.0
         now[0] = elapsed
-        assert trainer.clock.epoch_time(step=11) == pytest.approx(11.0)
+        assert trainer.parts.clock.epoch_time(step=11) == pytest.approx(11.0)
     record = {"startup": {"first_step_s": 30.0, "capture_s": 0.5, "cache": "cold"}}
     assert profile_text.startup_line(record) == [
         "Start-up: first step 30.000s (kernel compilation and GEMM plans; kernel cache cold), "
@@ -358,7 +359,7 @@ def test_gpu_graph_profile_attributes_every_kernel(precision: str) -> None:
     per-op times sum to the device-busy time of the same replays (within 2%)."""
     trainer = Trainer(tiny_cfg("gpu", PRECISION=precision, PROFILE_MODE="graph",
                                PROFILE_STEPS=4), quiet)
-    assert trainer.profile_mode == "graph"
+    assert trainer.parts.profile_mode == "graph"
     runner = trainer.runner
     runner.sampler.budget = None
     runner.sampler.busy = lambda: True  # this tiny model's device is idle between launches
@@ -405,7 +406,7 @@ def test_gpu_cupti_held_by_another_profiler_falls_back_to_the_eager_window() -> 
     script = """
 import sys
 from torch.profiler import ProfilerActivity, profile
-from rustyflow_py.training.graph_profile import choose_mode
+from rustyflow_py.training.run.graph_profile import choose_mode
 warnings = []
 with profile(activities=[ProfilerActivity.CUDA]):
     mode, tracer, _ = choose_mode("auto", "gpu", True, warnings.append)

@@ -15,10 +15,11 @@ from helpers import make_cfg
 from rustyflow_py.errors import TrainingError
 from rustyflow_py.model.gpt import build_model
 from rustyflow_py.model.loss_scale import COLLAPSE_FLOOR, COLLAPSE_STREAK, LossScaler
-from rustyflow_py.training import ownership, sizing
-from rustyflow_py.training.lock import RunLock
-from rustyflow_py.training.outputs import fallbacks
-from rustyflow_py.training.ownership import same_recipe
+from rustyflow_py.training.outputs import ownership
+from rustyflow_py.training.outputs.lock import RunLock
+from rustyflow_py.training.outputs.ownership import same_recipe
+from rustyflow_py.training.outputs.writing import fallbacks
+from rustyflow_py.training.start import sizing
 
 pytestmark = pytest.mark.usefixtures("tiny_dir")
 

@@ -22,7 +22,7 @@ from rustyflow_py import errors
 from rustyflow_py.cli import main
 from rustyflow_py.cli_help import KEY_SECTIONS, OPTION_SECTIONS, ORDER, wrap
 from rustyflow_py.errors import install_command
-from rustyflow_py.training.config import KEYS
+from rustyflow_py.training.config.config import KEYS
 
 REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent  # this interpreter's scripts (pip, rustyflow)

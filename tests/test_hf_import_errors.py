@@ -20,8 +20,8 @@ from rustyflow_py import data
 from rustyflow_py.cli import main
 from rustyflow_py.errors import command, install_command
 from rustyflow_py.model.gpt import GPTConfig, init_weights
-from rustyflow_py.training import checkpoint
-from rustyflow_py.training.loop import Trainer
+from rustyflow_py.training.outputs import checkpoint
+from rustyflow_py.training.run.loop import Trainer
 
 st_numpy = pytest.importorskip("safetensors.numpy",
                                reason="the hf extra: pip install 'rustyflow-py[hf]'")
@@ -185,9 +185,9 @@ def test_init_from_loads_the_weights_and_a_fresh_optimizer(tmp_path: Path) -> No
         loaded = trainer.model.buffer.state_dict()
         source = checkpoint.Checkpoint("models/gpt2.npz").weights
         assert all(np.array_equal(loaded[k], source[k][: loaded[k].shape[0]]) for k in source)
-        assert not np.any(trainer.optimizer.m) and trainer.pos.step == 0
+        assert not np.any(trainer.optimizer.m) and trainer.history.pos.step == 0
     finally:
-        trainer.lock.release()
+        trainer.parts.lock.release()
 
 
 def test_init_from_vocabulary_and_shape_mismatches(tmp_path: Path) -> None:

@@ -11,9 +11,9 @@ import pytest
 from rustyflow_py.engine.tensor import Tensor, no_grad
 from rustyflow_py.model.generate import Decoder
 from rustyflow_py.model.gpt import GPTConfig, build_model, init_weights
-from rustyflow_py.training import checkpoint
-from rustyflow_py.training.config import Config
-from rustyflow_py.training.evaluate import load_model
+from rustyflow_py.training.config.config import Config
+from rustyflow_py.training.evaluation.evaluate import load_model
+from rustyflow_py.training.outputs import checkpoint
 
 transformers = pytest.importorskip(
     "transformers", reason="the HF parity tests need transformers and CPU torch "

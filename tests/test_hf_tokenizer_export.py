@@ -20,7 +20,7 @@ from rustyflow_py import data  # noqa: E402
 from rustyflow_py.errors import CheckpointError, InteropError  # noqa: E402
 from rustyflow_py.interop.hf_export import export_hf  # noqa: E402
 from rustyflow_py.interop.hf_import import import_hf  # noqa: E402
-from rustyflow_py.training.checkpoint import Checkpoint  # noqa: E402
+from rustyflow_py.training.outputs.checkpoint import Checkpoint  # noqa: E402
 from rustyflow_py.training.subword.corpus import checkpoint_tokenizer  # noqa: E402
 from rustyflow_py.training.subword.tokenizer import load_gpt2  # noqa: E402
 

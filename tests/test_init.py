@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from rustyflow_py.engine.backend import get_backend, gpu_unavailable_reason
+from rustyflow_py.engine.backend import gpu_unavailable_reason
+from rustyflow_py.engine.library import get_backend
 from rustyflow_py.engine.ops.dropout.philox import philox4x32
 from rustyflow_py.model import init as init_mod
 from rustyflow_py.model.gpt import GPT, GPTConfig, init_weights, weight_inits

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from helpers import log_records, make_cfg, quiet
 
-from rustyflow_py.engine.backend import get_backend, gpu_unavailable_reason
+from rustyflow_py.engine.backend import gpu_unavailable_reason
+from rustyflow_py.engine.library import get_backend
 from rustyflow_py.engine.policy import RunPolicy
 from rustyflow_py.engine.precision import Precision
 from rustyflow_py.engine.tensor import Tensor
@@ -23,8 +24,8 @@ from rustyflow_py.model.gpt import GPT, GPTConfig
 from rustyflow_py.model.loss_scale import LossScaler
 from rustyflow_py.model.optim import AdamW, Muon, Schedule
 from rustyflow_py.reporting.log_writer import format_block
-from rustyflow_py.training.loop import Trainer
-from rustyflow_py.training.run_parts import check_precision
+from rustyflow_py.training.run.loop import Trainer
+from rustyflow_py.training.run.parts import check_precision
 
 pytestmark = pytest.mark.usefixtures("tiny_dir")
 

@@ -22,7 +22,7 @@ from test_data_parallel import MARK, kill_marked, marked_pids, signal_rank_1, wa
 
 from rustyflow_py.distributed.launcher import launch
 from rustyflow_py.engine.devices import gpu_count
-from rustyflow_py.training.checkpoint import Checkpoint
+from rustyflow_py.training.outputs.checkpoint import Checkpoint
 
 GPUS = gpu_count()
 pytestmark = [

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from helpers import REPO, invoke, log_records, subprocess_env
 
-from rustyflow_py.training.config import load_config
+from rustyflow_py.training.config.config import load_config
 
 pytestmark = pytest.mark.usefixtures("tiny_dir")
 

@@ -33,10 +33,10 @@ from helpers import (
     no_fallbacks,
 )
 
-from rustyflow_py.training import checkpoint
-from rustyflow_py.training.checkpoint import Checkpoint
-from rustyflow_py.training.ownership import checkpoint_meta, run_id_of
-from rustyflow_py.training.step import StepRunner
+from rustyflow_py.training.outputs import checkpoint
+from rustyflow_py.training.outputs.checkpoint import Checkpoint
+from rustyflow_py.training.outputs.ownership import checkpoint_meta, run_id_of
+from rustyflow_py.training.run.step import StepRunner
 
 CKPT, BEST = "models/tiny-cpu.npz", "models/tiny-cpu-best.npz"
 

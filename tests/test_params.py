@@ -7,7 +7,7 @@ import pytest
 
 from rustyflow_py.model.gpt import GPT, GPTConfig, build_model, init_weights
 from rustyflow_py.model.params import ParameterBuffer, Span
-from rustyflow_py.training.config import Config
+from rustyflow_py.training.config.config import Config
 
 CFG = GPTConfig(vocab_size=50, seq_len=8, n_layer=2, n_head=2, n_embd=16)
 

@@ -16,10 +16,11 @@ import numpy as np
 import pytest
 
 from rustyflow_py.engine import ops
-from rustyflow_py.engine.backend import get_backend, gpu_unavailable_reason
+from rustyflow_py.engine.backend import gpu_unavailable_reason
+from rustyflow_py.engine.library import get_backend
 from rustyflow_py.engine.precision import Precision, accumulate_dtype, is_16bit
 from rustyflow_py.engine.tensor import Tensor
-from rustyflow_py.training.config import KEYS
+from rustyflow_py.training.config.config import KEYS
 
 TOL = 1e-2  # float16 rounds each stored value by up to ~5e-4
 BF16_TOL = 3e-2  # bfloat16 by up to ~4e-3

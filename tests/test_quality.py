@@ -13,7 +13,7 @@ from helpers import make_cfg, quiet
 from test_gradcheck import gradcheck
 
 from rustyflow_py.engine import ops
-from rustyflow_py.engine.backend import get_backend
+from rustyflow_py.engine.library import get_backend
 from rustyflow_py.engine.regularize import locked_dropout, smoothed
 from rustyflow_py.engine.tensor import Tensor
 from rustyflow_py.model.ema import EMA
@@ -21,10 +21,10 @@ from rustyflow_py.model.gpt import GPT, GPTConfig
 from rustyflow_py.model.optim import AdamW, Muon, Schedule
 from rustyflow_py.model.snapshots import SnapshotAverage, mean_of
 from rustyflow_py.model.wd_schedule import DecaySchedule
-from rustyflow_py.training.checkpoint import Checkpoint
-from rustyflow_py.training.config import ConfigError
-from rustyflow_py.training.evaluate import load_model
-from rustyflow_py.training.loop import Trainer
+from rustyflow_py.training.config.config import ConfigError
+from rustyflow_py.training.evaluation.evaluate import load_model
+from rustyflow_py.training.outputs.checkpoint import Checkpoint
+from rustyflow_py.training.run.loop import Trainer
 
 RNG = np.random.default_rng(32)
 CFG = GPTConfig(vocab_size=50, seq_len=8, n_layer=2, n_head=2, n_embd=16)
@@ -123,9 +123,9 @@ def test_the_best_checkpoint_holds_the_averaged_weights(keys: dict[str, Any], ki
     cfg = make_cfg(NUM_EPOCHS=3, **keys)
     trainer = Trainer(cfg, quiet)
     trainer.run()
-    assert trainer.history.best_step == trainer.pos.step  # the tiny corpus keeps improving
-    last, best = Checkpoint(trainer.checkpoint_path), Checkpoint(trainer.best_path)
-    assert kind in best.meta["averaged"] and kind in trainer.test_ppl_of
+    assert trainer.history.best_step == trainer.history.pos.step  # the tiny corpus keeps improving
+    last, best = Checkpoint(trainer.checkpoint_path), Checkpoint(trainer.parts.best_path)
+    assert kind in best.meta["averaged"] and kind in trainer.state.test_ppl_of
     avg = last.averages
     averaged = (avg["ema"] if "ema" in avg else
                 mean_of([avg["snapshot.0"], avg["snapshot.1"]], np.float32))
@@ -133,9 +133,9 @@ def test_the_best_checkpoint_holds_the_averaged_weights(keys: dict[str, Any], ki
     np.testing.assert_array_equal(flat, averaged)
     raw = np.concatenate([last.weights[s.name].ravel() for s in trainer.model.buffer.spans])
     assert not np.array_equal(raw, averaged)  # the resumable checkpoint keeps the raw weights
-    model, _, _ = load_model(trainer.best_path, "cpu")  # eval/generate load it as usual
+    model, _, _ = load_model(trainer.parts.best_path, "cpu")  # eval/generate load it as usual
     np.testing.assert_array_equal(model.buffer.flat, averaged)
-    assert math.isclose(trainer.val_ppl, trainer.history.best_val_ppl)
+    assert math.isclose(trainer.history.val_ppl, trainer.history.best_val_ppl)
 
 
 @pytestmark_run
@@ -309,4 +309,4 @@ def test_a_run_with_every_key_on_completes(tiny_dir: Path) -> None:
     trainer = Trainer(cfg, quiet)
     trainer.run()
     assert len(trainer.losses) == 12 and all(map(math.isfinite, trainer.losses))
-    assert trainer.test_ppl is not None and math.isfinite(trainer.test_ppl)
+    assert trainer.state.test_ppl is not None and math.isfinite(trainer.state.test_ppl)

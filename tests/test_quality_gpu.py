@@ -17,7 +17,7 @@ from rustyflow_py.model.gpt import GPT, GPTConfig
 from rustyflow_py.model.optim import AdamW, Schedule
 from rustyflow_py.model.wd_schedule import DecaySchedule
 from rustyflow_py.reporting.log_parser import read_log
-from rustyflow_py.training.checkpoint import Checkpoint
+from rustyflow_py.training.outputs.checkpoint import Checkpoint
 
 pytestmark = [
     pytest.mark.gpu,

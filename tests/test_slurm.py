@@ -34,7 +34,7 @@ from test_data_parallel import (
 )
 
 from rustyflow_py.reporting.log_parser import read_log
-from rustyflow_py.training.checkpoint import Checkpoint
+from rustyflow_py.training.outputs.checkpoint import Checkpoint
 
 LOCAL_CLUSTER = "ClusterName=rustyflow-local"  # what local-cluster.sh writes
 

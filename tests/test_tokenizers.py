@@ -31,10 +31,10 @@ from rustyflow_py.model.gpt import build_model  # noqa: E402
 from rustyflow_py.reporting.log_parser import read_log  # noqa: E402
 from rustyflow_py.reporting.log_writer import format_block  # noqa: E402
 from rustyflow_py.reporting.report_page import render_report  # noqa: E402
-from rustyflow_py.training import evaluate  # noqa: E402
-from rustyflow_py.training.checkpoint import Checkpoint  # noqa: E402
-from rustyflow_py.training.config import KEYS, load_config  # noqa: E402
-from rustyflow_py.training.loop import train  # noqa: E402
+from rustyflow_py.training.config.config import KEYS, load_config  # noqa: E402
+from rustyflow_py.training.evaluation import evaluate  # noqa: E402
+from rustyflow_py.training.outputs.checkpoint import Checkpoint  # noqa: E402
+from rustyflow_py.training.run.loop import train  # noqa: E402
 from rustyflow_py.training.subword import cache  # noqa: E402
 from rustyflow_py.training.subword.text import ByteStream  # noqa: E402
 from rustyflow_py.training.subword.tokenizer import identity, load_file, load_gpt2, train_bpe  # noqa: E402

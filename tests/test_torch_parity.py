@@ -16,7 +16,7 @@ import pytest
 from helpers import REPO, load_script
 
 from rustyflow_py.engine import ops
-from rustyflow_py.engine.backend import get_backend
+from rustyflow_py.engine.library import get_backend
 from rustyflow_py.engine.tensor import Tensor
 from rustyflow_py.model.gpt import GPT, GPTConfig, init_weights
 from rustyflow_py.model.optim import AdamW, Schedule

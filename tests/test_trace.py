@@ -18,10 +18,10 @@ from rustyflow_py.engine.autograd import run_op
 from rustyflow_py.engine.backend import gpu_unavailable_reason
 from rustyflow_py.engine.profiler import OpSpan, Profiler
 from rustyflow_py.reporting.trace import chrome_trace
-from rustyflow_py.training import run_parts
-from rustyflow_py.training.config import Config, load_config
-from rustyflow_py.training.loop import Trainer
-from rustyflow_py.training.signals import Stopped
+from rustyflow_py.training.config.config import Config, load_config
+from rustyflow_py.training.run import parts as run_parts
+from rustyflow_py.training.run.loop import Trainer
+from rustyflow_py.training.run.signals import Stopped
 
 pytestmark = pytest.mark.usefixtures("tiny_dir")
 
@@ -237,7 +237,7 @@ def test_an_interrupted_run_still_writes_its_trace(monkeypatch: pytest.MonkeyPat
     def run(done: int) -> None:
         real_run(done)
         if done + 1 == 4:
-            trainer.signals.requested = 2  # as a Ctrl-C during step 4 would
+            trainer.parts.signals.requested = 2  # as a Ctrl-C during step 4 would
     monkeypatch.setattr(trainer.runner, "run", run)
     with pytest.raises(Stopped):
         trainer.run()

@@ -39,14 +39,15 @@ from helpers import (
 )
 
 from rustyflow_py import data
-from rustyflow_py.engine.backend import get_backend, gpu_unavailable_reason
+from rustyflow_py.engine.backend import gpu_unavailable_reason
+from rustyflow_py.engine.library import get_backend
 from rustyflow_py.errors import TrainingError
 from rustyflow_py.model.optim import AdamW
 from rustyflow_py.reporting.record_schema import BLOCK_END, BLOCK_START
-from rustyflow_py.training import evaluate
-from rustyflow_py.training.checkpoint import Checkpoint
-from rustyflow_py.training.config import load_config
-from rustyflow_py.training.loop import Trainer
+from rustyflow_py.training.config.config import load_config
+from rustyflow_py.training.evaluation import evaluate
+from rustyflow_py.training.outputs.checkpoint import Checkpoint
+from rustyflow_py.training.run.loop import Trainer
 
 pytestmark = pytest.mark.usefixtures("tiny_dir")
 
@@ -60,7 +61,7 @@ def test_tiny_model_memorises_the_corpus() -> None:
     record = trainer.run()
 
     losses = trainer.losses
-    vocab = len(trainer.corpus.vocab)
+    vocab = len(trainer.parts.corpus.vocab)
     assert len(losses) == record["steps"] == 2 * STEPS_PER_EPOCH
     assert losses[0] == pytest.approx(math.log(vocab), abs=0.2)  # uniform guess at init
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
@@ -131,12 +132,12 @@ def test_random_offsets_move_the_windows_and_resume_exactly() -> None:
     straight = Trainer(make_cfg(NUM_EPOCHS=2, RANDOM_OFFSETS=True, MODEL_PATH="models/a.npz"),
                        quiet)
     straight.run()
-    assert straight.steps_per_epoch == fixed.steps_per_epoch - 1
-    assert len(straight.losses) == 2 * straight.steps_per_epoch
+    assert straight.parts.steps_per_epoch == fixed.parts.steps_per_epoch - 1
+    assert len(straight.losses) == 2 * straight.parts.steps_per_epoch
     assert all(map(math.isfinite, straight.losses))
     assert straight.losses[0] != fixed.losses[0]  # the same weights on another window
     cfg = make_cfg(NUM_EPOCHS=2, RANDOM_OFFSETS=True, MODEL_PATH="models/b.npz")
-    first = run_interrupted(cfg, straight.steps_per_epoch + 3)
+    first = run_interrupted(cfg, straight.parts.steps_per_epoch + 3)
     resumed = Trainer(cfg, quiet, resume=first.checkpoint_path)
     resumed.run()
     assert resumed.losses == straight.losses
@@ -515,7 +516,7 @@ def test_real_wikitext2_seed_shape_steps_and_profile(monkeypatch: pytest.MonkeyP
     trainer = Trainer(cfg, messages.append)
     record = trainer.run()
 
-    assert len(trainer.corpus.vocab) == 33278
+    assert len(trainer.parts.corpus.vocab) == 33278
     assert trainer.losses[0] == pytest.approx(math.log(33278), abs=0.1)
     assert record["model"] == {"layers": 2, "heads": 4, "embed": 128, "seq_len": 64,
                                "batch": 16, "vocab": 33278, "params": record["model"]["params"]}

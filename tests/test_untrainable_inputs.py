@@ -34,7 +34,7 @@ from helpers import (
 
 from rustyflow_py import data
 from rustyflow_py.errors import ConfigError, DataError
-from rustyflow_py.training import run_parts
+from rustyflow_py.training.run import parts as run_parts
 
 NEW = ("--model-path", "models/new.npz")  # a path no earlier run used
 ONE_WORD = "a a a a a a a a\n" * 300  # the tiny text's length, one word

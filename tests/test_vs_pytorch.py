@@ -17,9 +17,9 @@ import pytest
 from conftest import DEVICES
 from helpers import load_script
 
-from rustyflow_py.engine.backend import get_backend
 from rustyflow_py.engine.cupti_trace import CuptiUnavailable
 from rustyflow_py.engine.kernel_records import KernelAttribution, KernelRecord
+from rustyflow_py.engine.library import get_backend
 from rustyflow_py.model.gpt import GPTConfig, init_weights
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"

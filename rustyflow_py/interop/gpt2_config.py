@@ -14,7 +14,7 @@ from typing import Any
 
 from ..errors import InteropError
 from ..model.gpt import LN_EPS
-from ..training.config import Config
+from ..training.config.config import Config
 
 # the tanh approximation of GELU, which rustyflow's GELU computes (transformers' names)
 TANH_GELU = ("gelu_new", "gelu_pytorch_tanh", "gelu_fast")

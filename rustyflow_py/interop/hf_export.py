@@ -21,9 +21,9 @@ import numpy as np
 from .. import __version__
 from ..data.checksums import sha256_of
 from ..errors import CheckpointError, InteropError
-from ..training.checkpoint import WRITER, Checkpoint
-from ..training.config import Config, ConfigError
-from ..training.outputs import write_atomically
+from ..training.config.config import Config, ConfigError
+from ..training.outputs.checkpoint import WRITER, Checkpoint
+from ..training.outputs.writing import write_atomically
 from . import safetensors_file
 from .gpt2_config import hf_config
 from .hf_import import gpt2_shapes

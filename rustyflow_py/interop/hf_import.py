@@ -19,8 +19,8 @@ from typing import Any
 import numpy as np
 
 from ..errors import InteropError, command
-from ..training import checkpoint
-from ..training.ownership import checkpoint_meta
+from ..training.outputs import checkpoint
+from ..training.outputs.ownership import checkpoint_meta
 from ..training.subword.tokenizer import load_gpt2
 from . import safetensors_file
 from .extra import require

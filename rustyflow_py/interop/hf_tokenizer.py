@@ -22,7 +22,7 @@ from typing import Any
 from ..data import EOS, UNK
 from ..data.checksums import sha256_of
 from ..errors import CheckpointError
-from ..training.checkpoint import Checkpoint
+from ..training.outputs.checkpoint import Checkpoint
 from ..training.subword.corpus import checkpoint_tokenizer
 from ..training.subword.tokenizer import END_OF_TEXT, SubwordTokenizer
 from .extra import require

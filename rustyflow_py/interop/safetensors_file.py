@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InteropError
-from ..training.outputs import write_atomically
+from ..training.outputs.writing import write_atomically
 from .extra import require
 
 ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1,

@@ -162,8 +162,9 @@ class GPT:
         self.layers = [{n[len(f"h.{i}."):]: t for n, t in self.p.items()
                         if n.startswith(f"h.{i}.")} for i in range(cfg.n_layer)]
         self.training = True
-        # Dropout draws from (seed, step): the trainer points `rng.step` at the optimizer's
-        # device step counter, so each step, eager or replayed, gets masks of its own.
+        # Dropout draws from (seed, step): the model's own step counter, unless a call passes
+        # the randomness of its step (the step runner's reads the optimizer's device step
+        # counter, so each step, eager or replayed, gets masks of its own).
         self.rng = ops.Randomness(seed, self.buffer.backend.xp.zeros((), dtype=np.int32))
 
     @property
@@ -183,11 +184,14 @@ class GPT:
 
     def __call__(
         self, idx: Tensor, targets: Tensor | None = None, cache: KVCache | None = None,
-        score_from: int = 0,
+        score_from: int = 0, hidden: bool = False, rng: ops.Randomness | None = None,
     ) -> Tensor:
-        """Loss (scalar) when targets are given, else logits (B, T, V). `score_from` > 0
-        averages the loss over positions score_from.. only (sliding-window evaluation: the
-        earlier positions are context scored by the previous window).
+        """Loss (scalar) when targets are given, else logits (B, T, V), or with `hidden` the
+        final LayerNorm's output (B, T, E) that the LM head reads (the neural cache's keys).
+        `score_from` > 0 averages the loss over positions score_from.. only (sliding-window
+        evaluation: the earlier positions are context scored by the previous window).
+        `rng` is where a training call's dropout masks come from (the step runner passes its
+        step's: the optimizer's step counter and the batch shard); default the model's own.
 
         With a KV cache (generation: no targets, no dropout, no backward) the T tokens
         continue the cached positions, and only the last one's logits (B, 1, V) are computed:
@@ -204,15 +208,16 @@ class GPT:
             raise ValueError(f"sequence of {start + t} tokens is longer than "
                              f"SEQ_LEN={cfg.seq_len}")
         train = self.training and cache is None
+        rng = self.rng if rng is None else rng  # where this call's dropout masks come from
         tok = ops.embedding(p["wte"], idx)  # (B, T, E)
         if train:
-            tok = ops.word_dropout(tok, idx, cfg.vocab_size, cfg.word_dropout, self.rng,
+            tok = ops.word_dropout(tok, idx, cfg.vocab_size, cfg.word_dropout, rng,
                                    WORD_SITE)
         x = tok + ops.index(p["wpe"], slice(start, start + t))  # (B, T, E)
         if train:
-            x = self._dropout(x, cfg.rate(cfg.embd_dropout), EMBD_SITE)
+            x = self._dropout(x, cfg.rate(cfg.embd_dropout), rng, EMBD_SITE)
         for i in range(cfg.n_layer):
-            x = self._block(x, i, train, cache)
+            x = self._block(x, i, train, cache, rng)
         if cache is not None:
             cache.length += t
             x, t = ops.index(x, (slice(None), slice(t - 1, t))), 1  # (B, 1, E)
@@ -220,6 +225,8 @@ class GPT:
             x, t = ops.index(x, (slice(None), slice(score_from, t))), t - score_from
             targets = Tensor.wrap(targets.data[:, score_from:], targets.backend)  # (B, T')
         x = ops.layer_norm(x, p["ln_f.weight"], p["ln_f.bias"], LN_EPS)
+        if hidden:
+            return x  # (B, T, E)
         h = ops.reshape(x, (b * t, cfg.n_embd))  # (B*T, E)
         if targets is None:
             logits = ops.matmul(h, p["wte"], transpose_b=True)  # (B*T, V)
@@ -227,15 +234,16 @@ class GPT:
         loss = ops.lm_head_cross_entropy(h, p["wte"], targets)  # logits never returned
         return smoothed(loss, h, p["wte"], targets, cfg.label_smoothing) if train else loss
 
-    def _dropout(self, x: Tensor, p: float, site: int) -> Tensor:
+    def _dropout(self, x: Tensor, p: float, rng: ops.Randomness, site: int) -> Tensor:
         """Dropout of an embedding or residual site: element-wise, or with LOCKED_DROPOUT one
         (B, 1, E) mask per sequence, shared by its positions."""
         if self.cfg.locked_dropout:
-            return locked_dropout(x, p, self.rng, site)
-        return ops.dropout(x, p, self.rng, site)
+            return locked_dropout(x, p, rng, site)
+        return ops.dropout(x, p, rng, site)
 
-    def _block(self, x: Tensor, i: int, train: bool, cache: KVCache | None) -> Tensor:
-        p, cfg, rng = self.layers[i], self.cfg, self.rng
+    def _block(self, x: Tensor, i: int, train: bool, cache: KVCache | None,
+               rng: ops.Randomness) -> Tensor:
+        p, cfg = self.layers[i], self.cfg
         attn_p = cfg.rate(cfg.attn_dropout) if train else 0.0
         resid_p = cfg.rate(cfg.resid_dropout) if train else 0.0
         attn_site, attn_out_site, mlp_out_site = block_sites(i)
@@ -250,14 +258,14 @@ class GPT:
         # there is no dropout between them, else by an add after the dropout.
         w, b = p["attn.c_proj.weight"], p["attn.c_proj.bias"]
         if resid_p > 0:
-            x = x + self._dropout(ops.linear(a, w, b), resid_p, attn_out_site)
+            x = x + self._dropout(ops.linear(a, w, b), resid_p, rng, attn_out_site)
         else:
             x = ops.linear(a, w, b, residual=x)  # (B, T, E)
         h = ops.layer_norm(x, p["ln_2.weight"], p["ln_2.bias"], LN_EPS)
         mlp = (h, p["mlp.c_fc.weight"], p["mlp.c_fc.bias"], p["mlp.c_proj.weight"],
                p["mlp.c_proj.bias"])  # (B, T, E), through (B, T, 4E)
         if resid_p > 0:
-            return x + self._dropout(ops.mlp(*mlp), resid_p, mlp_out_site)
+            return x + self._dropout(ops.mlp(*mlp), resid_p, rng, mlp_out_site)
         return ops.mlp(*mlp, residual=x)
 
     def matmul_flops_per_step(self, batch: int, seq_len: int) -> float:

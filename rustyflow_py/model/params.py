@@ -23,7 +23,8 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.backend import Backend, get_backend
+from ..engine.backend import Backend
+from ..engine.library import get_backend
 from ..engine.tensor import Tensor
 from .init import Init
 

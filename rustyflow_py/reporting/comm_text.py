@@ -2,7 +2,7 @@
 each collective's share, and the ranks side by side.
 
 Read from the record's `profile.sampling.comm` (engine/comm_overlap.py: seconds over the
-sampled replays, on both streams) and `profile.ranks` (training/rank_tables.py: seconds per
+sampled replays, on both streams) and `profile.ranks` (training/run/rank_tables.py: seconds per
 step, min / median / max over the ranks). A record without them (one process, an eager window,
 an older block) gets no lines.
 """

@@ -2,7 +2,7 @@
 kernels, and each op against its hardware limit (the roofline).
 
 Everything here is read from a run record's `profile` (and `startup`), as written by
-training/record.py, so `rustyflow report` renders old and new blocks alike: what a record
+training/outputs/record.py, so `rustyflow report` renders old and new blocks alike: what a record
 lacks is left out, never made up.
 """
 

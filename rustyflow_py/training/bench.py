@@ -23,19 +23,20 @@ from typing import Any
 
 import numpy as np
 
-from ..engine.backend import Backend, get_backend, gpu_unavailable_reason
+from ..engine.backend import Backend, gpu_unavailable_reason
+from ..engine.library import get_backend
 from ..engine.policy import DEFAULT
 from ..engine.profiler import Profiler
 from ..errors import RustyFlowError
 from ..model.gpt import build_model
 from ..reporting.plot import PlotError, plot_sweep
 from ..reporting.sweep import BENCH_TITLE, format_sweep
-from .config import Config
-from .evaluate import upload_split
-from .graph_profile import STREAK, GraphSampler, choose_mode
-from .optimizers import make_optimizer
-from .ownership import foreign
-from .step import StepRunner, quiet_float_errors, use_graph
+from .config.config import Config
+from .config.optimizers import make_optimizer
+from .evaluation.evaluate import upload_split
+from .outputs.ownership import foreign
+from .run.graph_profile import STREAK, GraphSampler, choose_mode
+from .run.step import StepRunner, quiet_float_errors, use_graph
 
 Say = Callable[[str], None]
 

@@ -22,7 +22,7 @@ from typing import BinaryIO
 
 import numpy as np
 
-from ..outputs import write_atomically
+from ..outputs.writing import write_atomically
 
 MAGIC = b"RFTOKENS"
 VERSION = 1

@@ -15,8 +15,8 @@ from typing import Any
 
 from ... import data
 from ...errors import CheckpointError, DataError, TrainingError
-from ..config import Config
-from ..ownership import checkpoint_meta
+from ..config.config import Config
+from ..outputs.ownership import checkpoint_meta
 from . import cache
 from .tokenizer import KINDS, SubwordTokenizer, load_file, load_gpt2, train_bpe
 

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import DataError, install_command
-from ..outputs import write_atomically
+from ..outputs.writing import write_atomically
 
 EXTRA = "hf"
 KINDS = ("gpt2", "bpe")  # the subword kinds; TOKENIZER=word is data/vocab.py's

@@ -22,12 +22,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import TrainingError
-from ..reporting.record_schema import BLOCK_START
-from ..reporting.trace import PRODUCER
+from ...errors import TrainingError
+from ...reporting.record_schema import BLOCK_START
+from ...reporting.trace import PRODUCER
+from ..config.config import KEYS
 from . import npz
 from .checkpoint import WRITER
-from .config import KEYS
 from .lock import lock_path
 
 TRACE_HEAD = f'{{"otherData":{{"producer":{json.dumps(PRODUCER)}'.encode()  # its first bytes

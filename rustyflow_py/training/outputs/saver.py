@@ -13,11 +13,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from ..errors import TrainingError
-from . import checkpoint, outputs
-from .config import Config, tagged
+from ...errors import TrainingError
+from ..config.config import Config, tagged
+from ..start.resume import History
+from . import checkpoint, writing
 from .ownership import checkpoint_meta, run_id_of
-from .resume import History
 
 
 def best_path(path: str) -> str:
@@ -85,7 +85,7 @@ class RunCheckpoints:
             weights = self.model.buffer.state_dict()
             averages = self.averager.state_dict() if self.averager is not None else None
             self._check_finite(weights, "checkpoint")
-            written = outputs.write_with_fallback(
+            written = writing.write_with_fallback(
                 self.path, lambda p: self._write(p, weights, meta, state, averages),
                 "checkpoint", self.warn)
         self._account(self.path, written, f"checkpoint (step {self.history.pos.step})")
@@ -118,7 +118,7 @@ class RunCheckpoints:
         with self.set_aside():
             weights = self.model.buffer.state_dict()
             self._check_finite(weights, "best checkpoint")
-            written = outputs.write_with_fallback(
+            written = writing.write_with_fallback(
                 self.best, lambda p: self._write(p, weights, meta),
                 "best checkpoint", self.warn)
         self._account(self.best, written, f"best checkpoint (step {self.history.best_step})")
@@ -138,7 +138,7 @@ class RunCheckpoints:
                 f"{count:,} nan/inf of {weights[name].size:,} values): the {what} is not "
                 f"written, and the files already at {self.path} stay as they were")
 
-    def _account(self, planned: str, written: outputs.Written, what: str) -> None:
+    def _account(self, planned: str, written: writing.Written, what: str) -> None:
         """After a write meant for `planned`: say what it replaced of an earlier run (only
         once that is so), or count it lost or rescued (the run then ends failed)."""
         if written.place == planned:

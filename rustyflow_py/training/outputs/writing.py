@@ -17,8 +17,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from ..errors import TrainingError
-from . import hooks
+from ...errors import TrainingError
+from ..run import hooks
 
 
 def _reason(exc: OSError) -> str:

@@ -1,4 +1,5 @@
-"""The run record: what a finished (or stopped) run reports, built from the trainer's state.
+"""The run record: what a finished (or stopped) run reports, built from its parts and the loop's
+state.
 
 The record's shape is `record_schema.RunRecord`; this module only fills it in. Times are this
 process's: a resumed run counts its own steps over its own time, so tokens/s stays true.
@@ -9,95 +10,70 @@ at the end (rank_tables.py).
 
 from __future__ import annotations
 
-import contextlib
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from datetime import datetime, timezone
 from typing import Any
 
 import numpy as np
 
-from ..engine import peaks
-from ..engine.backend import Backend
-from ..reporting.curves import MAX_POINTS, evenly_spaced, sample
-from ..reporting.record_schema import RunRecord
-from ..reporting.text import plural
-from .evaluate import protocol
-from .optimizers import settings as optimizer_settings
-from .rank_tables import spread, throughput
+from ...engine import peaks
+from ...engine.backend import Backend
+from ...reporting.curves import MAX_POINTS, evenly_spaced, sample
+from ...reporting.record_schema import RunRecord
+from ...reporting.text import plural
+from ..config.optimizers import settings as optimizer_settings
+from ..evaluation.evaluate import protocol
+from ..run.parts import RunParts
+from ..run.rank_tables import spread, throughput
+from ..run.state import LoopState
 
 
-class TransferLedger:
-    """The host<->device copies of the training steps alone: evaluation and checkpoint copies
-    are set aside, so the report's per-step traffic is the step's own."""
-
-    def __init__(self, backend: Backend) -> None:
-        self.transfers = backend.transfers
-        self.aside = dict.fromkeys(self.transfers.snapshot(), 0)
-
-    def reset(self) -> None:
-        self.transfers.reset()
-        self.aside = dict.fromkeys(self.aside, 0)
-
-    @contextlib.contextmanager
-    def set_aside(self) -> Iterator[None]:
-        """Copies made inside do not count as step traffic."""
-        before = self.transfers.snapshot()
-        try:
-            yield
-        finally:
-            for key, value in self.transfers.snapshot().items():
-                self.aside[key] += value - before[key]
-
-    def steps(self) -> dict[str, int]:
-        return {k: v - self.aside[k] for k, v in self.transfers.snapshot().items()}
-
-
-def build_record(trainer: Any, status: str, message: str | None, train_time: float,
-                 ckpt: str | None, ranks: list[dict[str, Any]] | None = None) -> RunRecord:
-    """The record of `trainer`'s run (a train.Trainer) that ended with `status`; `ranks`:
+def build_record(parts: RunParts, state: LoopState, status: str, message: str | None,
+                 train_time: float, ckpt: str | None,
+                 ranks: list[dict[str, Any]] | None = None) -> RunRecord:
+    """The record of the run of `parts` whose loop ended with `status` and `state`; `ranks`:
     every rank's figures (rank_tables.gather_figures) in a data-parallel run."""
-    cfg, m, runner = trainer.cfg, trainer.model.cfg, trainer.runner
-    steps_done = len(trainer.losses)
-    steps_here = max(trainer.pos.step - trainer.start_step, 0)
+    cfg, m, runner, history = parts.cfg, parts.model.cfg, parts.runner, parts.history
+    steps_done = len(history.losses)
+    steps_here = max(history.pos.step - state.start_step, 0)
     # the training steps' own time, as the epoch times count it: no evaluation, checkpoint
     # writes or start-up (nor the steps run inside it), nothing between or after the epochs
-    steps_time, timed = trainer.clock.trained
+    steps_time, timed = parts.clock.trained
     diverged = status == "failed"
-    tokens_per_s = (timed * trainer.tokens_per_step / steps_time
+    tokens_per_s = (timed * parts.tokens_per_step / steps_time
                     if steps_time > 0 and timed and not diverged else None)
-    world, shards = trainer.world, trainer.shards
-    avg_epoch = (sum(trainer.epoch_times) / len(trainer.epoch_times)
-                 if trainer.epoch_times else None)
+    world, shards, epoch_times = parts.world, parts.shards, history.epoch_times
+    avg_epoch = sum(epoch_times) / len(epoch_times) if epoch_times else None
     step_time = steps_time / max(timed, 1)
     return {
         "version": 1,
         "timestamp": datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "status": status,
-        "device": trainer.device,
+        "device": parts.device,
         "device_requested": cfg.device,
-        "fallback_reason": trainer.fallback,
-        "hardware": trainer.backend.hardware(),
-        "backend": trainer.backend.describe(),
+        "fallback_reason": parts.fallback,
+        "hardware": parts.backend.hardware(),
+        "backend": parts.backend.describe(),
         "dataset": cfg.dataset,
-        "data": trainer.data,
+        "data": parts.data,
         "model": {"layers": m.n_layer, "heads": m.n_head, "embed": m.n_embd,
                   "seq_len": m.seq_len, "batch": cfg.batch_size, "vocab": m.vocab_size,
-                  "params": trainer.model.num_params()},
+                  "params": parts.model.num_params()},
         "precision": cfg.precision,
         "optimizer": cfg.optimizer,
         "optimizer_settings": optimizer_settings(cfg),
         "graph": runner.captured is not None,
-        "epochs": len(trainer.epoch_times),
+        "epochs": len(epoch_times),
         "epochs_planned": cfg.num_epochs,
         "steps": steps_done,
         "steps_here": steps_here,
-        "steps_per_epoch": trainer.steps_per_epoch,
+        "steps_per_epoch": parts.steps_per_epoch,
         "train_time_s": train_time,
         "eval_time_s": runner.phases["eval"],
         "checkpoint_time_s": runner.phases["checkpoint"],  # the final save's included
-        "startup": _startup(trainer),
+        "startup": _startup(parts),
         "steps_time_s": steps_time,
         "timed_steps": timed,
         "avg_epoch_time_s": avg_epoch,
@@ -113,60 +89,60 @@ def build_record(trainer: Any, status: str, message: str | None, train_time: flo
             "buckets": len(getattr(shards.sync, "buckets", ())),
             **({"ranks": throughput(ranks)} if ranks else {}),
         },
-        "loss_scale": _loss_scale(trainer),
-        "val_ppl": trainer.val_ppl,
-        "test_ppl": trainer.test_ppl,
-        **_per_word(trainer),
-        "test_ppl_of": trainer.test_ppl_of,
-        "best_val_ppl": trainer.history.best_val_ppl,
-        "best_step": trainer.history.best_step,
-        "best_checkpoint": trainer.best_path if trainer.history.best_step is not None else None,
-        "early_stopped": bool(trainer.early_stopped),
+        "loss_scale": _loss_scale(parts),
+        "val_ppl": history.val_ppl,
+        "test_ppl": state.test_ppl,
+        **_per_word(parts),
+        "test_ppl_of": state.test_ppl_of,
+        "best_val_ppl": history.best_val_ppl,
+        "best_step": history.best_step,
+        "best_checkpoint": parts.best_path if history.best_step is not None else None,
+        "early_stopped": bool(state.early_stopped),
         "eval_protocol": protocol(cfg.seq_len, cfg.eval_stride),
-        "eval_tokens": {split: list(n) for split, n in trainer.evaluator.counts.items()},
-        "final_loss": next((x for x in reversed(trainer.losses) if math.isfinite(x)), None),
+        "eval_tokens": {split: list(n) for split, n in parts.evaluator.counts.items()},
+        "final_loss": next((x for x in reversed(history.losses) if math.isfinite(x)), None),
         "checkpoint": ckpt,
         "message": message,
         # none when no step was profiled (profiling off, a run stopped before its first
         # profiled step or sample, a graph profile CUPTI refused)
-        "profile": (_profile(trainer, steps_done, step_time, ranks)
-                    if trainer.profiler is not None and trainer.profiler.steps else None),
-        "curves": _curves(trainer),
+        "profile": (_profile(parts, steps_done, step_time, ranks)
+                    if parts.profiler is not None and parts.profiler.steps else None),
+        "curves": _curves(parts),
     }
 
 
-def _per_word(trainer: Any) -> dict[str, Any]:
+def _per_word(parts: RunParts) -> dict[str, Any]:
     """A subword run's tokenizer and its perplexities per word of the text (val_ppl and
     test_ppl are per token); nothing for a word-level run, whose tokens are the words."""
-    tokenizer = trainer.corpus.tokenizer
+    tokenizer = parts.corpus.tokenizer
     if tokenizer is None:
         return {}
-    words = trainer.evaluator.word_ppl
+    words = parts.evaluator.word_ppl
     return {"tokenizer": {"kind": tokenizer.kind, "vocab": len(tokenizer),
-                          "sha256": tokenizer.sha256, "words": trainer.corpus.words},
+                          "sha256": tokenizer.sha256, "words": parts.corpus.words},
             "val_ppl_word": words.get("valid"), "test_ppl_word": words.get("test")}
 
 
-def _startup(trainer: Any) -> dict[str, Any] | None:
+def _startup(parts: RunParts) -> dict[str, Any] | None:
     """The GPU start-up (warm-up step with kernel compilation, graph capture); None on the CPU,
     whose numba kernels compile before the run starts."""
-    if trainer.backend.kind != "gpu":
+    if parts.backend.kind != "gpu":
         return None
-    return {**trainer.runner.startup, "steps": trainer.clock.startup_steps}
+    return {**parts.runner.startup, "steps": parts.clock.startup_steps}
 
 
-def _loss_scale(trainer: Any) -> dict[str, Any] | None:
+def _loss_scale(parts: RunParts) -> dict[str, Any] | None:
     """A float16 run's final loss scale and how many steps it skipped; None otherwise."""
-    scaler = trainer.optimizer.loss_scaler
-    return None if scaler is None else scaler.state(trainer.backend.to_host)
+    scaler = parts.optimizer.loss_scaler
+    return None if scaler is None else scaler.state(parts.backend.to_host)
 
 
-def _curves(trainer: Any) -> dict[str, Any]:
+def _curves(parts: RunParts) -> dict[str, Any]:
     """The loss at evenly spaced steps, the learning rate at the same steps (the schedule is a
     function of the step, so it is computed here on the host, never read from the device), and
     the validation perplexity at every validation, each thinned to MAX_POINTS. Six significant
     digits are plenty for a plot and keep the log line short."""
-    losses, schedule = trainer.losses, trainer.optimizer.schedule
+    losses, schedule = parts.losses, parts.optimizer.schedule
     steps = [i + 1 for i in evenly_spaced(len(losses))]  # losses[i] is step i + 1's
     return {
         "limit": MAX_POINTS,
@@ -174,7 +150,7 @@ def _curves(trainer: Any) -> dict[str, Any]:
         "loss": [[s, _digits(losses[s - 1])] for s in steps
                  if math.isfinite(losses[s - 1])],  # (an fp16 step skipped for overflow)
         "lr": [[s, _digits(float(schedule(s)))] for s in steps],
-        "val_ppl": [[int(s), _digits(v)] for s, v in sample(trainer.history.val_curve)],
+        "val_ppl": [[int(s), _digits(v)] for s, v in sample(parts.history.val_curve)],
     }
 
 
@@ -182,10 +158,10 @@ def _digits(x: float) -> float:
     return float(f"{x:.6g}")
 
 
-def _profile(trainer: Any, steps: int, step_time: float,
+def _profile(parts: RunParts, steps: int, step_time: float,
              ranks: list[dict[str, Any]] | None) -> dict[str, Any]:
-    prof, runner, mode = trainer.profiler, trainer.runner, trainer.profile_mode
-    gpu = trainer.backend.kind == "gpu"
+    prof, runner, mode = parts.profiler, parts.runner, parts.profile_mode
+    gpu = parts.backend.kind == "gpu"
     phases = dict(runner.phases)
     if gpu:  # device time per phase from the ops
         phases.update({k: v for k, v in prof.phase_times().items() if k in phases})
@@ -194,7 +170,7 @@ def _profile(trainer: Any, steps: int, step_time: float,
         "profiled_steps": prof.steps,
         "ops": prof.ops(),
         "phases": phases,
-        "transfers": {**trainer.ledger.steps(), "steps": steps},
+        "transfers": {**parts.ledger.steps(), "steps": steps},
         "memory": runner.memory(),
     }
     if mode == "graph" and runner.sampler is not None:
@@ -213,7 +189,7 @@ def _profile(trainer: Any, steps: int, step_time: float,
         out.update({
             "timing": "cuda-events",
             "note": ((f"EAGER WINDOW, not the step that runs (training replays a CUDA graph; "
-                      f"{trainer.profile_fallback}): " if trainer.profile_fallback else
+                      f"{parts.profile_fallback}): " if parts.profile_fallback else
                       "EAGER WINDOW, not the step that runs (training replays a CUDA graph): "
                       if runner.captured is not None else
                       "eager steps (GRAPH=off: the step that runs): ")
@@ -224,14 +200,14 @@ def _profile(trainer: Any, steps: int, step_time: float,
             "device_busy_s": prof.total(),
         })
     else:
-        floor = matmul_floor(trainer.backend, trainer.model, trainer.cfg.batch_size,
-                             trainer.cfg.seq_len, step_time)
+        floor = matmul_floor(parts.backend, parts.model, parts.cfg.batch_size,
+                             parts.cfg.seq_len, step_time)
         out.update({"timing": "wall", "note": "per-op wall times of every step",
                     "profiled_time_s": runner.profiled_wall, "matmul_floor": floor})
     across = spread(ranks) if ranks else None
     if across is not None:
         out["ranks"] = across
-    out["peaks"] = peaks.of(trainer.backend, trainer.precision.compute, trainer.cfg.precision,
+    out["peaks"] = peaks.of(parts.backend, parts.precision.compute, parts.cfg.precision,
                             (out.get("matmul_floor") or {}).get("gflops"))
     return out
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..engine.backend import Backend, get_backend
-from ..engine.policy import RunPolicy
-from ..engine.precision import Precision
+from ...engine.backend import Backend
+from ...engine.library import get_backend
+from ...engine.policy import RunPolicy
+from ...engine.precision import Precision
 from .config import Config
 
 

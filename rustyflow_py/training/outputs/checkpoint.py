@@ -16,9 +16,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CheckpointError
+from ...errors import CheckpointError
 from . import npz
-from .outputs import write_atomically
+from .writing import write_atomically
 
 FORMAT_VERSION = 1
 WRITER = "rustyflow"  # in every checkpoint's meta: the mark that it is rustyflow's to replace

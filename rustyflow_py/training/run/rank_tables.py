@@ -13,19 +13,21 @@ from __future__ import annotations
 import statistics
 from typing import Any
 
+from .parts import RunParts
 
-def rank_figures(run: Any) -> dict[str, Any]:
+
+def rank_figures(parts: RunParts) -> dict[str, Any]:
     """This rank's figures: its training time, counted steps and tokens/s (its share of each
     step's tokens), and, when it profiled, its per-op times and its step time per step."""
-    seconds, counted = run.clock.trained
-    tokens = counted * run.tokens_per_step / run.world.size
-    fig: dict[str, Any] = {"rank": run.world.rank, "steps_time_s": seconds,
+    seconds, counted = parts.clock.trained
+    tokens = counted * parts.tokens_per_step / parts.world.size
+    fig: dict[str, Any] = {"rank": parts.world.rank, "steps_time_s": seconds,
                            "timed_steps": counted,
                            "tokens_per_s": tokens / seconds if seconds > 0 else None}
-    prof = run.profiler
+    prof = parts.profiler
     if prof is None or not prof.steps:
         return fig
-    sampler = run.runner.sampler
+    sampler = parts.runner.sampler
     if prof.graph is not None and sampler is not None and prof.graph.replays:
         n = prof.graph.replays
         sampling = sampler.summary()
@@ -36,18 +38,18 @@ def rank_figures(run: Any) -> dict[str, Any]:
             fig["exposed_s"] = comm["exposed_s"] / n
     else:
         n = prof.steps
-        fig["step_s"] = run.runner.profiled_wall / n
+        fig["step_s"] = parts.runner.profiled_wall / n
     fig["ops"] = [[row["name"], row["phase"], row["category"], row["time_s"] / n]
                   for row in prof.ops()]
     return fig
 
 
-def gather_figures(run: Any) -> list[dict[str, Any]] | None:
+def gather_figures(parts: RunParts) -> list[dict[str, Any]] | None:
     """Every rank's figures at rank 0, in rank order (a collective: every rank calls it);
     None on the other ranks and in a single process."""
-    if run.comm is None:
+    if parts.comm is None:
         return None
-    return run.comm.mpi_comm.gather(rank_figures(run), root=0)
+    return parts.comm.mpi_comm.gather(rank_figures(parts), root=0)
 
 
 def throughput(figures: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -19,7 +19,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from ..reporting.text import byte_size
+from ...reporting.text import byte_size
 
 DEFLATE_RATIO = 1032  # deflate's maximum expansion: one compressed byte is at most 1032 bytes
 MAX_ARRAY_BYTES = 1 << 36  # 64 GiB: several times any array of a model one host trains

@@ -24,15 +24,15 @@ from typing import Any
 
 import numpy as np
 
-from ..distributed.comm import Communicator
-from ..engine.cupti_trace import CuptiUnavailable
-from ..engine.graph import CapturedStep, GraphCaptureError
-from ..engine.ops.cuda_build import kernel_cache_files
-from ..engine.profiler import Profiler
-from ..engine.tensor import Tensor, run_op
-from ..errors import TrainingError
-from ..model.gpt import GPT
-from ..model.optim import Optimizer
+from ...distributed.comm import Communicator
+from ...engine.cupti_trace import CuptiUnavailable
+from ...engine.graph import CapturedStep, GraphCaptureError
+from ...engine.ops.cuda_build import kernel_cache_files
+from ...engine.profiler import Profiler
+from ...engine.tensor import Tensor, run_op
+from ...errors import TrainingError
+from ...model.gpt import GPT
+from ...model.optim import Optimizer
 from .graph_profile import GraphSampler
 
 # the step's phases, then the run's time outside its steps: evaluation and checkpoint writes
@@ -79,8 +79,12 @@ class StepRunner:
         # cuBLAS plans) and the graph capture, in seconds, and whether the kernel cache was cold
         self.startup: dict[str, Any] = {"first_step_s": 0.0, "capture_s": 0.0, "cache": None}
         # Dropout masks are drawn at (seed, steps done): the same counter the batch gather
-        # reads, so every replay draws fresh masks and a resumed run draws the same ones.
-        model.rng = dataclasses.replace(model.rng, step=optimizer.step_count)
+        # reads, so every replay draws fresh masks and a resumed run draws the same ones. Each
+        # micro-step's shard of the global batch draws masks of its own; the model is handed
+        # them per call and keeps its own randomness.
+        self.rngs = [dataclasses.replace(model.rng, step=optimizer.step_count, shard=shard)
+                     for shard in range(self.shards.rank * self.shards.accum,
+                                        (self.shards.rank + 1) * self.shards.accum)]
         xp, dtype = self.backend.xp, model.buffer.flat.dtype
         batch = stream.shape[0] // self.shards.count
         # Static batch buffers: each micro-step gathers its rows into them on the device.
@@ -123,9 +127,8 @@ class StepRunner:
                                                          world_size=sh.count,
                                                          shift=self.shift))
             t1 = clock()
-            if sh.count > 1:  # each shard of the global batch draws dropout masks of its own
-                self.model.rng = dataclasses.replace(self.model.rng, shard=shard)
-            loss = self.model(Tensor.wrap(self.x, self.backend), Tensor.wrap(self.y, self.backend))
+            loss = self.model(Tensor.wrap(self.x, self.backend),
+                              Tensor.wrap(self.y, self.backend), rng=self.rngs[k])
             t2 = clock()
             last = k == sh.accum - 1
             hook = sh.sync.start(overlap) if last and sh.sync is not None else None

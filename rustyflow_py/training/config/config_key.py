@@ -15,7 +15,7 @@ import re
 from dataclasses import Field, dataclass, field
 from typing import Any
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 
 _TRUE = ("true", "1", "yes", "on")
 _FALSE = ("false", "0", "no", "off")

@@ -22,10 +22,10 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from ..reporting.log_parser import read_log
-from ..reporting.record_schema import Record
+from ...reporting.log_parser import read_log
+from ...reporting.record_schema import Record
+from ..config.config import Config, tagged
 from .checkpoint import CheckpointError
-from .config import Config, tagged
 
 
 def choose_model(given: str | None, config: str | None, cfg: Config,

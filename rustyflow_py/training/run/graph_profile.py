@@ -26,11 +26,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..engine.comm_overlap import CommAccount
-from ..engine.cupti_trace import CuptiTracer, CuptiUnavailable
-from ..engine.graph import CapturedStep
-from ..engine.kernel_records import KernelAttribution, last_replay
-from ..engine.profiler import Profiler
+from ...engine.comm_overlap import CommAccount
+from ...engine.cupti_trace import CuptiTracer, CuptiUnavailable
+from ...engine.graph import CapturedStep
+from ...engine.kernel_records import KernelAttribution, last_replay
+from ...engine.profiler import Profiler
 
 BUDGET = 0.005  # the share of the training time sampling may take (half the promised 1%)
 # what a sample is assumed to cost per graph node before one was measured (recording, the

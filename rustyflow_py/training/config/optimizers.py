@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..model.gpt import hidden_matrices
-from ..model.optim import (
+from ...model.gpt import hidden_matrices
+from ...model.optim import (
     SGD,
     Adadelta,
     Adagrad,
@@ -18,8 +18,8 @@ from ..model.optim import (
     RMSprop,
     Schedule,
 )
-from ..model.params import ParameterBuffer
-from ..model.wd_schedule import DecaySchedule
+from ...model.params import ParameterBuffer
+from ...model.wd_schedule import DecaySchedule
 from .config import Config
 
 # Every optimizer reads the schedule and the clip (LEARNING_RATE, WARMUP_STEPS, MIN_LR_RATIO,

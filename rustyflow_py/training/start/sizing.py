@@ -17,8 +17,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from ..errors import TrainingError
-from .config import Config
+from ...errors import TrainingError
+from ..config.config import Config
 
 # float32 arrays of the parameters' size each optimizer keeps (muon: momentum, plus adamw's
 # two moments for the rest; counted as two in all)

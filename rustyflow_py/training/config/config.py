@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 from .config_file import no_settings, read_file
 from .config_key import Key, config_error, escape_controls, key
 
@@ -39,7 +39,7 @@ __all__ = ["BUILTIN_DATASETS", "KEYS", "OPTIMIZERS", "Config", "ConfigError", "K
 BUILTIN_DATASETS = ("wikitext-2", "tinyshakespeare")
 OPTIMIZERS = ("adamw", "adam", "sgd", "lamb", "rmsprop", "adagrad", "adadelta", "muon")
 MODEL_PATH_TEMPLATE = "models/${DATASET}-L${NUM_LAYERS}-H${NUM_HEADS}-E${EMBED_DIM}.npz"
-_CHECKOUT = Path(__file__).resolve().parents[2]  # its configs/ are offered for a missing file
+_CHECKOUT = Path(__file__).resolve().parents[3]  # its configs/ are offered for a missing file
 _REF = re.compile(r"\$\{([^}:]*)(:-[^}]*)?\}")  # the ${NAME} / ${NAME:-default} syntax of dotenv
 
 

@@ -12,21 +12,21 @@ from typing import Any
 
 import numpy as np
 
-from .. import data
-from ..data import Vocab
-from ..engine.backend import get_backend
-from ..engine.policy import DEFAULT, RunPolicy
-from ..engine.precision import Precision
-from ..engine.tensor import Tensor, no_grad
-from ..errors import DataError
-from ..model.generate import Sampling, Session
-from ..model.gpt import GPT, build_model
-from ..reporting.text import on_tokens
-from . import sizing
-from .checkpoint import Checkpoint, CheckpointError
-from .config import Config, ConfigError
-from .subword.corpus import checkpoint_tokenizer, load_corpus
-from .subword.text import SubwordText
+from ... import data
+from ...data import Vocab
+from ...engine.library import get_backend
+from ...engine.policy import DEFAULT, RunPolicy
+from ...engine.precision import Precision
+from ...engine.tensor import Tensor, no_grad
+from ...errors import DataError
+from ...model.generate import Sampling, Session
+from ...model.gpt import GPT, build_model
+from ...reporting.text import on_tokens
+from ..config.config import Config, ConfigError
+from ..outputs.checkpoint import Checkpoint, CheckpointError
+from ..start import sizing
+from ..subword.corpus import checkpoint_tokenizer, load_corpus
+from ..subword.text import SubwordText
 
 
 def load_model(path: str, device: str, threads: int = 0) -> tuple[GPT, Checkpoint, Config]:
@@ -177,7 +177,19 @@ def evaluate_checkpoint(path: str, split: str, device: str, data_dir: str | None
     """`rustyflow eval`: perplexity of a checkpoint on the valid or test split (its first
     `budget` tokens; 0 = all). `status(split, tokens)` is a context manager shown while the
     split is evaluated; it yields an `advance(n)` callable (or None)."""
-    from ..engine.backend import resolve_device
+    model, cfg, corpus, used = open_checkpoint(path, device, data_dir)
+    stream = upload_split(model.buffer.backend, getattr(corpus, split), cfg.batch_size)
+    tokens, _ = scored_tokens(stream.shape, cfg.seq_len, cfg.eval_stride, budget)
+    with status(split, tokens) if status else contextlib.nullcontext() as advance:
+        result = perplexity(model, stream, cfg.seq_len, cfg.eval_stride, budget, advance)
+    return {**with_per_word(result, corpus, split), "device": used, "split": split}
+
+
+def open_checkpoint(path: str, device: str,
+                    data_dir: str | None = None) -> tuple[GPT, Config, data.Corpus, str]:
+    """(model, its config, its corpus, the device used) of a checkpoint to evaluate on
+    `device` (auto, cpu, gpu), with the dataset it trained on."""
+    from ...engine.backend import resolve_device
 
     used, _ = resolve_device(device, False, print, lambda msg: print(msg, file=sys.stderr))
     model, ckpt, cfg = load_model(path, used)
@@ -190,18 +202,14 @@ def evaluate_checkpoint(path: str, split: str, device: str, data_dir: str | None
     if list(ckpt.vocab) != corpus.vocab.itos:
         raise CheckpointError(f"{path}: its vocabulary differs from {cfg.dataset}'s: was it "
                               f"trained on another dataset?")
-    stream = upload_split(model.buffer.backend, getattr(corpus, split), cfg.batch_size)
-    tokens, _ = scored_tokens(stream.shape, cfg.seq_len, cfg.eval_stride, budget)
-    with status(split, tokens) if status else contextlib.nullcontext() as advance:
-        result = perplexity(model, stream, cfg.seq_len, cfg.eval_stride, budget, advance)
-    return {**with_per_word(result, corpus, split), "device": used, "split": split}
+    return model, cfg, corpus, used
 
 
 def open_session(model_path: str, device: str, strict: bool, sampling: Sampling, seed: int,
                  say: Any, warn: Any = None, samples: int = 1, threads: int = 0) -> Session:
     """Load a checkpoint (trained on either device) onto `device` (cpu, gpu or auto), to
     generate `samples` sequences at once (on the CPU with `threads` threads, 0: all)."""
-    from ..engine.backend import resolve_device
+    from ...engine.backend import resolve_device
 
     used, _ = resolve_device(device, strict, say, warn or say)
     model, ckpt, _ = load_model(model_path, used, threads)

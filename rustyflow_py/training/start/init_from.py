@@ -15,10 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import CheckpointError, ConfigError
-from .checkpoint import Checkpoint, validate_against
-from .config import KEYS
-from .ownership import checkpoint_meta
+from ...errors import CheckpointError, ConfigError
+from ..config.config import KEYS
+from ..outputs.checkpoint import Checkpoint, validate_against
+from ..outputs.ownership import checkpoint_meta
 
 FLAG = "--init-from"
 SHAPE = ("NUM_LAYERS", "NUM_HEADS", "EMBED_DIM")

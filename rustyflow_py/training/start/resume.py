@@ -12,12 +12,12 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from ..data import fingerprint
-from ..errors import CheckpointError, TrainingError
-from . import checkpoint
-from .config import KEYS, Config
-from .optimizers import OPTIMIZER_KEYS, relevant_keys
-from .ownership import new_run_id
+from ...data import fingerprint
+from ...errors import CheckpointError, TrainingError
+from ..config.config import KEYS, Config
+from ..config.optimizers import OPTIMIZER_KEYS, relevant_keys
+from ..outputs import checkpoint
+from ..outputs.ownership import new_run_id
 
 # CENTERED changes which state RMSprop keeps (as MOMENTUM 0 <-> > 0 does: restore names it).
 SHAPE_KEYS = ("DATASET", "TOKENIZER", "SEQ_LEN", "EMBED_DIM", "NUM_HEADS", "NUM_LAYERS",

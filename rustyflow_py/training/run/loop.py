@@ -1,7 +1,7 @@
 """The training loop: a thin driver over the step runner, evaluation, checkpoints and the log.
 
-The run's parts are built and checked before any work (run_parts.py), and its end is written
-by finish.py. A stop request (Ctrl-C, SIGTERM, SIGUSR1) finishes the current step, then
+The run's parts are built and checked before any work (parts.py), and its end is written
+by outputs/finish.py. A stop request (Ctrl-C, SIGTERM, SIGUSR1) finishes the current step, then
 writes a checkpoint and an "interrupted" log block, so `--resume` continues exactly.
 """
 
@@ -15,23 +15,45 @@ from typing import Any
 
 import numpy as np
 
-from ..distributed.group import process_group
-from ..distributed.world import World
-from ..errors import ConfigError, TrainingError, command
-from ..reporting.record_schema import RunRecord
-from ..reporting.text import plural
-from . import guard, hooks
-from .config import Config
-from .finish import finish
-from .run_parts import RunParts, Say, silent
+from ...distributed.group import process_group
+from ...distributed.world import World
+from ...errors import ConfigError, TrainingError, command
+from ...reporting.record_schema import RunRecord
+from ...reporting.text import plural
+from ..config.config import Config
+from ..outputs import guard
+from ..outputs.finish import finish
+from . import hooks
+from .parts import RunParts, Say, silent
 from .signals import FINAL, WRITES, Stopped
+from .state import LoopState
 from .step import quiet_float_errors
 
 
-class Trainer(RunParts):
-    """One training run of `cfg` on one device; `run()` returns the run record (the
-    arguments: see RunParts). The loop: epochs of steps, validation, early stopping, stop
-    requests, and the resumable checkpoint at each epoch end."""
+class Trainer:
+    """One training run of `cfg` on one device; `run()` returns the run record. Its parts
+    (`parts`: device, model, optimizer, step runner, checkpoints, ...) are built and checked
+    from `cfg` and `options`, RunParts' keywords (resume, progress, warn, trace, group, world,
+    overwrite, init_from, allow_data_change), before any work. The loop drives them and keeps
+    its own `state`: epochs of steps, validation, early stopping, stop requests, and the
+    resumable checkpoint at each epoch end."""
+
+    def __init__(self, cfg: Config, say: Say = print, **options: Any) -> None:
+        self.parts = RunParts(cfg, say, **options)
+        self.state = LoopState(start_step=self.parts.pos.step)
+
+    # What callers drive or inspect around a run (the rest: `parts`, `state`).
+    cfg = property(lambda self: self.parts.cfg)
+    device = property(lambda self: self.parts.device)
+    backend = property(lambda self: self.parts.backend)
+    model = property(lambda self: self.parts.model)
+    optimizer = property(lambda self: self.parts.optimizer)
+    comm = property(lambda self: self.parts.comm)
+    runner = property(lambda self: self.parts.runner)
+    profiler = property(lambda self: self.parts.profiler)
+    history = property(lambda self: self.parts.history)
+    losses = property(lambda self: self.parts.losses)
+    checkpoint_path = property(lambda self: self.parts.checkpoint_path)
 
     # ---- the run -----------------------------------------------------------------------------
     def run(self) -> RunRecord | None:
@@ -39,166 +61,175 @@ class Trainer(RunParts):
         try:
             return self._run()
         finally:
-            if self.lock is not None:
-                self.lock.release()
+            if self.parts.lock is not None:
+                self.parts.lock.release()
 
     def _run(self) -> RunRecord | None:
         """Train, evaluate, save, log. Returns the record (None if nothing was left to do, and
         on every data-parallel process but rank 0);
         raises Stopped after an interrupted run and TrainingError after a failed one, both
         once the checkpoint and the log block are written."""
-        if self.pos.step >= self.limit:
-            self.say(nothing_left(self.cfg, self.pos.step, self.total_steps))
+        p, state = self.parts, self.state
+        if p.pos.step >= p.limit:
+            p.say(nothing_left(p.cfg, p.pos.step, p.total_steps))
             return None
         status, message, stop = "completed", None, None
-        start = self.clock.start_run()
-        self.runner.last_step = self.limit
-        self.ledger.reset()
-        with self.signals.installed(), quiet_float_errors():
+        start = p.clock.start_run()
+        p.runner.last_step = p.limit
+        p.ledger.reset()
+        with p.signals.installed(), quiet_float_errors():
             try:
                 self._train()
-                if self._val_step != self.pos.step:
+                if state.val_step != p.pos.step:
                     self._validate()
-                if self.world.main:  # the others have nothing to report
-                    self.test_ppl = self._test()
-                guard.check_results(self.val_ppl, self.test_ppl)
-                if self.early_stopped:
-                    message = self.early_stopped
+                if p.world.main:  # the others have nothing to report
+                    state.test_ppl = self._test()
+                guard.check_results(p.history.val_ppl, state.test_ppl)
+                if state.early_stopped:
+                    message = state.early_stopped
             except Stopped as exc:
                 if exc.abandoned:
                     raise  # a second Ctrl-C: it said what is on disk; nothing more is written
                 stop = exc
-                status, message = "interrupted", f"interrupted at step {self.pos.step}"
+                status, message = "interrupted", f"interrupted at step {p.pos.step}"
                 self._drain_losses()  # the bar shows the step the run stopped at
                 self._show_progress()
-                self.say(f"Interrupted at step {self.pos.step} ({exc}): saving checkpoint "
-                         "and log block")
+                p.say(f"Interrupted at step {p.pos.step} ({exc}): saving checkpoint "
+                      "and log block")
             except TrainingError as exc:
                 status, message = "failed", str(exc)
             train_time = time.perf_counter() - start  # evaluation included
-            self.clock.end_run(self.pos.step)
-            with self.signals.deferring(FINAL):
-                record, (status, message) = finish(self, status, message, train_time)
-        stop = guard.late_stop(self.signals.requested, stop)
+            p.clock.end_run(p.pos.step)
+            with p.signals.deferring(FINAL):
+                record, (status, message) = finish(p, state, self.save, status, message,
+                                                   train_time)
+        stop = guard.late_stop(p.signals.requested, stop)
         if stop is not None:
-            stop.checkpoint = self.checkpoints.written  # where to resume from
+            stop.checkpoint = p.checkpoints.written  # where to resume from
             raise stop
         if status == "failed":
             raise TrainingError(message)
         return record
 
     def _train(self) -> None:
-        cfg, nb, pos = self.cfg, self.steps_per_epoch, self.pos
-        while pos.epoch < cfg.num_epochs and pos.step < self.limit and not self.early_stopped:
+        p = self.parts
+        cfg, nb, pos = p.cfg, p.steps_per_epoch, p.pos
+        while pos.epoch < cfg.num_epochs and pos.step < p.limit and not self.state.early_stopped:
             # a resumed run continues the epoch clock where the checkpoint left it
-            self.clock.start_epoch(pos.step, self.history.epoch_elapsed)
-            self.history.epoch_elapsed = 0.0
-            if self.progress:
-                self.progress.start_epoch(pos.epoch, min(nb, pos.batch + self.limit - pos.step),
-                                          pos.batch)
-            while pos.batch < nb and pos.step < self.limit:
+            p.clock.start_epoch(pos.step, p.history.epoch_elapsed)
+            p.history.epoch_elapsed = 0.0
+            if p.progress:
+                p.progress.start_epoch(pos.epoch, min(nb, pos.batch + p.limit - pos.step),
+                                       pos.batch)
+            while pos.batch < nb and pos.step < p.limit:
                 self._step()
                 if cfg.eval_interval and pos.step % cfg.eval_interval == 0:
                     self._validate()
-                if self.comm is None or pos.step % cfg.log_interval == 0:
+                if p.comm is None or pos.step % cfg.log_interval == 0:
                     self._check_stop()
-                if self.early_stopped:
+                if self.state.early_stopped:
                     break
-            self.backend.synchronize()
+            p.backend.synchronize()
             self._drain_losses()
             self._show_progress()  # the bar ends at its total
             if pos.batch < nb:
                 break  # stopped by MAX_STEPS or early stopping mid-epoch
-            self.epoch_times.append(self.clock.epoch_time(pos.step))
+            p.epoch_times.append(p.clock.epoch_time(pos.step))
             pos.epoch, pos.batch = pos.epoch + 1, 0
-            self.say(f"epoch {pos.epoch}/{cfg.num_epochs}: {self.epoch_times[-1]:.2f}s")
-            if self._val_step != pos.step:
+            p.say(f"epoch {pos.epoch}/{cfg.num_epochs}: {p.epoch_times[-1]:.2f}s")
+            if self.state.val_step != pos.step:
                 self._validate()
-            with self.signals.deferring(WRITES):
+            with p.signals.deferring(WRITES):
                 self.save()
             self._check_stop()
 
     def _step(self) -> None:
         """One step, with stop signals deferred to its end; the losses are read back (and
         progress shown) once the ring is full."""
-        with self.signals.deferring():
-            self.runner.run(self.pos.step)
-            self.pos.step += 1
-            self.pos.batch += 1
-        if self.pos.step - len(self.losses) == len(self.runner.ring):
+        p = self.parts
+        with p.signals.deferring():
+            p.runner.run(p.pos.step)
+            p.pos.step += 1
+            p.pos.batch += 1
+        if p.pos.step - len(p.losses) == len(p.runner.ring):
             self._drain_losses()
             self._show_progress()
 
     def _show_progress(self) -> None:
         """The bar at the current step, with the latest loss (call after a loss drain)."""
-        if self.progress and self.losses:
-            self.progress.update(self.pos, self.losses[-1], self.clock.tokens_per_s(
-                self.pos.step - self.start_step, self.tokens_per_step))
+        p = self.parts
+        if p.progress and p.losses:
+            p.progress.update(p.pos, p.losses[-1], p.clock.tokens_per_s(
+                p.pos.step - self.state.start_step, p.tokens_per_step))
 
     def _check_stop(self) -> None:
         """Stop here if asked to. In a data-parallel run every process must stop at the same
         step, so the requests are summed over the processes first (here only every
         LOG_INTERVAL steps and at epoch ends, to keep the host off the device)."""
-        if self.comm is not None:
-            xp = self.backend.xp
-            asked = xp.asarray(float(self.signals.requested is not None), dtype=np.float32)
-            self.comm.all_reduce(asked)
-            if float(self.backend.to_host(asked)) == 0:
+        p = self.parts
+        if p.comm is not None:
+            asked = p.backend.xp.asarray(float(p.signals.requested is not None),
+                                         dtype=np.float32)
+            p.comm.all_reduce(asked)
+            if float(p.backend.to_host(asked)) == 0:
                 # The decision is the sum, not this process's flag now: a signal landing
                 # after the all-reduce waits for the next check, or the processes would
                 # part (one saving, the other in the next step's collectives).
                 return
-            if self.signals.requested is None:
-                self.signals.requested = signal.SIGTERM  # another process was asked
-        self.signals.check()
+            if p.signals.requested is None:
+                p.signals.requested = signal.SIGTERM  # another process was asked
+        p.signals.check()
 
     def _drain_losses(self) -> None:
-        self.runner.drain(self.losses, self.pos.step, divergence_advice(self.cfg))
-        with self.ledger.set_aside():  # a guard's reads, not the step's traffic
-            guard.check_loss_scale(self.optimizer.loss_scaler, self.backend.to_host,
-                                   self.pos.step, self.cfg.precision)
+        p = self.parts
+        p.runner.drain(p.losses, p.pos.step, divergence_advice(p.cfg))
+        with p.ledger.set_aside():  # a guard's reads, not the step's traffic
+            guard.check_loss_scale(p.optimizer.loss_scaler, p.backend.to_host,
+                                   p.pos.step, p.cfg.precision)
 
     def _validate(self) -> None:
         """Validation perplexity, into the curve; a new best writes the best checkpoint, and
         PATIENCE validations in a row without one stop the run. With weight averaging
         (EMA_DECAY, AVERAGE_LAST_K) the averaged weights are measured and saved."""
-        if self.averager is not None:
-            with self.ledger.set_aside():
-                self.averager.at_validation()
-        with self.checkpoints.averaged():
-            best, stop = self.history.validated(self.evaluate("valid"), self.cfg.patience)
-            self._val_step = self.pos.step
-            self.say(f"step {self.pos.step}: validation perplexity {self.val_ppl:.2f}"
-                     f"{self.evaluator.on('valid')}")
+        p = self.parts
+        if p.averager is not None:
+            with p.ledger.set_aside():
+                p.averager.at_validation()
+        with p.checkpoints.averaged():
+            best, stop = p.history.validated(self.evaluate("valid"), p.cfg.patience)
+            self.state.val_step = p.pos.step
+            p.say(f"step {p.pos.step}: validation perplexity {p.history.val_ppl:.2f}"
+                  f"{p.evaluator.on('valid')}")
             if best:
                 # deferred: a best file and the history that names it agree
-                with self.signals.deferring(WRITES), self.clock.timed("checkpoint"):
-                    self.checkpoints.save_best()
+                with p.signals.deferring(WRITES), p.clock.timed("checkpoint"):
+                    p.checkpoints.save_best()
         if stop:
-            self.early_stopped = stop
-            self.say(stop)
+            self.state.early_stopped = stop
+            p.say(stop)
 
     def _test(self) -> float:
         """Test perplexity of the best validated weights (the last ones if none were saved)."""
-        with self.checkpoints.best_weights(self.pos.step) as which:
-            self.test_ppl_of = which
+        with self.parts.checkpoints.best_weights(self.parts.pos.step) as which:
+            self.state.test_ppl_of = which
             return self.evaluate("test")
 
     def evaluate(self, split: str) -> float:
         """Perplexity of a split (exp of the mean per-token NLL): all of it, or its first
         EVAL_TOKENS scored tokens."""
-        with self.clock.timed("eval"):
+        with self.parts.clock.timed("eval"):
             hooks.pause("evaluation")
-            return self.evaluator(split)
+            return self.parts.evaluator(split)
 
     # ---- output ------------------------------------------------------------------------------
     def save(self) -> str | None:
         """Write the resumable checkpoint (see RunCheckpoints.save); where it went."""
+        p = self.parts
         self._drain_losses()
-        self.history.epoch_elapsed = self.clock.epoch_clock() if self.pos.batch else 0.0
-        with self.clock.timed("checkpoint"):
-            saved = self.checkpoints.save()
-        self.history.epoch_elapsed = 0.0
+        p.history.epoch_elapsed = p.clock.epoch_clock() if p.pos.batch else 0.0
+        with p.clock.timed("checkpoint"):
+            saved = p.checkpoints.save()
+        p.history.epoch_elapsed = 0.0
         return saved
 
 
@@ -217,7 +248,6 @@ def divergence_advice(cfg: Config) -> str:
     return advice + (" or set GRAD_CLIP (e.g. 1.0)" if cfg.grad_clip <= 0 else "")
 
 
-
 def train(cfg: Config, say: Say = print, resume: str | None = None, progress: Any = None,
           warn: Say | None = None, trace: str | None = None,
           overwrite: bool = False, init_from: str | None = None,
@@ -225,13 +255,14 @@ def train(cfg: Config, say: Say = print, resume: str | None = None, progress: An
     """Train per `cfg`, as one process or as one of a data-parallel run's (the launcher's
     environment says which); returns the run record also appended to the log (None when a
     resumed run had nothing left to do, and on every process but rank 0). `trace`: see
-    Trainer; `init_from`: a checkpoint whose weights the run starts from (init_from.py);
+    RunParts; `init_from`: a checkpoint whose weights the run starts from (init_from.py);
     `allow_data_change`: a resume may continue on other training data (resume.check_data)."""
     world = World.from_env()
     check_world(cfg, world)
     with process_group(world, cfg.comm_timeout) as group:
-        trainer = Trainer(cfg, say, resume, progress, warn, trace, group, world, overwrite,
-                          init_from, allow_data_change)
+        trainer = Trainer(cfg, say, resume=resume, progress=progress, warn=warn, trace=trace,
+                          group=group, world=world, overwrite=overwrite, init_from=init_from,
+                          allow_data_change=allow_data_change)
         clean = False
         try:
             record = trainer.run()
@@ -262,8 +293,8 @@ def warm_up(cfg: Config, say: Say = print) -> None:
                 return
             trainer.runner.run(0)
         finally:
-            if trainer.lock is not None:
-                trainer.lock.release()
+            if trainer.parts.lock is not None:
+                trainer.parts.lock.release()
     up = trainer.runner.startup
     say(f"Warm-up: first step {up['first_step_s']:.2f}s (kernel cache {up['cache']}); the "
         "kernels are in CuPy's disk cache for the next run")

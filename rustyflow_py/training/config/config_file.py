@@ -13,7 +13,7 @@ from pathlib import Path
 from dotenv import dotenv_values
 from dotenv.parser import parse_stream
 
-from ..errors import ConfigError
+from ...errors import ConfigError
 from .config_key import config_error
 
 

@@ -16,8 +16,9 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from ..errors import TrainingError
-from . import outputs
+from ...errors import TrainingError
+from ..run.signals import Stopped
+from . import writing
 from .lock import RunLock
 from .ownership import (
     check_distinct,
@@ -32,7 +33,6 @@ from .ownership import (
     same_file,
 )
 from .saver import best_path
-from .signals import Stopped
 
 Say = Callable[[str], None]
 
@@ -61,7 +61,7 @@ def claim_outputs(ckpt: str, log: str, trace: str | None, resume: str | None,
     best = best_path(ckpt)
     check_distinct({"checkpoint": ckpt, "best checkpoint": best, "log file": log,
                     "trace file": trace}, locked=("checkpoint", "best checkpoint"))
-    outputs.check_checkpoint_target(ckpt)
+    writing.check_checkpoint_target(ckpt)
     foreign(log, "log file", is_log, "set LOG_FILE to another file")
     if trace:
         foreign(trace, "trace file", is_trace, "pass --trace another file")

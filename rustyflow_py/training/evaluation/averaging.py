@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..model.ema import EMA
-from ..model.params import ParameterBuffer
-from ..model.snapshots import SnapshotAverage
-from .config import Config
+from ...model.ema import EMA
+from ...model.params import ParameterBuffer
+from ...model.snapshots import SnapshotAverage
+from ..config.config import Config
 
 
 def averager_for(cfg: Config, buffer: ParameterBuffer) -> Any:
