@@ -10,7 +10,7 @@ export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 RUSTYFLOW_DATA_DIR=${RUSTYFLOW_DA
 out=${OUT:-.}
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$out/gpu.txt"
 rows="--device gpu --shapes seed,small --precisions tf32,bf16 --skip-compile --skip-eager --curve-steps 0 --windows 5"
-for round in 1 2; do
+for round in ${ROUNDS:-1 2}; do
   for tree in before after; do
     dir=$PWD; [ "$tree" = before ] && dir=$PWD/.before
     (cd "$dir" && PYTHONPATH=/tmp/site:$dir taskset -c 6,7 timeout 150 python3 benchmarks/vs_pytorch.py $rows \
