@@ -2,7 +2,7 @@
 
 The records come from the graph profile that training makes (`rustyflow train --profile-mode
 graph`): the step's graph nodes are tagged with their ops while it is captured
-(`training.graph_profile.GraphSampler`, CUPTI resource callbacks), then sampled replays run
+(`training.run.graph_profile.GraphSampler`, CUPTI resource callbacks), then sampled replays run
 with CUPTI's kernel recording on (`engine.kernel_records.KernelAttribution`). This module only
 drives that machinery for a benchmark's step and lays the result out by kernel name, so two
 lists taken before and after a change can be compared line by line.

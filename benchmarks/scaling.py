@@ -1,7 +1,7 @@
 """Data-parallel scaling on one machine: tokens/s on 1 and N GPUs, loss equivalence, ZeRO-1
 memory, and the NCCL all-reduce time that projections to more GPUs start from.
 
-Every measurement runs the real trainer (`training.loop.Trainer`) in MPI processes started by
+Every measurement runs the real trainer (`training.run.loop.Trainer`) in MPI processes started by
 `mpiexec`, one per GPU, exactly as `rustyflow train --gpus N` does:
 - throughput: after warm-up and CUDA-graph capture, K replayed steps are timed, at the same
   per-GPU batch on 1 and on N GPUs (weak scaling), so the speed-up is N x (1-GPU step time /

@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -18,6 +19,7 @@ from rustyflow_py.engine.comm_overlap import CommAccount, is_comm, merged, uncov
 from rustyflow_py.engine.kernel_records import KernelAttribution, KernelRecord
 from rustyflow_py.engine.library import get_backend
 from rustyflow_py.engine.profiler import Profiler
+from rustyflow_py.errors import TrainingError
 from rustyflow_py.reporting.comm_text import comm_lines, rank_lines
 from rustyflow_py.reporting.log_parser import read_log
 from rustyflow_py.reporting.run_text import format_summary
@@ -28,6 +30,7 @@ from rustyflow_py.training.run.clock import RunClock
 from rustyflow_py.training.run.graph_profile import AGREE_EVERY, GraphSampler
 from rustyflow_py.training.run.loop import Trainer
 from rustyflow_py.training.run.rank_tables import spread, throughput
+from rustyflow_py.training.run.step import StepRunner
 
 REPO = Path(__file__).resolve().parents[1]
 MAIN, SIDE = 7, 13  # the step's stream and the collectives' stream
@@ -344,3 +347,16 @@ def test_two_cpu_ranks_gather_their_tables_and_report_honest_throughput(tmp_path
     summary = format_summary(r, "log.txt")
     assert "Straggler: rank " in summary
     assert "Top 5 ops over 2 ranks (ms/step):" in (tmp_path / "log.txt").read_text()
+
+
+def test_a_rank_cannot_drop_its_graph_or_profile_alone_when_the_ranks_sample_together() -> None:
+    """A capture or CUPTI failure on one rank of a data-parallel run whose ranks agree on the
+    sampled replays fails the run, naming the setting that avoids it (going on alone would
+    leave the other ranks waiting in the agreement for ever); alone, or without agreement,
+    the rank goes on as before."""
+    agreeing = SimpleNamespace(sampler=SimpleNamespace(agree=lambda want: want))
+    with pytest.raises(TrainingError, match=r"capture failed \(boom\).*set GRAPH=off"):
+        StepRunner._alone_fails(agreeing, "capture failed (boom)", "GRAPH=off")
+    for alone in (SimpleNamespace(sampler=None),
+                  SimpleNamespace(sampler=SimpleNamespace(agree=None))):
+        StepRunner._alone_fails(alone, "capture failed (boom)", "GRAPH=off")  # no error

@@ -32,7 +32,7 @@ from rustyflow_py.engine.ops.table import ANY, KernelNotFound
 DTYPES = [np.float32, np.float64]
 PACKAGE = Path(__file__).resolve().parents[1] / "rustyflow_py"
 # `kernels.<name>` uses that are kernel-set state or settings, not kernels
-NOT_KERNELS = {"xp", "backend", "jit", "threads", "cublas", "bound", "py", "_blas_threaded"}
+NOT_KERNELS = {"xp", "backend", "jit", "threads", "cublas", "bound", "py", "blas_threaded"}
 GPU_ONLY = {"attention_forward", "attention_backward"}  # the fused attention
 
 

@@ -3,9 +3,11 @@
 A backend is one device instance: the array module (`xp`), its stream and memory, and the
 kernel set it is given when made (`kernels`: the op library's, wired in by library.py, the
 module above both; this one imports no op set). Ops are written once against `xp`; only the
-fused kernels differ between devices. Every host<->device copy goes through
-`to_host`/`from_host` so it can be counted, and `strict_transfers()` turns any copy inside a
-block (a training step) into an error.
+fused kernels differ between devices. Every host<->device copy of training and evaluation
+goes through `to_host`/`from_host` so it can be counted, and `strict_transfers()` turns any
+copy inside a block (a training step) into an error. Generation's read-back of the chosen ids
+is the one exception: an asynchronous copy into pinned memory behind the sampler
+(model/generate.py's IdsToHost, model/graph_decode.py's GraphDraws), not counted.
 """
 
 from __future__ import annotations

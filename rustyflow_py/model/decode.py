@@ -76,7 +76,15 @@ class DecodeStep:
 
 class CpuDecodeStep(DecodeStep):
     """DecodeStep on the CPU for float32 weights with the numba kernels, and fewer than
-    STREAMED_ROWS sequences (the products the kernel set leaves whole to BLAS's threads)."""
+    STREAMED_ROWS sequences (the products the kernel set leaves whole to BLAS's threads).
+
+    Why it exists: a CPU token is a few milliseconds, and the kernel table's dispatch, checks
+    and fresh outputs around each small kernel, with BLAS's threads set around each product,
+    were a large share of it (benchmarks/results/generate-cpu-2core.md). So this step calls
+    the same compiled kernels and products itself, into buffers made once, and sets BLAS's
+    threads once a step. It writes the block's forward a third time (gpt.py, DecodeStep):
+    tests/test_cpu_decode.py holds it to DecodeStep bit for bit, so a change to the block
+    changes all three."""
 
     def __init__(self, model: GPT, cache: KVCache) -> None:
         super().__init__(model, cache)
@@ -101,7 +109,7 @@ class CpuDecodeStep(DecodeStep):
         x, h, z, qkv, pre, act = self.x, self.h, self.z, self.qkv, self.pre, self.act
         pos = int(self.pos[0])
         add(w["wte"][self.tokens], w["wpe"][self.pos], out=x)  # (B, E)
-        with self.kernels._blas_threaded():
+        with self.kernels.blas_threaded():
             for i, p in enumerate(self.layers):
                 jit.layernorm.layernorm_forward(x, p["ln_1.weight"], p["ln_1.bias"], LN_EPS,
                                                 h, self.mean, self.rstd)

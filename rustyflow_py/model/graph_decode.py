@@ -1,12 +1,12 @@
 """The decode step as a CUDA graph: captured once, replayed for every token.
 
-A step of a small model is a few microseconds of GPU work behind ~15 kernel launches per
-layer from Python; a graph replays all of them in one launch. The step (decode.py) reads
-its token ids and position from device buffers and writes fixed logits, so one capture at
-the full window (attention over all SEQ_LEN cached positions, those after the position
-masked) serves every position. The warm-up runs it eagerly first, so kernels compile and
-libraries allocate their workspaces outside the capture. If capture fails, the eager step
-is used from then on, with a warning.
+A step of a small model is little GPU work behind ~15 kernel launches per layer from Python
+(benchmarks/results/generate-h100.md); a graph replays all of them in one launch. The step
+(decode.py) reads its token ids and position from device buffers and writes fixed logits, so
+one capture at the full window (attention over all SEQ_LEN cached positions, those after the
+position masked) serves every position. The warm-up runs it eagerly first, so kernels
+compile and libraries allocate their workspaces outside the capture. If capture fails, the
+eager step is used from then on, with a warning.
 
 Generation goes further (GraphDraws): its graph also draws the token (`next_tokens`, one
 launch that reads its uniforms at a device counter and advances the step's position), so a

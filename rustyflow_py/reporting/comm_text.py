@@ -39,8 +39,8 @@ def comm_lines(prof: Record) -> list[str]:
         compute = num(c.get("compute_s"))
         drift = f", {100.0 * (own - compute) / compute:+.2f}% of it" if compute > 0 else ""
         lines.append(f"Check: the other ops' times sum to {_ms(own, n)} ms/step against the "
-                     f"compute time{drift} (the per-op sum also counts the collectives that "
-                     "overlap compute, so it exceeds the device-busy time)")
+                     f"compute time{drift} (the non-collective ops' kernel times, summed: "
+                     "kernels that overlap one another count twice)")
     rows = [[one_line(op.get("name")), one_line(op.get("phase")),
              _ms(num(op.get("union_s")), n), _ms(num(op.get("exposed_s")), n),
              "second" if op.get("side_stream") else "step's"]

@@ -96,7 +96,7 @@ class CpuPool(KernelSet):
         self._blas_cores = min(self.threads, len(os.sched_getaffinity(0)))
 
     @contextlib.contextmanager
-    def _blas_threaded(self) -> Iterator[None]:
+    def blas_threaded(self) -> Iterator[None]:
         """Inside, BLAS runs on THREADS threads of its own (only where split_gemms pinned it
         to one): for the products the pool cannot cut cheaply, called from one thread while
         no other GEMM runs (GEMMs come from the caller's thread; the pool runs the chunks of

@@ -57,7 +57,7 @@ class CpuKernels(CpuPool):
     # what its families may take (Family.uses): the policy's THREADS and CPU_JIT, the pool
     # and its buffers
     offers = (*CpuPool.offers, "threads", "split_gemms", "jit", "_parallel", "_jit_for",
-              "_blas_threaded", "_workspace", "_give_back", "_ones_vector")
+              "blas_threaded", "_workspace", "_give_back", "_ones_vector")
 
     def _read_policy(self, policy: RunPolicy) -> None:
         """CPU_JIT: auto (numba kernels when numba imports), on (numba required) or off."""

@@ -54,7 +54,9 @@ def finish(parts: RunParts, state: LoopState, save: Callable[[], str | None], st
             rescued.append(f"the trace {trace.rescued}")
     status, message = outcome = guard.final_status(status, message, lost, rescued,
                                                    parts.signals.requested)
-    ranks = gather_figures(parts)  # every rank's figures, at rank 0 (a collective)
+    # every rank's figures at rank 0: a collective, so not after a failure, which may be this
+    # rank's alone (the others are then waiting in the step, and the failure ends the job)
+    ranks = gather_figures(parts) if status != "failed" else None
     if not parts.world.main:
         return None, outcome
     planned = parts.cfg.log_file

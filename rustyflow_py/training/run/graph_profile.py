@@ -116,7 +116,10 @@ class GraphSampler:
         self.tracer.records(lambda: None, captured.backend.synchronize)
 
     def due(self, last: bool) -> bool:
-        """Whether this replay is to be sampled (`last`: the run's final step)."""
+        """Whether this replay is to be sampled (`last`: the run's final step). In a
+        data-parallel run every rank calls this for the same replays with the same `last`
+        (the step limit, which the ranks share; an agreed stop ends them all before it), so
+        the agreement's broadcasts pair up: `last` must never come from one rank's state."""
         now = time.perf_counter()
         if self._since is None:
             self._since = now

@@ -213,6 +213,7 @@ class StepRunner:
             with self.backend.tracking_memory():
                 self._record(captured)
         except GraphCaptureError as exc:
+            self._alone_fails(f"CUDA graph capture failed ({exc})", "GRAPH=off")
             self.graph = False
             self.warn(f"WARN: CUDA graph capture failed, training eagerly ({exc})")
             self._body(timed=True)
@@ -230,9 +231,18 @@ class StepRunner:
                 self.sampler.capture(captured)
                 return
             except CuptiUnavailable as exc:
+                self._alone_fails(str(exc), "PROFILE_MODE=eager")
                 self.sampler = None
                 self.warn(f"WARN: no per-op profile for this run: {exc}")
         captured.capture()
+
+    def _alone_fails(self, what: str, fix: str) -> None:
+        """In a data-parallel run whose ranks sample the same replays, a rank cannot drop its
+        graph or its profile alone: the others would wait for it in the sampling agreement for
+        ever. So the run fails, naming the cause and the setting that avoids it."""
+        if self.sampler is not None and self.sampler.agree is not None:
+            raise TrainingError(f"{what}; the ranks of a data-parallel run profile the same "
+                                f"replays, so this one cannot go on without them: set {fix}")
 
     def release_graph(self) -> None:
         """Free the captured step. NCCL reclaims what a graph captured of its communicator

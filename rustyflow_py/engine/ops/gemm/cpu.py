@@ -22,7 +22,7 @@ STREAMED_ROWS = 16  # below this many rows of a, a product streams b from memory
 
 
 class CpuGemm(GemmReference):
-    uses = ("threads", "split_gemms", "_parallel", "_blas_threaded")
+    uses = ("threads", "split_gemms", "_parallel", "blas_threaded")
 
     def matmul(self, a: Any, b: Any, *, transpose_b: bool = False, out: Any = None,
                accumulate: bool = False) -> Any:
@@ -77,7 +77,7 @@ class CpuGemm(GemmReference):
             # each a Python call, the many small products of a token cost more than they
             # save (measured: benchmarks/results/generate-cpu-2core.md); BLAS's own threads
             # split each one at no Python cost, so here they do, for this call only.
-            with self._blas_threaded():
+            with self.blas_threaded():
                 np.matmul(a, b, out=out)
             return
         macs = m * n * k

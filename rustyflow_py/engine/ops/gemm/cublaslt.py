@@ -122,7 +122,6 @@ class _Plan:
     layout_d: int
     results: Any  # the heuristic's results (MatmulHeuristicResult), kept: the algorithm's home
     algo: int  # the chosen algorithm's address in them
-    workspace_size: int
 
 
 # ---- operand checks (pure: they raise CublasLtUnsupported for what cuBLASLt cannot take) --
@@ -425,8 +424,7 @@ class CublasLt:
             for destroy, obj in reversed(created):
                 destroy(obj)
             raise
-        plan = _Plan(desc, layout_a_desc, layout_b_desc, layout_d_desc, results, best.ptr,
-                     int(best.workspace_size))
+        plan = _Plan(desc, layout_a_desc, layout_b_desc, layout_d_desc, results, best.ptr)
         self._plans[key] = plan
         return plan
 

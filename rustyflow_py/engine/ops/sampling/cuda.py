@@ -10,9 +10,9 @@ meet between the passes: the maximum, a radix select of the k-th largest logit (
 radix select of top-p's threshold by probability mass (no sort), and the inverse CDF. The
 blocks of a row wait for each other, so all of a launch's blocks must be on the GPU at once:
 at most one per multiprocessor is started, and a batch too large for that takes one block a
-row. Each meeting costs a few microseconds, the most of a draw at batch 1; with top-k on
-(k <= THREADS) a row takes one block, which meets no other: it sorts only the candidates for
-the k largest (about k of them) and draws among those.
+row. The meetings are most of a draw's time at batch 1 (benchmarks/results/generate-h100.md);
+with top-k on (k <= THREADS) a row takes one block, which meets no other: it sorts only the
+candidates for the k largest (about k of them) and draws among those.
 
 `next_tokens` is the same launch for generation's decode loop: it reads its uniforms at a
 device counter and writes the ids into the decode step's input, and its last block advances
@@ -47,8 +47,9 @@ def _multiprocessors(device: int) -> int:
 
 def blocks_per_row(vocab: int, rows: int, multiprocessors: int, top_k: int = 0) -> int:
     """How many blocks draw from each row: 1 with top-k on (sampling.cu's top_k_draw);
-    else about PER_THREAD logits a thread (2 drew top-p fastest of 2, 4, 8 and 16: its
-    exps spread over more multiprocessors outweigh a wider barrier), and no more blocks in
+    else about PER_THREAD logits a thread (measured fastest for top-p among 2, 4, 8 and 16:
+    benchmarks/results/generate-h100.md; its exps spread over more multiprocessors outweigh a
+    wider barrier), and no more blocks in
     all than multiprocessors (every block of a row must run at once); 1 when the batch
     alone fills the GPU."""
     if 0 < top_k <= THREADS:
