@@ -45,6 +45,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # the working tree's package, installed or not
 
+from benchmarks.scaling import SHAPES as SCALING_SHAPES  # noqa: E402  (the JSON's shapes)
 from rustyflow_py.model.gpt import GPTConfig, weight_inits  # noqa: E402
 from rustyflow_py.model.init import Init  # noqa: E402
 from rustyflow_py.model.params import ParameterBuffer  # noqa: E402
@@ -52,8 +53,6 @@ from rustyflow_py.reporting.log_parser import read_log  # noqa: E402
 from rustyflow_py.reporting.record_schema import Record, model_shape, world_size  # noqa: E402
 
 MB = 1e6  # bytes per MB; busbw in GB/s is then MB per ms
-SCALING_SHAPES = {  # benchmarks/scaling.py's SHAPES: layers, heads, embed, seq_len, batch
-    "small": (6, 6, 384, 256, 32), "medium": (12, 12, 768, 512, 16)}
 NODE_GPUS = (1, 2, 4, 8)
 NODES = (2, 4, 8, 16)
 

@@ -30,7 +30,7 @@ import numpy as np
 from ....errors import install_command
 from ...precision import MatmulCompute, dtype_name
 
-_WORKSPACE_BYTES = 32 * 2**20
+WORKSPACE_BYTES = 32 * 2**20  # each handle's (cuBLAS's, cuBLASLt's): fixed, so graphs keep it
 # nvmath.CudaDataType's name of each operand dtype (A, B and C share it); bfloat16 is
 # ml_dtypes', matched by name so this module imports without it
 _CUDA_TYPES = {"float32": "CUDA_R_32F", "float64": "CUDA_R_64F", "float16": "CUDA_R_16F",
@@ -77,8 +77,8 @@ class Cublas:
         self.lib = lib = binding("cublas")
         self.handle = lib.create()
         lib.set_stream(self.handle, stream.ptr)
-        self.workspace = xp.empty(_WORKSPACE_BYTES, dtype=np.uint8)
-        lib.set_workspace(self.handle, self.workspace.data.ptr, _WORKSPACE_BYTES)
+        self.workspace = xp.empty(WORKSPACE_BYTES, dtype=np.uint8)
+        lib.set_workspace(self.handle, self.workspace.data.ptr, WORKSPACE_BYTES)
         self.matmul_compute: MatmulCompute = "fp32"  # Precision.matmul_compute: in_compute
         self._types = cuda_types()
         self._op_n, self._op_t = int(lib.Operation.N), int(lib.Operation.T)

@@ -49,9 +49,8 @@ from typing import Any
 import numpy as np
 
 from ...precision import MatmulCompute, dtype_name
-from .cublas import binding, cuda_types
+from .cublas import WORKSPACE_BYTES, binding, cuda_types
 
-WORKSPACE_BYTES = 32 * 2**20
 MAX_ALIGNMENT = 256  # bytes; cuBLASLt's default (and largest) alignment assumption
 _HEURISTIC_RESULTS = 8
 AUX_LD_MULTIPLE = 8  # EPILOGUE_AUX_LD: "must be divisible by 8" for the GELU input
