@@ -102,6 +102,15 @@ def invoke(*args: str) -> Result:
     return CliRunner().invoke(main, list(args))
 
 
+def one_error(result: Any) -> str:
+    """The stderr of a command that failed as a user's mistake should: exit status 1 and one
+    line, never a traceback or a usage block (`result`: invoke's, or a subprocess's)."""
+    status = result.exit_code if hasattr(result, "exit_code") else result.returncode
+    lines = result.stderr.splitlines()
+    assert status == 1 and len(lines) == 1, (status, lines)
+    return lines[0]
+
+
 def subprocess_env(**extra: str) -> dict[str, str]:
     """The environment for `python -m rustyflow_py` and the scripts: this checkout's package."""
     env = {k: v for k, v in os.environ.items() if k not in KEYS}

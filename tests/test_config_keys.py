@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import Result
-from helpers import TINY, env_file, invoke, log_records
+from helpers import TINY, env_file, invoke, log_records, one_error
 
 pytestmark = pytest.mark.usefixtures("tiny_dir")
 
@@ -37,8 +37,7 @@ UNKNOWN = (f"Error: typo.env line {len(TINY) + 1}: unknown key 'BATCHSIZE' (did 
 def test_a_misspelt_key_stops_train_before_any_work() -> None:
     config_with("typo.env", "BATCHSIZE=8\n")
     result = invoke("train", "typo.env", *SHORT)
-    assert result.exit_code == 1
-    assert result.stderr.splitlines() == [UNKNOWN]
+    assert one_error(result) == UNKNOWN
     assert not Path("log.txt").exists() and not Path("models").exists()
 
 
@@ -52,10 +51,9 @@ def test_banner_reports_the_same_error() -> None:
 def test_max_step_is_named_with_its_line_in_banner() -> None:
     config_with("steps.env", "MAX_STEP=5\n")
     result = invoke("banner", "--config", "steps.env")
-    assert result.exit_code == 1
-    assert result.stderr.splitlines() == [
+    assert one_error(result) == (
         f"Error: steps.env line {len(TINY) + 1}: unknown key 'MAX_STEP' (did you mean "
-        f"MAX_STEPS?): correct or remove it, or pass --allow-unknown-keys to ignore it"]
+        f"MAX_STEPS?): correct or remove it, or pass --allow-unknown-keys to ignore it")
 
 
 def test_several_unknown_keys_are_named_in_one_line() -> None:
@@ -96,9 +94,8 @@ def test_the_config_is_a_positional_argument_anywhere(args: tuple[str, ...]) -> 
 
 def test_two_configs_are_an_error() -> None:
     result = invoke("train", "tiny.env", "--config", "other.env")
-    assert result.exit_code == 1
-    assert result.stderr.splitlines() == [
-        "Error: two config files: tiny.env and --config other.env: pass one"]
+    assert one_error(result) == (
+        "Error: two config files: tiny.env and --config other.env: pass one")
 
 
 def test_a_missing_config_offers_the_nearest_name_and_the_folder(tiny_dir: Path) -> None:
@@ -118,11 +115,10 @@ def test_a_missing_config_offers_the_nearest_name_and_the_folder(tiny_dir: Path)
 def test_an_unset_data_dir_named_in_a_file_stops_train_naming_the_file() -> None:
     config_with("far.env", "DATA_DIR=nowhere\n")
     result = invoke("train", "far.env")
-    assert result.exit_code == 1
-    assert result.stderr.splitlines() == [
+    assert one_error(result) == (
         f"Error: DATA_DIR=nowhere ({Path('nowhere').absolute()}) does not exist or is not a "
         f"folder (set by far.env): fix the path, or leave DATA_DIR empty to look in "
-        f"$RUSTYFLOW_DATA_DIR, ./data and ../shared/data"]
+        f"$RUSTYFLOW_DATA_DIR, ./data and ../shared/data")
 
 
 @pytest.mark.parametrize("command", [("data", "info"), ("banner", "--dataset", "wikitext-2")])
@@ -130,7 +126,6 @@ def test_a_missing_rustyflow_data_dir_is_an_error_not_a_fallback(
         command: tuple[str, ...], monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RUSTYFLOW_DATA_DIR", "/nonexistent")
     result = invoke(*command)
-    assert result.exit_code == 1
-    assert result.stderr.splitlines() == [
+    assert one_error(result) == (
         "Error: RUSTYFLOW_DATA_DIR=/nonexistent does not exist or is not a folder: fix the "
-        "path (the environment variable), or unset it to look in ./data and ../shared/data"]
+        "path (the environment variable), or unset it to look in ./data and ../shared/data")

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import REPO, invoke, log_records, subprocess_env
+from helpers import REPO, invoke, log_records, one_error, subprocess_env
 
 from rustyflow_py.training.config.config import load_config
 
@@ -54,16 +54,14 @@ def test_a_typed_model_path_is_written_and_resumed_as_typed() -> None:
 def test_a_resume_without_the_device_suffix_names_the_file_that_has_it(tiny_dir: Path) -> None:
     assert invoke("train", "tiny.env", *SHORT).exit_code == 0
     result = invoke("train", "tiny.env", "--resume", "models/tiny.npz")
-    assert result.exit_code == 1
-    assert result.stderr.splitlines() == [
+    assert one_error(result) == (
         f"Error: --resume models/tiny.npz: no such file ({tiny_dir}/models/tiny.npz); "
         f"models/tiny-cpu.npz exists (train adds -cpu or -gpu to a MODEL_PATH from the config): "
-        f"pass --resume models/tiny-cpu.npz"]
+        f"pass --resume models/tiny-cpu.npz")
     nothing = invoke("train", "tiny.env", "--resume", "/nowhere/r.npz")
-    assert nothing.exit_code == 1
-    assert nothing.stderr.splitlines() == [
+    assert one_error(nothing) == (
         "Error: --resume /nowhere/r.npz: no such file: pass the checkpoint a run wrote (its "
-        "`Checkpoint:` line)"]
+        "`Checkpoint:` line)")
 
 
 # ------------------------------------------------------------------ a GPU config on the CPU
@@ -134,10 +132,9 @@ def test_scripts_and_commands_from_another_folder_use_that_folder(tiny_dir: Path
 
 def test_script_options_and_config_in_any_order_and_their_errors() -> None:
     bad = script("train_cpu.sh", "--batch-size", "0", "tiny.env")
-    assert bad.returncode == 1
-    assert bad.stderr.splitlines() == [
+    assert one_error(bad) == (
         "Error: command line --batch-size: BATCH_SIZE='0' is not valid: expected a positive "
-        "integer"]
+        "integer")
     missing = script("train_cpu.sh", "tiny")
     assert missing.returncode == 1
     [line] = missing.stderr.splitlines()
@@ -150,32 +147,28 @@ def test_hints_name_the_wrapper_as_the_user_ran_it(tiny_dir: Path) -> None:
     which works from here (not `./rustyflow`, nor `python -m rustyflow_py`, which does not
     import outside the checkout's .venv)."""
     result = script("rustyflow", "report")
-    assert result.returncode == 1
-    assert result.stderr.splitlines() == [
+    assert one_error(result) == (
         f"Error: training_log.txt not found (looked for {tiny_dir}/training_log.txt): no run "
         f"has logged in this folder; run `{REPO}/rustyflow train` here first, or pass --log "
-        f"FILE"]
+        f"FILE")
 
 
 def test_report_names_the_log_as_given(tiny_dir: Path) -> None:
     default = invoke("report")
-    assert default.exit_code == 1
-    assert default.stderr.splitlines() == [
+    assert one_error(default) == (
         f"Error: training_log.txt not found (looked for {tiny_dir}/training_log.txt): no run "
         f"has logged in this folder; run `python -m rustyflow_py train` here first, or pass "
-        f"--log FILE"]
+        f"--log FILE")
     given = invoke("report", "--log", "nosuch.txt")
-    assert given.exit_code == 1
-    assert given.stderr.splitlines() == [
+    assert one_error(given) == (
         f"Error: nosuch.txt not found (looked for {tiny_dir}/nosuch.txt): pass --log the "
-        f"LOG_FILE a run wrote (relative paths are read from the folder you are in)"]
+        f"LOG_FILE a run wrote (relative paths are read from the folder you are in)")
 
 
 def test_data_info_names_a_relative_data_dir_with_its_absolute_path(tiny_dir: Path) -> None:
     result = invoke("data", "info", "--data-dir", "nosuch")
-    assert result.exit_code == 1
-    assert result.stderr.splitlines() == [
+    assert one_error(result) == (
         f"Error: DATA_DIR=nosuch ({tiny_dir}/nosuch) does not exist or is not a folder: fix the "
         f"path (--data-dir or DATA_DIR), or leave it empty to look in $RUSTYFLOW_DATA_DIR, "
-        f"./data and ../shared/data"]
+        f"./data and ../shared/data")
 
