@@ -50,7 +50,12 @@ from rustyflow_py.model.gpt import GPTConfig, weight_inits  # noqa: E402
 from rustyflow_py.model.init import Init  # noqa: E402
 from rustyflow_py.model.params import ParameterBuffer  # noqa: E402
 from rustyflow_py.reporting.log_parser import read_log  # noqa: E402
-from rustyflow_py.reporting.record_schema import Record, model_shape, world_size  # noqa: E402
+from rustyflow_py.reporting.record_schema import (  # noqa: E402
+    Record,
+    model_shape,
+    parallel_of,
+    world_size,
+)
 
 MB = 1e6  # bytes per MB; busbw in GB/s is then MB per ms
 NODE_GPUS = (1, 2, 4, 8)
@@ -208,13 +213,15 @@ class Shape:
                          n_head=self.heads, n_embd=self.embed)
 
 
-def code_buckets(shape: Shape, bucket_mb: float) -> list[tuple[int, list[str]]]:
+def code_buckets(shape: Shape, bucket_mb: float,
+                 reduce_bytes: int = 4) -> list[tuple[int, list[str]]]:
     """(elements, tensor names) of each bucket, from the trainer's own code: the parameter
-    buffer's layout and `ParameterBuffer.buckets` (zero-filled: no initial values drawn)."""
+    buffer's layout and `ParameterBuffer.buckets` with BUCKET_MB counted in the reduce
+    dtype's bytes, as the trainer counts it (zero-filled: no initial values drawn)."""
     zeros = {n: Init(i.shape) for n, i in weight_inits(shape.gpt(), 0).items()}
     buffer = ParameterBuffer(zeros, "cpu", np.float32)
     return [(stop - start, [s.name for s in buffer.spans if start <= s.offset < stop])
-            for start, stop in buffer.buckets(int(bucket_mb * 2**20))]
+            for start, stop in buffer.buckets(int(bucket_mb * 2**20), reduce_bytes)]
 
 
 def completion_fractions(shape: Shape) -> dict[str, float]:
@@ -245,7 +252,7 @@ def estimated_buckets(shape: Shape, bucket_mb: float, reduce_bytes: int,
                       backward_ms: float) -> tuple[Bucket, ...]:
     done = completion_fractions(shape)
     return tuple(Bucket(n * reduce_bytes, backward_ms * max(done.get(x, 1.0) for x in names))
-                 for n, names in code_buckets(shape, bucket_mb))
+                 for n, names in code_buckets(shape, bucket_mb, reduce_bytes))
 
 
 # ---- reading inputs -------------------------------------------------------------------------
@@ -396,31 +403,35 @@ def _network(links: dict[int, Link], labels: dict[str, str], args: Any
 
 
 # ---- validation -----------------------------------------------------------------------------
-def measured_rows(path: str, shape_name: str, shape: str, tokens_per_gpu: int
-                  ) -> tuple[float | None, list[tuple[int, float]]]:
+def measured_rows(path: str, shape_name: str, shape: str, tokens_per_gpu: int,
+                  reduce_dtype: str = "fp32") -> tuple[float | None, list[tuple[int, float]]]:
     """The 1-GPU step (None: not measured there) and the (GPUs, step ms) of the multi-GPU
     runs in a scaling.py JSON, or of the runs of `shape` in a training log (those that did
-    not profile, where there are any)."""
+    not profile, where there are any) that summed their gradient in `reduce_dtype`."""
     if path.endswith(".json"):
         rows = json.loads(Path(path).read_text()).get(shape_name, {})
         steps = {int(n): r["step_s"] * 1e3 for n, r in rows.items()}
     else:
-        profiled, plain = _runs(path, shape)
+        profiled, plain = (
+            [r for r in rs if world_size(r) == 1
+             or parallel_of(r).get("grad_reduce_dtype", "fp32") == reduce_dtype]
+            for rs in _runs(path, shape))
         steps = {world_size(r): world_size(r) * tokens_per_gpu / r["tokens_per_s"] * 1e3
                  for r in plain or profiled}  # the last run of each count
     return steps.get(1), sorted((n, ms) for n, ms in steps.items() if n > 1)
 
 
 def validate(inputs: StepInputs, net: Network, files: list[str], shape_name: str,
-             contention: float, zero1: bool) -> list[str]:
-    """A row per measured run: predicted and measured step, the error, and the contention
-    that would make the row exact."""
+             contention: float, zero1: bool, reduce_dtype: str = "fp32") -> list[str]:
+    """A row per measured run (of a training log: those that summed in `reduce_dtype`):
+    predicted and measured step, the error, and the contention that would make the row
+    exact."""
     lines = ["| measured in | 1-GPU ms | GPUs | measured ms | predicted ms | error | measured "
              "extra ms | predicted extra ms | implied contention |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for f in files:
         base, rows = measured_rows(f, shape_name, inputs.labels["shape"],
-                                   inputs.tokens_per_step)
+                                   inputs.tokens_per_step, reduce_dtype)
         here = inputs if base is None else dataclasses.replace(inputs, step_ms=base)
         for n, meas in rows:
             p = predict(here, net, n, contention, zero1)
@@ -531,7 +542,7 @@ def report(args: argparse.Namespace) -> str:
     if args.validate:
         lines += ["", "## Validation against measured runs", "",
                   *validate(inputs, net, args.validate, args.shape, args.contention,
-                            args.zero1)]
+                            args.zero1, "bf16" if args.reduce_bytes == 2 else "fp32")]
     table, preds = prediction_table(inputs, net, args.contention, args.zero1)
     lines += ["", "## Predictions (same per-GPU batch)", "", *table]
     if args.json:

@@ -35,7 +35,7 @@ KEY_SECTIONS = {
     **dict.fromkeys(("DEVICE", "STRICT_DEVICE", "THREADS", "CPU_JIT"), "Device"),
     **dict.fromkeys(("GRAPH", "ATTENTION"), "GPU"),
     **dict.fromkeys(("NUM_GPUS", "GRAD_ACCUM_STEPS", "SHARD_OPTIMIZER", "BUCKET_MB",
-                     "COMM_TIMEOUT"), "Distributed"),
+                     "GRAD_REDUCE_DTYPE", "COMM_TIMEOUT"), "Distributed"),
     **dict.fromkeys(("MODEL_PATH", "LOG_FILE", "LOG_INTERVAL"), "Output"),
     **dict.fromkeys(("PROFILE", "PROFILE_MODE", "PROFILE_STEPS"), "Profile"),
     **dict.fromkeys(("TEMPERATURE", "TOP_P", "TOP_K"), "Sampling (generate, chat)"),

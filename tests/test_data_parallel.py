@@ -882,3 +882,76 @@ def test_bucketed_all_reduce_finish_reduces_buckets_backward_never_reached() -> 
     sync.finish()
     assert sorted(span for _, span in events) == sync.buckets
     np.testing.assert_array_equal(model.buffer.grad, 2.0)
+
+
+class Bf16DoublingComm:
+    """Two ranks of equal gradients, summed in bf16 (as NCCL sums a bf16 buffer): the
+    collective sees only the wire copy, never the float32 gradient, and doubles it (exact in
+    bf16, so what comes back is 2 x the gradient rounded to bf16 once)."""
+
+    rank, size = 0, 2
+
+    def __init__(self, grad: np.ndarray) -> None:
+        self.grad, self.calls = grad, 0
+
+    def _check(self, x: np.ndarray) -> None:
+        assert x.dtype.name == "bfloat16" and not np.shares_memory(x, self.grad)
+        self.calls += 1
+
+    def all_reduce(self, x: np.ndarray, stream: Any = None) -> None:
+        self._check(x)
+        x[...] = (x.astype(np.float32) * 2).astype(x.dtype)
+
+    def shard(self, x: np.ndarray) -> slice:
+        n = x.size // self.size
+        return slice(self.rank * n, (self.rank + 1) * n)
+
+    def reduce_scatter(self, x: np.ndarray, stream: Any = None) -> None:
+        self._check(x)
+        mine = self.shard(x)
+        x[mine] = (x[mine].astype(np.float32) * 2).astype(x.dtype)
+        x[: mine.start] = x[mine.stop :] = np.nan  # the other shards: scratch
+
+
+def test_grad_reduce_dtype_bf16_sums_each_bucket_in_bf16_and_widens_it_back() -> None:
+    from rustyflow_py.distributed.data_parallel import ReduceScatter
+
+    bf16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    model = tiny_gpt()
+    backward_once(model)
+    buffer = model.buffer
+    g = buffer.grad.copy()
+    want = 2 * g.astype(bf16).astype(np.float32)
+    assert not np.array_equal(want, 2 * g)  # the rounding is visible at this size
+
+    comm = Bf16DoublingComm(buffer.grad)
+    sync = BucketedAllReduce(buffer, comm, 4096, bf16)
+    # BUCKET_MB counts the bytes on the wire: twice the elements of a float32 bucket
+    assert len(sync.buckets) < len(BucketedAllReduce(buffer, comm, 4096).buckets)
+    assert sync.buckets == buffer.buckets(4096, itemsize=2)
+    sync.start(overlap=True)
+    sync.finish()  # no backward armed: every bucket is reduced here
+    assert comm.calls == len(sync.buckets)
+    assert buffer.grad.dtype == np.float32
+    np.testing.assert_array_equal(buffer.grad, want)
+
+    # ZeRO-1: the whole gradient reduce-scattered in bf16, only this rank's shard widened back
+    buffer.grad_storage[...] = 0
+    buffer.grad[...] = g
+    comm.calls = 0
+    ReduceScatter(buffer, comm, bf16).finish()
+    mine = comm.shard(buffer.grad_storage)
+    assert comm.calls == 1
+    padded = np.pad(g, (0, buffer.grad_storage.size - g.size))
+    np.testing.assert_array_equal(buffer.grad_storage[mine],
+                                  2 * padded[mine].astype(bf16).astype(np.float32))
+    # the other shards are left as they were (NaN scratch on the wire never comes back)
+    np.testing.assert_array_equal(buffer.grad_storage[mine.stop:], padded[mine.stop:])
+
+
+def test_grad_reduce_dtype_bf16_on_the_cpu_is_refused_naming_both_ways_out(tmp_path: Path) -> None:
+    config = tmp_path / "c.env"
+    config.write_text("DEVICE=cpu\nGRAD_REDUCE_DTYPE=bf16\n")
+    with pytest.raises(ConfigError, match="GRAD_REDUCE_DTYPE=bf16 .* DEVICE=cpu .* set "
+                                          "GRAD_REDUCE_DTYPE=fp32, or DEVICE=gpu"):
+        load_config(str(config))

@@ -387,6 +387,9 @@ def test_cast_into(device: str, name: str, size: int) -> None:
     dst = pair.dev(np.zeros(size, dtype))
     assert pair.mine.cast_into(dst, pair.dev(src)) is None
     assert pair.backend.to_host(dst).tobytes() == src.astype(dtype).tobytes()
+    back = pair.dev(np.full(size, np.nan, np.float32))  # and widened back: exact
+    assert pair.mine.cast_into(back, dst) is None
+    assert pair.backend.to_host(back).tobytes() == src.astype(dtype).astype(np.float32).tobytes()
 
 
 @pytest.mark.gpu

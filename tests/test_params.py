@@ -68,9 +68,13 @@ def test_buckets_group_whole_consecutive_spans() -> None:
     assert buf.spans == (Span("a", 0, (10, 10), True), Span("b", 100, (30,), False),
                          Span("c", 130, (50,), False), Span("d", 180, (300,), False),
                          Span("e", 480, (20,), False))
-    # float32: 600 bytes hold 150 elements; d (300 elements) gets a bucket of its own
-    assert buf.buckets(600) == [(0, 130), (130, 180), (180, 480), (480, 500)]
-    assert buf.buckets(2000) == [(0, 500)]
+    # float32: 600 bytes hold 150 elements; d (300 elements) gets a bucket of its own, and
+    # the decayed a never shares one with the 1-D tensors after it
+    assert buf.buckets(600) == [(0, 100), (100, 180), (180, 480), (480, 500)]
+    assert buf.buckets(2000) == [(0, 100), (100, 500)]
+    # 800 bytes hold 200 float32 elements, or 400 in a 2-byte reduce dtype
+    assert buf.buckets(800) == [(0, 100), (100, 180), (180, 480), (480, 500)]
+    assert buf.buckets(800, itemsize=2) == [(0, 100), (100, 500)]
     assert buf.buckets(4) == [(s.offset, s.offset + s.size) for s in buf.spans]
 
 
@@ -84,6 +88,7 @@ def test_buckets_of_a_model_cover_it_within_the_limit() -> None:
         assert all(a[1] == b[0] for a, b in zip(buckets, buckets[1:], strict=False))
         for start, stop in buckets:
             assert stop in ends  # whole spans only
+            assert not start < buf.decay_size < stop  # matrices and 1-D tensors apart
             inside = [s for s in buf.spans if start <= s.offset < stop]
             assert (stop - start) * buf.flat.itemsize <= max_bytes or len(inside) == 1
 

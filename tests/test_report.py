@@ -365,7 +365,7 @@ def test_data_parallel_block_lines() -> None:
     assert dp == (
         f"Data parallel: 2 processes (rustyflow launcher) x BATCH_SIZE {batch} x "
         f"GRAD_ACCUM_STEPS 1 = effective batch {p['effective_batch']} streams; ZeRO-1 optimizer "
-        "sharding off; 3 gradient buckets of <= 12.5 MiB"
+        "sharding off; 3 gradient buckets of <= 12.5 MiB; gradient summed in fp32"
     )
     assert lines[index_of(lines, "Data parallel:") + 1] == (
         "Tokens/s: 812,345 total, 406,172 per process"
@@ -373,11 +373,12 @@ def test_data_parallel_block_lines() -> None:
     assert index_of(lines, "Total training time:") < index_of(lines, "Data parallel:")
     assert index_of(lines, "Tokens/s:") < index_of(lines, "Per-op profile")
     zero = parallel(4, launcher="torchrun", grad_accum_steps=2, effective_batch=128,
-                    shard_optimizer=True, buckets=0)  # reduce-scatter: no all-reduce buckets
+                    shard_optimizer=True, buckets=0,  # reduce-scatter: no all-reduce buckets
+                    grad_reduce_dtype="bf16")
     lines = lines_of(format_block(dp_record(4, parallel=zero)))
     assert lines[index_of(lines, "Data parallel:")] == (
         "Data parallel: 4 processes (torchrun launcher) x BATCH_SIZE 16 x GRAD_ACCUM_STEPS 2 = "
-        "effective batch 128 streams; ZeRO-1 optimizer sharding on"
+        "effective batch 128 streams; ZeRO-1 optimizer sharding on; gradient summed in bf16"
     )
     assert "Tokens/s: 812,345 total, n/a per process" in lines
 

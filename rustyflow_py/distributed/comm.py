@@ -16,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from ..engine.backend import Backend
+from ..engine.precision import bfloat16
 
 
 class Communicator:
@@ -105,6 +106,10 @@ class NcclCommunicator(Communicator):
                       np.dtype(np.float64): nccl.NCCL_FLOAT64,
                       np.dtype(np.float16): nccl.NCCL_FLOAT16,
                       np.dtype(np.int32): nccl.NCCL_INT32}
+        try:  # ncclBfloat16 is 9 in nccl.h (NCCL 2.10+); older CuPy does not name it
+            self.types[bfloat16()] = getattr(nccl, "NCCL_BFLOAT16", 9)
+        except ImportError:  # no ml_dtypes: no bf16 array can reach here either
+            pass
 
     def _stream(self, stream: Any) -> int:
         return (stream or self.backend.stream).ptr

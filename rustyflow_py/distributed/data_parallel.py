@@ -8,10 +8,16 @@ of backward. With SHARD_OPTIMIZER (ZeRO stage 1) the gradient is reduce-scattere
 each rank updates only its shard of the parameters with only its shard of the optimizer
 state, and the updated shards are all-gathered. Everything is a kernel on a stream, so the
 whole step, collectives included, is still one CUDA graph.
+
+GRAD_REDUCE_DTYPE=bf16 sums the gradient in bf16: each bucket is cast into a bf16 copy, summed
+there by NCCL and widened back into the float32 gradient, which the optimizer reads as
+before. Half the bytes cross the links; each rank's share is rounded to bf16 once and the sum
+once per hop, as with PyTorch DDP's bf16 compression hook and FSDP's `reduce_dtype`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -25,18 +31,46 @@ from ..model.params import ParameterBuffer
 from .comm import Communicator
 
 
+class Wire:
+    """The gradient as the collectives carry it: the float32 gradient itself, or a copy of it
+    in a narrower dtype that each sum goes through (cast, collective, widened back)."""
+
+    def __init__(self, buffer: ParameterBuffer, dtype: Any) -> None:
+        grad = buffer.grad_storage
+        self.kernels = buffer.backend.kernels
+        self.dtype = grad.dtype if dtype is None else np.dtype(dtype)
+        self.copy = (None if self.dtype == grad.dtype
+                     else buffer.backend.xp.empty(grad.size, self.dtype))
+
+    def sum(self, collective: Callable[..., None], grad: Any, start: int, stop: int,
+            keep: slice = slice(None), stream: Any = None) -> None:
+        """`collective` over grad[start:stop] (a view of the gradient storage) on `stream`;
+        what is widened back is `keep` of it (a reduce-scatter leaves only one shard)."""
+        if self.copy is None:
+            collective(grad, stream)
+            return
+        wire = self.copy[start:stop]
+        with stream or contextlib.nullcontext():  # the casts on the collective's stream
+            self.kernels.cast_into(wire, grad)
+            collective(wire, stream)
+            self.kernels.cast_into(grad[keep], wire[keep])
+
+
 class BucketedAllReduce:
     """Sums the gradient over the ranks, bucket by bucket, as backward completes them.
 
     `overlap`: the all-reduces run on a stream of their own, which the step's stream waits
     for at the end of backward; without it (an eager window's profiled steps) they run on the
     step's stream, where the profiler's events time them exactly. Bucket k is the op
-    `all_reduce[k]` either way.
+    `all_reduce[k]` either way. `bucket_bytes` counts the bytes on the wire, in
+    `reduce_dtype` (None: the gradient's own float32).
     """
 
-    def __init__(self, buffer: ParameterBuffer, comm: Communicator, bucket_bytes: int) -> None:
+    def __init__(self, buffer: ParameterBuffer, comm: Communicator, bucket_bytes: int,
+                 reduce_dtype: Any = None) -> None:
         self.buffer, self.comm = buffer, comm
-        self.buckets = buffer.buckets(bucket_bytes)
+        self.wire = Wire(buffer, reduce_dtype)
+        self.buckets = buffer.buckets(bucket_bytes, self.wire.dtype.itemsize)
         self.bucket_of: dict[int, int] = {}  # id(parameter tensor) -> its bucket
         self.counts = [0] * len(self.buckets)
         for span in buffer.spans:
@@ -73,13 +107,15 @@ class BucketedAllReduce:
         grad = self.buffer.grad[start:stop]
         name = f"all_reduce[{i}]"  # each bucket an op of its own, in every profile
         if not self.overlap:
-            run_op(name, "comm", "backward", self.comm.all_reduce, grad)
+            run_op(name, "comm", "backward", self.wire.sum, self.comm.all_reduce, grad,
+                   start, stop)
             return
         self.ready[i].record(self.backend.stream)  # the bucket's gradient is written
         self.side.wait_event(self.ready[i])
         # through the op choke point too: while the step is captured for the graph profile,
         # the NCCL nodes are tagged with the bucket's op, not with the backward op running
-        run_op(name, "comm", "backward", self.comm.all_reduce, grad, self.side)
+        run_op(name, "comm", "backward", self.wire.sum, self.comm.all_reduce, grad, start,
+               stop, slice(None), self.side)
 
     def finish(self) -> None:
         """Reduce what backward never reached (unused tensors), then join the side stream."""
@@ -95,15 +131,18 @@ class ReduceScatter:
     """ZeRO-1's gradient sync: one reduce-scatter of the whole (padded) gradient after
     backward, leaving each rank the global sum of its own shard."""
 
-    def __init__(self, buffer: ParameterBuffer, comm: Communicator) -> None:
+    def __init__(self, buffer: ParameterBuffer, comm: Communicator,
+                 reduce_dtype: Any = None) -> None:
         self.buffer, self.comm = buffer, comm
+        self.wire = Wire(buffer, reduce_dtype)
 
     def start(self, overlap: bool) -> None:
         return None
 
     def finish(self) -> None:
-        run_op("reduce_scatter", "comm", "backward", self.comm.reduce_scatter,
-               self.buffer.grad_storage)
+        grad = self.buffer.grad_storage
+        run_op("reduce_scatter", "comm", "backward", self.wire.sum, self.comm.reduce_scatter,
+               grad, 0, grad.size, self.comm.shard(grad))
 
 
 @dataclasses.dataclass

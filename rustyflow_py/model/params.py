@@ -105,21 +105,26 @@ class ParameterBuffer:
         """Every parameter's shape by name (what a checkpoint must hold)."""
         return {s.name: s.shape for s in self.spans}
 
-    def buckets(self, max_bytes: int) -> list[tuple[int, int]]:
+    def buckets(self, max_bytes: int, itemsize: int | None = None) -> list[tuple[int, int]]:
         """Consecutive whole spans grouped into (start, stop) element ranges of the buffer.
 
-        Each range holds at most `max_bytes` unless it is a single span larger than that, so a
-        range's gradient is one contiguous slice that can be reduced (all-reduce) as soon as
-        backward has produced it, in a few large transfers rather than one per tensor.
+        Each range holds at most `max_bytes` (at `itemsize` bytes an element: the gradient's
+        own unless it is reduced in another dtype) unless it is a single span larger than
+        that, so a range's gradient is one contiguous slice that can be reduced (all-reduce)
+        as soon as backward has produced it, in a few large transfers rather than one per
+        tensor. No range straddles `decay_size`: the 1-D tensors at the back (every block's
+        biases and LayerNorms) are ready only when backward reaches block 0, and would hold
+        back the last block's matrices, the first gradients backward completes.
         """
-        limit = max_bytes // self.flat.itemsize  # elements
+        limit = max_bytes // (itemsize or self.flat.itemsize)  # elements
         out: list[tuple[int, int]] = []
         start = stop = 0
         for s in self.spans:
-            if s.offset + s.size - start > limit and stop > start:
+            end = s.offset + s.size
+            if stop > start and (end - start > limit or s.offset == self.decay_size):
                 out.append((start, stop))
                 start = stop
-            stop = s.offset + s.size
+            stop = end
         if stop > start:
             out.append((start, stop))
         return out

@@ -34,6 +34,7 @@ class ParallelRecord(TypedDict):
     tokens_per_s_per_rank: float | None
     bucket_mb: float  # the gradient all-reduce bucket limit, MiB
     buckets: int  # 0 when no bucketed all-reduce ran (one process, or ZeRO-1)
+    grad_reduce_dtype: str  # fp32 | bf16: the dtype the gradient was summed in (older: fp32)
 
 
 class RunRecord(TypedDict, total=False):

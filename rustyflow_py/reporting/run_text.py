@@ -131,6 +131,7 @@ def parallel_lines(r: Record) -> list[str]:
     if is_num(buckets) and buckets > 0:
         line += (f"; {buckets:,} gradient bucket{'s' if buckets != 1 else ''} of <= "
                  f"{number(p.get('bucket_mb'), 'g')} MiB")
+    line += f"; gradient summed in {one_line(p.get('grad_reduce_dtype', 'fp32'))}"
     return [line, f"Tokens/s: {number(r.get('tokens_per_s'), ',.0f')} total, "
                   f"{number(p.get('tokens_per_s_per_rank'), ',.0f')} per process"]
 

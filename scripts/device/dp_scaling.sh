@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
-# Data-parallel scaling through the user's command, for ONE nvidia-h100-x4 (or h200-x4) call of
-# at most 10 minutes (run it with carry [".whl", ".devdata"]):
-#   1. the NCCL all-reduce sweep on 2 and 4 GPUs (benchmarks/allreduce_sweep.py);
-#   2. `rustyflow train --gpus N --config configs/medium.env --precision bf16` for N = 1, 2, 4,
-#      profile off and on, then the GPT-2 124M shape (L12 H12 E768, T=1024, B=16 per GPU,
-#      a 50,257-token BPE trained on WikiText-2: GPT-2's own tokenizer files cannot be
-#      fetched there), each a short run (MAX_STEPS, 2 epochs at most, 16k evaluated tokens);
+# Data-parallel scaling through the user's command, for ONE multi-GPU call of at most 10
+# minutes (nvidia-h100-x4 / h200-x4, or -x2 with GPUS="1 2"; carry [".whl", ".devdata"], and
+# the baseline tree when BEFORE is set):
+#   1. the NCCL all-reduce sweep on each GPU count above 1 (benchmarks/allreduce_sweep.py);
+#   2. `rustyflow train --gpus N --config configs/medium.env --precision bf16` for each N in
+#      GPUS, then the GPT-2 124M shape (L12 H12 E768, T=1024, B=16 per GPU, a 50,257-token
+#      BPE trained on WikiText-2: GPT-2's own tokenizer files cannot be fetched there), each
+#      one epoch with 16k evaluated tokens: on 1 GPU profile off and on, and for medium at
+#      N x B too (the loss curve N GPUs of B must match); on N > 1 GPUs with the gradient
+#      summed in each of REDUCE (profile off), the last of them with the profile on too, and
+#      the code in BEFORE (a `git archive` of an older commit), if set, for the before/after;
 #   3. the scaling model on what it measured (benchmarks/scaling_model.py --validate).
 # Everything lands under $OUT: the sweeps' JSON, one log per shape (run records), each run's
 # output, the model's reports, and summary.txt (each step's exit status and seconds).
@@ -21,6 +25,10 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$root PYTHONUNBUFFERED=1 RUSTYFLOW_DATA_DIR=${RUSTYFLOW_DATA_DIR:-$root/.devdata}
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export RUSTYFLOW_CACHE_DIR=/tmp/rf-cache NCCL_NVLS_ENABLE=0
+GPUS=${GPUS:-1 2 4}
+REDUCE=${REDUCE:-fp32 bf16}
+BEFORE=${BEFORE:-}
+SHAPES=${SHAPES:-medium gpt2}
 
 # step NAME LIMIT_S COMMAND...: output to $out/NAME.txt; skipped when the budget is short
 step() {
@@ -44,34 +52,52 @@ step() {
   python3 -c 'import cupy; from cupy.cuda import nccl; print("cupy", cupy.__version__, "nccl", nccl.get_version())'
   git -C "$root" log -1 --format=%h 2>/dev/null; } > "$out/machine.txt" 2>&1
 
-for n in 2 4; do
-    step "sweep-$n" 60 python3 benchmarks/allreduce_sweep.py --gpus "$n" --out "$out/allreduce-$n.json"
+for n in $GPUS; do
+    (( n > 1 )) && step "sweep-$n" 60 python3 benchmarks/allreduce_sweep.py --gpus "$n" \
+        --out "$out/allreduce-$n.json"
 done
 
 MEDIUM=(--config configs/medium.env --precision bf16)
 # GPT-2 124M's shape: the medium model at T=1024 with a 50,257-token vocabulary
 GPT2=(--config configs/medium.env --precision bf16 --seq-len 1024 --batch-size 16
       --tokenizer bpe --bpe-vocab 50257)
-SHORT=(--device gpu --num-epochs 2 --max-steps 200 --eval-tokens 16384 --log-interval 50)
-for shape in medium gpt2; do
+SHORT=(--device gpu --num-epochs 1 --eval-tokens 16384 --log-interval 25)
+# train NAME N TREE ARGS...: one `train --gpus N` run of $shape, from TREE's code ("" = this
+# tree), started in TREE (`python3 -m` puts the working directory first on the path)
+train() {
+    local name=$1 n=$2 tree=${3:-$root}
+    shift 3
+    step "$shape-$name" 90 env -C "$tree" PYTHONPATH="/tmp/site:$tree" python3 -m rustyflow_py train \
+        --gpus "$n" "${args[@]}" "${SHORT[@]}" --log-file "$out/$shape.log" \
+        --model-path "/tmp/rf-models/$shape-$name.npz" "$@"
+}
+for shape in $SHAPES; do
     if [[ $shape == medium ]]; then args=("${MEDIUM[@]}"); else args=("${GPT2[@]}"); fi
-    for profile in off on; do
-        for n in 1 2 4; do
-            step "$shape-gpus$n-profile-$profile" 75 python3 -m rustyflow_py train --gpus "$n" \
-                "${args[@]}" "${SHORT[@]}" --"$([[ $profile == on ]] || echo no-)"profile \
-                --log-file "$out/$shape.log" --model-path "/tmp/rf-models/$shape-$n.npz"
-        done
+    for n in $GPUS; do  # first: the 1-GPU step of the plain B is the log's last
+        (( n > 1 )) && [[ $shape == medium ]] && train "gpus1-batch$((16 * n))-profile-off" 1 \
+            "" --no-profile --batch-size $((16 * n))
     done
+    train gpus1-profile-off 1 "" --no-profile
+    for n in $GPUS; do
+        (( n > 1 )) || continue
+        [[ -n $BEFORE ]] && train "gpus$n-before-profile-off" "$n" "$root/$BEFORE" --no-profile
+        for r in $REDUCE; do
+            train "gpus$n-$r-profile-off" "$n" "" --no-profile --grad-reduce-dtype "$r"
+        done
+        train "gpus$n-$r-profile-on" "$n" "" --profile --grad-reduce-dtype "$r"
+    done
+    train gpus1-profile-on 1 "" --profile
 done
 
-# the model: validated on the runs (fp32 reduces, as they ran), and predicting bf16 reduces
-for shape in medium gpt2; do
+# the model, validated on the runs of each reduce dtype
+for shape in $SHAPES; do
     [[ -f $out/$shape.log ]] || continue
     step "model-$shape-fp32" 30 python3 benchmarks/scaling_model.py --record "$out/$shape.log" \
         --sweep "$out"/allreduce-*.json --validate "$out/$shape.log" \
         --json "$out/model-$shape-fp32.json"
     step "model-$shape-bf16" 30 python3 benchmarks/scaling_model.py --record "$out/$shape.log" \
-        --sweep "$out"/allreduce-*.json --reduce-bytes 2 --json "$out/model-$shape-bf16.json"
+        --sweep "$out"/allreduce-*.json --reduce-bytes 2 --validate "$out/$shape.log" \
+        --json "$out/model-$shape-bf16.json"
 done
 grep -h "RustyFlow run" "$out"/*-profile-*.txt | cut -c1-220
 cat "$out/summary.txt"

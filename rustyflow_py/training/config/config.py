@@ -127,6 +127,11 @@ class _Rules:
                 f"NUM_GPUS={self.num_gpus} ({where['NUM_GPUS']}) starts one process per GPU, "
                 f"but DEVICE=cpu ({where['DEVICE']}): set DEVICE=gpu, or NUM_GPUS=1 (--processes "
                 f"{self.num_gpus} starts that many processes on the CPU)")
+        if self.grad_reduce_dtype == "bf16" and self.device == "cpu":
+            raise ConfigError(
+                f"GRAD_REDUCE_DTYPE=bf16 ({where['GRAD_REDUCE_DTYPE']}) sums the gradient in "
+                f"NCCL's bf16, but DEVICE=cpu ({where['DEVICE']}), where MPI sums float32 "
+                "only: set GRAD_REDUCE_DTYPE=fp32, or DEVICE=gpu")
         if self.num_gpus > 1 and ":" in self.device:
             raise ConfigError(
                 f"NUM_GPUS={self.num_gpus} ({where['NUM_GPUS']}) gives each process its own "
@@ -398,6 +403,10 @@ class Config(_Rules):
     bucket_mb: float = key(25.0, "data parallel: gradient all-reduce bucket size in MiB "
         "(whole tensors; each bucket starts as soon as backward has finished it)", lo=0,
         lo_open=True)
+    grad_reduce_dtype: str = key("fp32", "data parallel (GPU): the dtype the gradient is "
+        "summed over the processes in: fp32, or bf16 (half the bytes; each bucket is cast to "
+        "bf16 for NCCL's sum and back into the float32 gradient, as PyTorch DDP's bf16 hook "
+        "does; BUCKET_MB counts bf16 bytes)", choices=("fp32", "bf16"))
     comm_timeout: float = key(300.0, "data parallel: seconds a rank may go unheard (its "
         "heartbeat) before the others end the job naming it", lo=0, lo_open=True)
     source: dict[str, str] = field(default_factory=dict, compare=False, repr=False)

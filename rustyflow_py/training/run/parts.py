@@ -21,7 +21,7 @@ from ...distributed.data_parallel import BucketedAllReduce, ReduceScatter, Shard
 from ...distributed.group import check_same_config, rank_device
 from ...distributed.world import World
 from ...engine.backend import parse_device, resolve_device
-from ...engine.precision import GPU_ONLY
+from ...engine.precision import GPU_ONLY, bfloat16
 from ...engine.profiler import Profiler
 from ...errors import ConfigError, TrainingError
 from ...model.gpt import build_model
@@ -128,6 +128,11 @@ class RunParts:
         self.comm = communicator(self.backend, group) if group is not None else None
         if cfg.shard_optimizer and not self.sharded:
             self.warn("WARN: SHARD_OPTIMIZER=true in a single process: nothing to shard")
+        if cfg.grad_reduce_dtype == "bf16" and self.backend.kind != "gpu":
+            raise TrainingError(
+                f"GRAD_REDUCE_DTYPE=bf16 sums the gradient in NCCL's bf16, but this run is on "
+                f"the {self.backend.kind} (DEVICE={self.device}), where MPI sums float32 only: "
+                "set GRAD_REDUCE_DTYPE=fp32, or train on GPUs")
 
     def _read_data(self, resume: str | None) -> None:
         """The corpus, held to the batch layout and the model's size to the device's memory
@@ -169,14 +174,15 @@ class RunParts:
         averaging: all that a resume restores state into."""
         cfg, buffer = self.cfg, self.model.buffer
         sync: Any = None
+        wire = bfloat16() if cfg.grad_reduce_dtype == "bf16" else None
         if self.sharded:
             self.optimizer: Any = ShardedOptimizer(
                 buffer, self.comm, lambda shard: make_optimizer(cfg, shard, self.total_steps))
-            sync = ReduceScatter(buffer, self.comm)
+            sync = ReduceScatter(buffer, self.comm, wire)
         else:
             self.optimizer = make_optimizer(cfg, buffer, self.total_steps)
             if self.comm is not None:
-                sync = BucketedAllReduce(buffer, self.comm, int(cfg.bucket_mb * 2**20))
+                sync = BucketedAllReduce(buffer, self.comm, int(cfg.bucket_mb * 2**20), wire)
         if self.precision.loss_scaling:
             self.optimizer.loss_scaler = LossScaler(self.backend.xp)
         self.shards = Shards(self.world.rank, self.world.size, cfg.grad_accum_steps,

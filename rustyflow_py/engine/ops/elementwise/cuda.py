@@ -1,5 +1,5 @@
-"""Element-wise kernels on the GPU: a + b (add.cu) and the float32 -> 16-bit cast (cast.cu)
-over 16-byte vectors when the arrays are contiguous and aligned, else CuPy's operators.
+"""Element-wise kernels on the GPU: a + b (add.cu) and the casts between float32 and 16 bits
+(cast.cu) over 16-byte vectors when the arrays are contiguous and aligned, else CuPy's operators.
 
 Why kernels of their own for so plain ops: the residual stream's adds and the gradients'
 joins are a GPT step's largest element-wise passes (at GPT-2's shape in bf16, 49 a step over
@@ -30,10 +30,13 @@ class CudaElementwise(ElementwiseReference):
         return out
 
     def cast_into(self, dst: Any, src: Any) -> None:
-        vecs = cuda_build.vectors(dst)
-        if not (vecs and src.dtype == np.float32 and dst.itemsize == 2 and src.flags.c_contiguous
-                and src.shape == dst.shape and src.data.ptr % cuda_build.VEC_BYTES == 0):
+        narrow = dst.itemsize == 2 and src.dtype == np.float32  # float32 -> 16-bit
+        wide = src.itemsize == 2 and dst.dtype == np.float32  # 16-bit -> float32
+        half, full = (dst, src) if narrow else (src, dst)
+        vecs = cuda_build.vectors(half) if narrow or wide else 0
+        if not (vecs and full.flags.c_contiguous and full.shape == half.shape
+                and full.data.ptr % cuda_build.VEC_BYTES == 0):
             dst[...] = src
             return
-        _CAST.typed("cast_vec", dst.dtype)(*cuda_build.vector_grid(vecs),
-                                           (src, dst, np.int64(vecs)))
+        kernel = _CAST.typed("cast_vec" if narrow else "widen_vec", half.dtype)
+        kernel(*cuda_build.vector_grid(vecs), (src, dst, np.int64(vecs)))

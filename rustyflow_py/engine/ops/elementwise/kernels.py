@@ -8,7 +8,8 @@ table.py's common ones); tests/test_kernel_contract.py holds each to the referen
 
     cast_into(dst, src) -> None
         dst[...] = src, converted to dst's dtype (the 16-bit compute copy of float32
-        parameters); dst and src of one shape.
+        parameters, or a gradient summed in 16 bits widened back to float32); dst and src
+        of one shape.
 """
 
 from __future__ import annotations
