@@ -80,7 +80,6 @@ def worker(spec: dict[str, Any]) -> None:
     backend = get_backend(device_name("gpu", world.local_rank))
     comm = NcclCommunicator(backend, mpi.COMM_WORLD)
     dtypes = {"bf16": bfloat16(), "fp32": cupy.dtype("float32")}
-    comm.types.setdefault(dtypes["bf16"], nccl.NCCL_BFLOAT16)  # the trainer reduces fp32 only
     points = []
     for name in spec["dtypes"]:
         for nbytes in spec["sizes"]:

@@ -17,7 +17,6 @@ once per hop, as with PyTorch DDP's bf16 compression hook and FSDP's `reduce_dty
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 from collections.abc import Callable
 from typing import Any
@@ -37,7 +36,7 @@ class Wire:
 
     def __init__(self, buffer: ParameterBuffer, dtype: Any) -> None:
         grad = buffer.grad_storage
-        self.kernels = buffer.backend.kernels
+        self.backend, self.kernels = buffer.backend, buffer.backend.kernels
         self.dtype = grad.dtype if dtype is None else np.dtype(dtype)
         self.copy = (None if self.dtype == grad.dtype
                      else buffer.backend.xp.empty(grad.size, self.dtype))
@@ -50,10 +49,18 @@ class Wire:
             collective(grad, stream)
             return
         wire = self.copy[start:stop]
-        with stream or contextlib.nullcontext():  # the casts on the collective's stream
+        if stream is not None:
+            # the casts on the collective's stream: CuPy launches on the current one. By
+            # use(), not `with stream:`, whose exit would leave the legacy default stream
+            # current (engine/graph.py says why), and the rest of backward outside the graph
+            stream.use()
+        try:
             self.kernels.cast_into(wire, grad)
             collective(wire, stream)
             self.kernels.cast_into(grad[keep], wire[keep])
+        finally:
+            if stream is not None:
+                self.backend.make_current()
 
 
 class BucketedAllReduce:

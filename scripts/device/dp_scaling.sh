@@ -11,6 +11,7 @@
 #      summed in each of REDUCE (profile off), the last of them with the profile on too, and
 #      the code in BEFORE (a `git archive` of an older commit), if set, for the before/after;
 #   3. the scaling model on what it measured (benchmarks/scaling_model.py --validate).
+# BUCKETS="12.5 50" adds medium runs at those BUCKET_MB values.
 # Everything lands under $OUT: the sweeps' JSON, one log per shape (run records), each run's
 # output, the model's reports, and summary.txt (each step's exit status and seconds).
 # Checkpoints go to /tmp (too large to bring back). Each step has its own timeout and the
@@ -29,6 +30,7 @@ GPUS=${GPUS:-1 2 4}
 REDUCE=${REDUCE:-fp32 bf16}
 BEFORE=${BEFORE:-}
 SHAPES=${SHAPES:-medium gpt2}
+BUCKETS=${BUCKETS:-}  # other BUCKET_MB values to try at medium, with the last of REDUCE
 
 # step NAME LIMIT_S COMMAND...: output to $out/NAME.txt; skipped when the budget is short
 step() {
@@ -81,6 +83,11 @@ for shape in $SHAPES; do
     for n in $GPUS; do
         (( n > 1 )) || continue
         [[ -n $BEFORE ]] && train "gpus$n-before-profile-off" "$n" "$root/$BEFORE" --no-profile
+        for r in $REDUCE; do :; done  # r: the last of them
+        for mb in $BUCKETS; do
+            [[ $shape == medium ]] && train "gpus$n-$r-bucket$mb-profile-off" "$n" "" \
+                --no-profile --grad-reduce-dtype "$r" --bucket-mb "$mb"
+        done
         for r in $REDUCE; do
             train "gpus$n-$r-profile-off" "$n" "" --no-profile --grad-reduce-dtype "$r"
         done
