@@ -72,7 +72,8 @@ def worker(spec: dict[str, Any]) -> None:
     from rustyflow_py.distributed.comm import NcclCommunicator
     from rustyflow_py.distributed.mpi import load_mpi
     from rustyflow_py.distributed.world import World
-    from rustyflow_py.engine.backend import device_name, get_backend
+    from rustyflow_py.engine.backend import device_name
+    from rustyflow_py.engine.library import get_backend
     from rustyflow_py.engine.precision import bfloat16
 
     world = World.from_env()

@@ -990,7 +990,7 @@ def test_the_bf16_wire_casts_on_the_collectives_stream_and_leaves_the_backends_c
     wire.sum(doubling, grad, 3, 4096, slice(None), side)
     if side is not None:
         side.synchronize()
-        assert cupy.cuda.get_current_stream() == backend.stream
+        assert cupy.cuda.get_current_stream().ptr == backend.stream.ptr
     got = backend.to_host(Buffer.grad_storage)
     assert seen == [side]
     np.testing.assert_array_equal(got[3:4096], 2 * host[3:4096].astype(bf16).astype(np.float32))
