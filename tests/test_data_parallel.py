@@ -889,10 +889,10 @@ class Bf16DoublingComm:
     collective sees only the wire copy, never the float32 gradient, and doubles it (exact in
     bf16, so what comes back is 2 x the gradient rounded to bf16 once)."""
 
-    rank, size = 0, 2
+    size = 2
 
     def __init__(self, grad: np.ndarray) -> None:
-        self.grad, self.calls = grad, 0
+        self.grad, self.calls, self.rank = grad, 0, 0
 
     def _check(self, x: np.ndarray) -> None:
         assert x.dtype.name == "bfloat16" and not np.shares_memory(x, self.grad)
@@ -914,8 +914,6 @@ class Bf16DoublingComm:
 
 
 def test_grad_reduce_dtype_bf16_sums_each_bucket_in_bf16_and_widens_it_back() -> None:
-    from rustyflow_py.distributed.data_parallel import ReduceScatter
-
     bf16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
     model = tiny_gpt()
     backward_once(model)
@@ -926,6 +924,7 @@ def test_grad_reduce_dtype_bf16_sums_each_bucket_in_bf16_and_widens_it_back() ->
 
     comm = Bf16DoublingComm(buffer.grad)
     sync = BucketedAllReduce(buffer, comm, 4096, bf16)
+    assert sync.wire.copy is not None
     # BUCKET_MB counts the bytes on the wire: twice the elements of a float32 bucket
     assert len(sync.buckets) < len(BucketedAllReduce(buffer, comm, 4096).buckets)
     assert sync.buckets == buffer.buckets(4096, itemsize=2)
@@ -935,18 +934,39 @@ def test_grad_reduce_dtype_bf16_sums_each_bucket_in_bf16_and_widens_it_back() ->
     assert buffer.grad.dtype == np.float32
     np.testing.assert_array_equal(buffer.grad, want)
 
-    # ZeRO-1: the whole gradient reduce-scattered in bf16, only this rank's shard widened back
-    buffer.grad_storage[...] = 0
-    buffer.grad[...] = g
-    comm.calls = 0
+    # the profile counts each bucket's own bytes: its float32 gradient and its bf16 view, not
+    # the wire's whole copy
+    from rustyflow_py.engine.profiler import Profiler
+
+    prof = Profiler(buffer.backend)
+    with prof:
+        sync.start(overlap=False)
+        sync.finish()
+    for k, (start, stop) in enumerate(sync.buckets):
+        assert prof.costs[(f"all_reduce[{k}]", "backward", "comm")][1] == (stop - start) * 6
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_zero1_with_grad_reduce_dtype_bf16_widens_back_only_this_ranks_shard(rank: int) -> None:
+    """The whole gradient reduce-scattered in bf16; only this rank's shard is summed, and only
+    it is widened back into the float32 gradient (the other shards stay as they were)."""
+    from rustyflow_py.distributed.data_parallel import ReduceScatter
+
+    bf16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    model = tiny_gpt()
+    backward_once(model)
+    buffer = model.buffer
+    g = buffer.grad_storage.copy()
+    comm = Bf16DoublingComm(buffer.grad)
+    comm.rank = rank
     ReduceScatter(buffer, comm, bf16).finish()
     mine = comm.shard(buffer.grad_storage)
-    assert comm.calls == 1
-    padded = np.pad(g, (0, buffer.grad_storage.size - g.size))
+    assert comm.calls == 1 and mine.start == rank * (g.size // 2)
     np.testing.assert_array_equal(buffer.grad_storage[mine],
-                                  2 * padded[mine].astype(bf16).astype(np.float32))
-    # the other shards are left as they were (NaN scratch on the wire never comes back)
-    np.testing.assert_array_equal(buffer.grad_storage[mine.stop:], padded[mine.stop:])
+                                  2 * g[mine].astype(bf16).astype(np.float32))
+    outside = np.ones(g.size, bool)
+    outside[mine] = False  # the other shards: NaN scratch on the wire, never widened back
+    np.testing.assert_array_equal(buffer.grad_storage[outside], g[outside])
 
 
 def test_grad_reduce_dtype_bf16_on_the_cpu_is_refused_naming_both_ways_out(tmp_path: Path) -> None:
@@ -956,3 +976,19 @@ def test_grad_reduce_dtype_bf16_on_the_cpu_is_refused_naming_both_ways_out(tmp_p
                                           "GRAD_REDUCE_DTYPE=fp32, or DEVICE=gpu"):
         load_config(str(config))
 
+
+
+def test_reduce_dtype_warns_alone_refuses_the_cpus_and_names_the_fallback() -> None:
+    from rustyflow_py.errors import TrainingError
+    from rustyflow_py.training.run.parts import reduce_dtype
+
+    said: list[str] = []
+    assert reduce_dtype("fp32", "cpu", None, True, said.append) is None
+    assert reduce_dtype("bf16", "gpu", None, False, said.append) is None
+    assert said == ["WARN: GRAD_REDUCE_DTYPE=bf16 in a single process: nothing to sum"]
+    with pytest.raises(TrainingError, match=r"processes are on the CPU \(the GPU is unusable: "
+                                            r"no driver\), where MPI sums float32 only: set "
+                                            r"GRAD_REDUCE_DTYPE=fp32, or train on GPUs"):
+        reduce_dtype("bf16", "cpu", "no driver", True, said.append)
+    bf16 = pytest.importorskip("ml_dtypes").bfloat16
+    assert reduce_dtype("bf16", "gpu", None, True, said.append) == np.dtype(bf16)

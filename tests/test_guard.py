@@ -39,6 +39,13 @@ def test_the_estimate_grows_with_each_knob_it_names() -> None:
         assert sizing.estimate(make_cfg(**knob), 50, gpu=False).total > base.total, knob
     sgd = sizing.estimate(make_cfg(OPTIMIZER="sgd", MOMENTUM=0.0), 50, gpu=False)
     assert sgd.parts["optimizer state"] == 0 < base.parts["optimizer state"]
+    # the bf16 copy the collectives carry: 2 bytes a parameter, on GPUs over several processes
+    gpu_cfg = {"DEVICE": "gpu", "PRECISION": "bf16"}
+    wire = sizing.estimate(make_cfg(GRAD_REDUCE_DTYPE="bf16", **gpu_cfg), 50, gpu=True,
+                           world_size=2)
+    assert wire.parts["bf16 gradient copy"] == 2 * wire.params
+    assert "bf16 gradient copy" not in sizing.estimate(make_cfg(**gpu_cfg), 50, gpu=True,
+                                                       world_size=2).parts
 
 
 def _overflow(scaler: LossScaler, steps: int) -> str | None:

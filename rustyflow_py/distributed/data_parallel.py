@@ -18,6 +18,7 @@ once per hop, as with PyTorch DDP's bf16 compression hook and FSDP's `reduce_dty
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -31,8 +32,10 @@ from .comm import Communicator
 
 
 class Wire:
-    """The gradient as the collectives carry it: the float32 gradient itself, or a copy of it
-    in a narrower dtype that each sum goes through (cast, collective, widened back)."""
+    """The gradient as the collectives carry it: the gradient itself, or a copy of it in a
+    narrower dtype that each sum goes through (cast, collective, widened back). A class of its
+    own so that the all-reduce buckets and ZeRO-1's reduce-scatter share the casts and the
+    stream rule, and so that the copy is allocated once for the run."""
 
     def __init__(self, buffer: ParameterBuffer, dtype: Any) -> None:
         grad = buffer.grad_storage
@@ -41,14 +44,19 @@ class Wire:
         self.copy = (None if self.dtype == grad.dtype
                      else buffer.backend.xp.empty(grad.size, self.dtype))
 
-    def sum(self, collective: Callable[..., None], grad: Any, start: int, stop: int,
+    def view(self, start: int, stop: int) -> Any:
+        """The copy's elements start..stop (those of the gradient storage's same slice), or
+        None when the gradient travels as it is."""
+        return None if self.copy is None else self.copy[start:stop]
+
+    def sum(self, collective: Callable[..., None], grad: Any, wire: Any,
             keep: slice = slice(None), stream: Any = None) -> None:
-        """`collective` over grad[start:stop] (a view of the gradient storage) on `stream`;
-        what is widened back is `keep` of it (a reduce-scatter leaves only one shard)."""
-        if self.copy is None:
+        """`collective` over `grad` (a slice of the gradient storage) on `stream`, through
+        `wire` (its `view`; None: in the gradient itself); what is widened back is `keep` of
+        it (a reduce-scatter leaves only this rank's shard summed)."""
+        if wire is None:
             collective(grad, stream)
             return
-        wire = self.copy[start:stop]
         if stream is not None:
             # the casts on the collective's stream: CuPy launches on the current one. By
             # use(), not `with stream:`, whose exit would leave the legacy default stream
@@ -61,6 +69,12 @@ class Wire:
         finally:
             if stream is not None:
                 self.backend.make_current()
+
+    def op(self, collective: Callable[..., None]) -> Callable[..., None]:
+        """`sum` with `collective` bound, for `run_op`: a partial has no `__self__`, so the
+        profiler counts the arrays each call passes (the bucket and its wire view), not the
+        wire's whole copy as a backward function's saved state."""
+        return functools.partial(self.sum, collective)
 
 
 class BucketedAllReduce:
@@ -77,6 +91,7 @@ class BucketedAllReduce:
                  reduce_dtype: Any = None) -> None:
         self.buffer, self.comm = buffer, comm
         self.wire = Wire(buffer, reduce_dtype)
+        self.sum = self.wire.op(comm.all_reduce)
         self.buckets = buffer.buckets(bucket_bytes, self.wire.dtype.itemsize)
         self.bucket_of: dict[int, int] = {}  # id(parameter tensor) -> its bucket
         self.counts = [0] * len(self.buckets)
@@ -111,18 +126,16 @@ class BucketedAllReduce:
     def _reduce(self, i: int) -> None:
         self.left[i] = -1  # launched
         start, stop = self.buckets[i]
-        grad = self.buffer.grad[start:stop]
+        grad, wire = self.buffer.grad[start:stop], self.wire.view(start, stop)
         name = f"all_reduce[{i}]"  # each bucket an op of its own, in every profile
         if not self.overlap:
-            run_op(name, "comm", "backward", self.wire.sum, self.comm.all_reduce, grad,
-                   start, stop)
+            run_op(name, "comm", "backward", self.sum, grad, wire)
             return
         self.ready[i].record(self.backend.stream)  # the bucket's gradient is written
         self.side.wait_event(self.ready[i])
         # through the op choke point too: while the step is captured for the graph profile,
         # the NCCL nodes are tagged with the bucket's op, not with the backward op running
-        run_op(name, "comm", "backward", self.wire.sum, self.comm.all_reduce, grad, start,
-               stop, slice(None), self.side)
+        run_op(name, "comm", "backward", self.sum, grad, wire, slice(None), self.side)
 
     def finish(self) -> None:
         """Reduce what backward never reached (unused tensors), then join the side stream."""
@@ -142,14 +155,15 @@ class ReduceScatter:
                  reduce_dtype: Any = None) -> None:
         self.buffer, self.comm = buffer, comm
         self.wire = Wire(buffer, reduce_dtype)
+        self.sum = self.wire.op(comm.reduce_scatter)
 
     def start(self, overlap: bool) -> None:
         return None
 
     def finish(self) -> None:
         grad = self.buffer.grad_storage
-        run_op("reduce_scatter", "comm", "backward", self.wire.sum, self.comm.reduce_scatter,
-               grad, 0, grad.size, self.comm.shard(grad))
+        run_op("reduce_scatter", "comm", "backward", self.sum, grad,
+               self.wire.view(0, grad.size), self.comm.shard(grad))
 
 
 @dataclasses.dataclass

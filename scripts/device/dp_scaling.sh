@@ -83,7 +83,8 @@ for shape in $SHAPES; do
     for n in $GPUS; do
         (( n > 1 )) || continue
         [[ -n $BEFORE ]] && train "gpus$n-before-profile-off" "$n" "$root/$BEFORE" --no-profile
-        for r in $REDUCE; do :; done  # r: the last of them
+        r=fp32
+        for r in $REDUCE; do :; done  # r: the last of them (fp32 when REDUCE is empty)
         for mb in $BUCKETS; do
             [[ $shape == medium ]] && train "gpus$n-$r-bucket$mb-profile-off" "$n" "" \
                 --no-profile --grad-reduce-dtype "$r" --bucket-mb "$mb"

@@ -404,9 +404,10 @@ class Config(_Rules):
         "(whole tensors; each bucket starts as soon as backward has finished it)", lo=0,
         lo_open=True)
     grad_reduce_dtype: str = key("fp32", "data parallel (GPU): the dtype the gradient is "
-        "summed over the processes in: fp32, or bf16 (half the bytes; each bucket is cast to "
-        "bf16 for NCCL's sum and back into the float32 gradient, as PyTorch DDP's bf16 hook "
-        "does; BUCKET_MB counts bf16 bytes)", choices=("fp32", "bf16"))
+        "summed over the processes in: fp32 (the gradient's own dtype), or bf16 (half the "
+        "bytes; each bucket is cast to bf16 for NCCL's sum and widened back into the "
+        "gradient, as PyTorch DDP's bf16 hook does; BUCKET_MB counts bf16 bytes)",
+        choices=("fp32", "bf16"))
     comm_timeout: float = key(300.0, "data parallel: seconds a rank may go unheard (its "
         "heartbeat) before the others end the job naming it", lo=0, lo_open=True)
     source: dict[str, str] = field(default_factory=dict, compare=False, repr=False)

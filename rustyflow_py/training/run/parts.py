@@ -23,7 +23,7 @@ from ...distributed.world import World
 from ...engine.backend import parse_device, resolve_device
 from ...engine.precision import GPU_ONLY, bfloat16
 from ...engine.profiler import Profiler
-from ...errors import ConfigError, TrainingError
+from ...errors import ConfigError, TrainingError, install_command
 from ...model.gpt import build_model
 from ...model.loss_scale import LossScaler
 from ...reporting.trace import MAX_STEPS as TRACE_STEPS
@@ -128,11 +128,8 @@ class RunParts:
         self.comm = communicator(self.backend, group) if group is not None else None
         if cfg.shard_optimizer and not self.sharded:
             self.warn("WARN: SHARD_OPTIMIZER=true in a single process: nothing to shard")
-        if cfg.grad_reduce_dtype == "bf16" and self.backend.kind != "gpu":
-            raise TrainingError(
-                f"GRAD_REDUCE_DTYPE=bf16 sums the gradient in NCCL's bf16, but this run is on "
-                f"the {self.backend.kind} (DEVICE={self.device}), where MPI sums float32 only: "
-                "set GRAD_REDUCE_DTYPE=fp32, or train on GPUs")
+        self.reduce_dtype = reduce_dtype(cfg.grad_reduce_dtype, self.backend.kind,
+                                         self.fallback, self.comm is not None, self.warn)
 
     def _read_data(self, resume: str | None) -> None:
         """The corpus, held to the batch layout and the model's size to the device's memory
@@ -174,15 +171,15 @@ class RunParts:
         averaging: all that a resume restores state into."""
         cfg, buffer = self.cfg, self.model.buffer
         sync: Any = None
-        wire = bfloat16() if cfg.grad_reduce_dtype == "bf16" else None
         if self.sharded:
             self.optimizer: Any = ShardedOptimizer(
                 buffer, self.comm, lambda shard: make_optimizer(cfg, shard, self.total_steps))
-            sync = ReduceScatter(buffer, self.comm, wire)
+            sync = ReduceScatter(buffer, self.comm, self.reduce_dtype)
         else:
             self.optimizer = make_optimizer(cfg, buffer, self.total_steps)
             if self.comm is not None:
-                sync = BucketedAllReduce(buffer, self.comm, int(cfg.bucket_mb * 2**20), wire)
+                sync = BucketedAllReduce(buffer, self.comm, int(cfg.bucket_mb * 2**20),
+                                         self.reduce_dtype)
         if self.precision.loss_scaling:
             self.optimizer.loss_scaler = LossScaler(self.backend.xp)
         self.shards = Shards(self.world.rank, self.world.size, cfg.grad_accum_steps,
@@ -275,6 +272,29 @@ def check_precision(precision: str, kind: str, fallback: str | None) -> None:
         why = f" (the GPU is unusable: {fallback})" if fallback else ""
         raise ConfigError(f"PRECISION={precision} is GPU-only (mixed precision){why}: train "
                           f"with DEVICE=gpu, or use PRECISION=fp32 on the CPU")
+
+
+def reduce_dtype(name: str, kind: str, fallback: str | None, distributed: bool,
+                 warn: Callable[[str], None]) -> Any:
+    """The dtype GRAD_REDUCE_DTYPE sums the gradient in (None: the gradient's own). bf16 is
+    NCCL's, so the processes must be on GPUs; in one process nothing is summed."""
+    if name == "fp32":
+        return None
+    if not distributed:
+        warn(f"WARN: GRAD_REDUCE_DTYPE={name} in a single process: nothing to sum")
+        return None
+    if kind != "gpu":
+        why = f" (the GPU is unusable: {fallback})" if fallback else ""
+        raise TrainingError(
+            f"GRAD_REDUCE_DTYPE={name} sums the gradient in NCCL's bf16, but this run's "
+            f"processes are on the CPU{why}, where MPI sums float32 only: set "
+            "GRAD_REDUCE_DTYPE=fp32, or train on GPUs")
+    try:
+        return bfloat16()
+    except ImportError:
+        raise TrainingError(f"GRAD_REDUCE_DTYPE={name} needs the ml_dtypes package (bf16's "
+                            f"NumPy dtype), which the gpu extra brings: "
+                            f"{install_command('gpu')}") from None
 
 
 def silent(_message: str) -> None:

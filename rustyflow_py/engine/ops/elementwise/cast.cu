@@ -1,6 +1,6 @@
-// float32 -> the storage type `real`, over whole vectors of `real` (vec.cuh): mixed
-// precision's 16-bit copy of the parameters, refreshed from the float32 master after every
-// update (elementwise/cuda.py).
+// Casts between float32 and the storage type `real`, over whole vectors of `real` (vec.cuh),
+// for elementwise/cuda.py's cast_into. cast_vec, float32 -> `real`: mixed precision's 16-bit
+// copy of the parameters, refreshed from the float32 master after every update.
 #include "types.cuh"
 #include "vec.cuh"
 
