@@ -12,6 +12,7 @@ import weakref
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from rustyflow_py.engine.backend import TransferStats, counting_transfers
 from rustyflow_py.engine.library import get_backend
@@ -110,3 +111,19 @@ def test_pause_points_act_only_inside_the_block_that_injected_them(tmp_path: Pat
     hooks.pause("evaluation")
     assert points.reached == 1
 
+
+
+def test_a_cpu_view_for_another_policy_does_not_look_for_blas_again(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The device pins BLAS to one thread once; a view bound to a run's policy shares that
+    (threadpoolctl scans every loaded library each time it is asked)."""
+    from rustyflow_py.engine.ops import cpu_pool
+
+    looked: list[int] = []
+    real = cpu_pool._blas_threads_setter
+    monkeypatch.setattr(cpu_pool, "_blas_threads_setter", lambda: looked.append(1) or real())
+    device = get_backend("cpu")
+    view = device.bound(RunPolicy(threads=3))
+    assert looked == []
+    assert view.kernels._set_blas_threads is device.kernels._set_blas_threads
+    assert view.kernels.threads == 3

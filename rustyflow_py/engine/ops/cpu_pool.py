@@ -81,6 +81,9 @@ class CpuPool(KernelSet):
         # worker threads by THREADS, made on first use and shared by the device's views (a
         # view for each run policy would otherwise start, and keep, a pool of its own)
         self._pools: dict[int, ThreadPoolExecutor] = {}
+        # BLAS pinned to one thread once for the device (threadpoolctl reads every loaded
+        # library to find it), not again for each view
+        self._set_blas_threads = _blas_threads_setter()
         super().__init__(backend)
         _keep_freed_memory()
 
@@ -89,7 +92,6 @@ class CpuPool(KernelSet):
         thread per call (otherwise BLAS threads itself and chunks would oversubscribe)."""
         super()._read_policy(policy)
         self.threads = policy.cpu_threads
-        self._set_blas_threads = _blas_threads_setter()
         self.split_gemms = self.threads > 1 and self._set_blas_threads is not None
         # BLAS's own threads for the products the pool does not cut: THREADS may be any
         # number, BLAS takes at most the cores this process may use
