@@ -39,7 +39,7 @@ class Wire:
 
     def __init__(self, buffer: ParameterBuffer, dtype: Any) -> None:
         grad = buffer.grad_storage
-        self.backend, self.kernels = buffer.backend, buffer.backend.kernels
+        self.backend = buffer.backend
         self.dtype = grad.dtype if dtype is None else np.dtype(dtype)
         self.copy = (None if self.dtype == grad.dtype
                      else buffer.backend.xp.empty(grad.size, self.dtype))
@@ -63,9 +63,10 @@ class Wire:
             # current (engine/graph.py says why), and the rest of backward outside the graph
             stream.use()
         try:
-            self.kernels.cast_into(wire, grad)
+            kernels = self.backend.kernels
+            kernels.cast_into(wire, grad)
             collective(wire, stream)
-            self.kernels.cast_into(grad[keep], wire[keep])
+            kernels.cast_into(grad[keep], wire[keep])
         finally:
             if stream is not None:
                 self.backend.make_current()
