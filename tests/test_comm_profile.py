@@ -175,6 +175,7 @@ def test_every_rank_samples_the_replays_rank_0_picks(monkeypatch: pytest.MonkeyP
 def figures(rank: int, step_ms: float, compute_ms: float, mm_ms: float) -> dict[str, Any]:
     return {"rank": rank, "steps_time_s": 1.0, "timed_steps": 10, "tokens_per_s": 5000.0,
             "step_s": step_ms / 1e3, "compute_s": compute_ms / 1e3, "exposed_s": 1e-4,
+            "busy_s": (step_ms - 0.5) / 1e3,
             "ops": [["linear.matmul", "backward", "matmul", mm_ms / 1e3],
                     ["all_reduce[0]", "backward", "comm", 2e-3]]}
 
@@ -191,6 +192,8 @@ def test_rank_tables_give_min_median_max_and_the_straggler() -> None:
     assert st["rank"] == 2 and st["step_s"] == pytest.approx(17.6e-3)
     assert st["median_step_s"] == pytest.approx(16.15e-3)
     assert st["median_compute_s"] == pytest.approx(12.05e-3)
+    assert out["busy_s"] == pytest.approx([15.5e-3, 15.7e-3, 17.1e-3, 15.6e-3])
+    assert out["ops_sum_s"] == pytest.approx([7e-3, 7.2e-3, 8e-3, 7.1e-3])  # each rank's own
     assert [r["rank"] for r in throughput(ranks)] == [0, 1, 2, 3]
     assert spread(ranks[:1]) is None  # one rank profiled: nothing to compare
 
@@ -360,3 +363,61 @@ def test_a_rank_cannot_drop_its_graph_or_profile_alone_when_the_ranks_sample_tog
     for alone in (SimpleNamespace(sampler=None),
                   SimpleNamespace(sampler=SimpleNamespace(agree=None))):
         StepRunner._alone_fails(alone, "capture failed (boom)", "GRAPH=off")  # no error
+
+
+class FakeCapture:
+    """CapturedStep's part that `_capture` calls, failing on capture when `fails`."""
+
+    fails = False
+
+    def __init__(self, backend: Any, body: Any) -> None:
+        self.replays = 0
+
+    def capture(self) -> None:
+        if self.fails:
+            from rustyflow_py.engine.graph import GraphCaptureError
+
+            raise GraphCaptureError("boom")
+
+    def replay(self) -> None:
+        self.replays += 1
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_every_rank_ends_its_start_up_at_a_barrier_counted_as_start_up(
+        monkeypatch: pytest.MonkeyPatch, fails: bool) -> None:
+    """The wait for the slowest rank's capture is start-up on every rank, not the first
+    replay's training time; a rank whose capture failed comes to the same barrier (else the
+    others would wait there for ever) before it trains eagerly."""
+    from rustyflow_py.training.run import step as step_module
+
+    now = [0.0]
+    events: list[str] = []
+
+    def barrier() -> None:
+        events.append("barrier")
+        now[0] += 5.0  # the slowest rank arrives 5 s later
+
+    monkeypatch.setattr(step_module.time, "perf_counter", lambda: now[0])
+    monkeypatch.setattr(step_module, "CapturedStep",
+                        type("Capture", (FakeCapture,), {"fails": fails}))
+    runner = object.__new__(StepRunner)
+    runner.backend = SimpleNamespace(tracking_memory=lambda: __import__("contextlib")
+                                     .nullcontext(), release_cached_memory=lambda: None)
+    runner.sampler, runner.graph, runner.captured = None, True, None
+    runner.startup = {"first_step_s": 0.0, "capture_s": 0.0, "cache": None}
+    runner.shards = SimpleNamespace(comm=SimpleNamespace(barrier=barrier))
+    runner.warn = events.append
+    runner._body = lambda timed: events.append(f"eager step, timed={timed}")
+    runner._capture()
+    if fails:
+        assert events[1:] == ["barrier", "eager step, timed=True"], events
+        assert runner.captured is None and not runner.graph
+    else:
+        assert events == ["barrier"] and runner.captured.replays == 1
+        assert runner.startup["capture_s"] == 5.0
+    runner.shards = SimpleNamespace(comm=None)  # one process: nothing to wait for
+    events.clear()
+    runner.graph, runner.captured = True, None
+    runner._capture()
+    assert "barrier" not in events

@@ -22,6 +22,7 @@ from test_data_parallel import MARK, kill_marked, marked_pids, signal_rank_1, wa
 
 from rustyflow_py.distributed.launcher import launch
 from rustyflow_py.engine.devices import gpu_count
+from rustyflow_py.reporting.log_parser import read_log
 from rustyflow_py.training.outputs.checkpoint import Checkpoint
 
 GPUS = gpu_count()
@@ -113,3 +114,22 @@ def test_a_dead_or_stopped_rank_ends_the_gpu_job_naming_it(tmp_path: Path, signu
         proc.kill()
         proc.wait()
         kill_marked(mark)
+
+
+@two_gpus
+def test_the_replayed_two_gpu_step_is_profiled_on_every_rank(tmp_path: Path) -> None:
+    """The graph profile of a 2-GPU run: every rank samples the replays, NCCL's kernels are
+    attributed to their buckets' ops, and on each rank the ops' sum is its device-busy time
+    plus exactly the time its two streams overlapped (communication less exposed)."""
+    run(tmp_path, "graph", 2, "--batch-size=4", "--bucket-mb=0.05", "--profile-mode=graph")
+    [record] = read_log(tmp_path / "log.txt")
+    assert record["profile"]["timing"] == "cupti-graph", record["profile"].get("note")
+    across = record["profile"]["ranks"]
+    assert across["count"] == 2
+    buckets = [op for op in across["ops"] if op["name"].startswith("all_reduce[")]
+    assert len(buckets) == record["parallel"]["buckets"] >= 2
+    assert all(op["ranks"] == 2 and op["min_s"] > 0 for op in buckets)
+    for busy, total, comm, exposed in zip(across["busy_s"], across["ops_sum_s"],
+                                          across["comm_s"], across["exposed_s"], strict=True):
+        assert 0 < exposed <= comm
+        assert total - busy == pytest.approx(comm - exposed, abs=0.02 * busy)

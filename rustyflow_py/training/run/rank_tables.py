@@ -32,10 +32,12 @@ def rank_figures(parts: RunParts) -> dict[str, Any]:
         n = prof.graph.replays
         sampling = sampler.summary()
         fig["step_s"] = sampling.get("span_s", 0.0) / n
+        fig["busy_s"] = sampling.get("busy_s", 0.0) / n
         comm = sampling.get("comm")
         if comm:
             fig["compute_s"] = comm["compute_s"] / n
             fig["exposed_s"] = comm["exposed_s"] / n
+            fig["comm_s"] = comm["comm_s"] / n
     else:
         n = prof.steps
         fig["step_s"] = parts.runner.profiled_wall / n
@@ -80,9 +82,15 @@ def spread(figures: list[dict[str, Any]]) -> dict[str, Any] | None:
         "straggler": {"rank": slowest["rank"], "step_s": slowest["step_s"],
                       "median_step_s": statistics.median(f["step_s"] for f in profiled)},
     }
+    if all("busy_s" in f for f in profiled):
+        # each rank's own check: its ops' sum against its device-busy time (the sum is
+        # larger by what its two streams ran at once)
+        out["busy_s"] = [f["busy_s"] for f in profiled]
+        out["ops_sum_s"] = [sum(op[3] for op in f["ops"]) for f in profiled]
     if all("compute_s" in f for f in profiled):
         out["compute_s"] = [f["compute_s"] for f in profiled]
         out["exposed_s"] = [f["exposed_s"] for f in profiled]
+        out["comm_s"] = [f.get("comm_s") for f in profiled]
         out["straggler"]["compute_s"] = slowest["compute_s"]
         out["straggler"]["median_compute_s"] = statistics.median(out["compute_s"])
     return out

@@ -216,12 +216,23 @@ class StepRunner:
             self._alone_fails(f"CUDA graph capture failed ({exc})", "GRAPH=off")
             self.graph = False
             self.warn(f"WARN: CUDA graph capture failed, training eagerly ({exc})")
+            self._align()
             self._body(timed=True)
             return
+        self._align()
         self.startup["capture_s"] = time.perf_counter() - start
         self.captured = captured
         self.backend.release_cached_memory()  # the eager steps' temporaries; the graph has its own
         captured.replay()
+
+    def _align(self) -> None:
+        """The ranks of a data-parallel run end their start-up together. Each one's clock
+        starts training after its own capture; without this, a rank that got there first
+        would count the wait for the slowest one (inside the first replay's collectives) as
+        training time, and the ranks' clocks would disagree by that wait. Every rank comes
+        here, whether its capture worked or not (a rank that failed trains eagerly)."""
+        if self.shards.comm is not None:
+            self.shards.comm.barrier()
 
     def _record(self, captured: CapturedStep) -> None:
         """Capture, tagging the nodes for the graph profile; if CUPTI refuses now (another
