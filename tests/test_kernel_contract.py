@@ -324,6 +324,12 @@ def test_layernorm(pair: Pair, dtype: Any, rows: int, width: int) -> None:
         added.append((dx, buffers))
     for mine, ref in zip(*added, strict=True):
         pair.close(mine, ref, dtype)
+    # the residual stream's gradient joined into dx in the same pass (each warp's next row
+    # loaded, residual included, while it sums the current one)
+    residual = pair.randn(rows, width, dtype=dtype)
+    joined = [k.layernorm_backward(g, x, w, f[1], f[2], residual=residual)[0]
+              for k, f in zip((pair.mine, pair.ref), fwd, strict=True)]
+    pair.close(*joined, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

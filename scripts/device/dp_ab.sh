@@ -55,6 +55,10 @@ one() {
 
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
   python3 -c 'import cupy; from cupy.cuda import nccl; print("cupy", cupy.__version__, "nccl", nccl.get_version())'
+  # without the cuDNN frontend (the cudnn13 extra's wheel in .whl), ATTENTION=auto runs the own
+  # flash kernels: say which, so runs of two calls are not compared across attentions
+  python3 -c 'import cudnn; print("cudnn frontend", cudnn.__version__)' 2>/dev/null \
+      || echo "cudnn frontend missing: attention on the own flash kernels"
 } > "$out/machine.txt" 2>&1
 
 for shape in $SHAPES; do

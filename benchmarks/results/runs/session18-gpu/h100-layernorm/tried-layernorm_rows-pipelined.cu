@@ -1,0 +1,158 @@
+// LayerNorm with each row held in registers, read and written LN_VEC values at a time: lane l
+// keeps the row's vectors l, l + 32, ..., VPL of them (VPL = ceil(c / (32 * LN_VEC)); both
+// -D options, one build per width). LN_VEC = 16 / sizeof(real) (16-byte vectors, a warp
+// moves a row 512 bytes at a time) where the rows are whole vectors and x, w, b (and g, res)
+// are 16-byte aligned, else 1: a value at a time (layernorm/cuda.py picks).
+#include "types.cuh"
+#include "warp_reduce.cuh"
+
+struct __align__(LN_VEC * sizeof(real)) ln_vec {
+    real v[LN_VEC];
+};
+
+// Forward: x read once, y = (x - mean) * rstd * w + b.
+extern "C" __global__ void ln_fwd_rows(const ln_vec* __restrict__ x,
+                                       const ln_vec* __restrict__ w,
+                                       const ln_vec* __restrict__ b, ln_vec* __restrict__ y,
+                                       acc* __restrict__ mean, acc* __restrict__ rstd, int n,
+                                       int c, acc eps) {
+    int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (row >= n) return;
+    int vc = c / LN_VEC;
+    long long off = (long long)row * vc;
+    acc xv[VPL][LN_VEC], s = 0;
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) {
+        int i = lane + 32 * j;
+        ln_vec a;
+        if (i < vc) a = x[off + i];
+#pragma unroll
+        for (int k = 0; k < LN_VEC; ++k) {
+            xv[j][k] = i < vc ? (acc)a.v[k] : (acc)0;
+            s += xv[j][k];
+        }
+    }
+    acc m = warp_sum(s) / c, v = 0;
+#pragma unroll
+    for (int j = 0; j < VPL; ++j)
+#pragma unroll
+        for (int k = 0; k < LN_VEC; ++k) {
+            acc d = lane + 32 * j < vc ? xv[j][k] - m : (acc)0;
+            v += d * d;
+        }
+    acc r = rsqrt(warp_sum(v) / c + eps);
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) {
+        int i = lane + 32 * j;
+        if (i >= vc) continue;
+        ln_vec wv = w[i], bv = b[i], o;
+#pragma unroll
+        for (int k = 0; k < LN_VEC; ++k)
+            o.v[k] = (real)((xv[j][k] - m) * r * (acc)wv.v[k] + (acc)bv.v[k]);
+        y[off + i] = o;
+    }
+    if (lane == 0) { mean[row] = m; rstd[row] = r; }
+}
+
+// Backward in one pass: each warp takes `rows` consecutive rows, writes their dx, and sums
+// its columns of g * xhat (dw) and g (db) over them in registers, then writes those as its
+// row of the partial sums (summed afterwards, in a fixed order). A residual
+// gradient `res` (null: none) is added to dx as it is written: where the LayerNorm's input
+// also feeds the residual stream, the two gradients join in this pass. The next row's loads
+// are issued before this row's reductions (software pipelining): with a few warps per SM, a
+// warp that waited for each row's loads in turn left the memory idle between them.
+extern "C" __global__ void ln_bwd_rows(const ln_vec* __restrict__ g,
+                                       const ln_vec* __restrict__ x,
+                                       const ln_vec* __restrict__ w, const acc* __restrict__ mean,
+                                       const acc* __restrict__ rstd,
+                                       const ln_vec* __restrict__ res, ln_vec* __restrict__ dx,
+                                       acc* __restrict__ pdw, acc* __restrict__ pdb, int n, int c,
+                                       int rows) {
+    int warp = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32, lane = threadIdx.x % 32;
+    int start = warp * rows;
+    if (start >= n) return;
+    int stop = min(n, start + rows), vc = c / LN_VEC;
+    acc dw[VPL][LN_VEC], db[VPL][LN_VEC], wv[VPL][LN_VEC];
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) {
+        int i = lane + 32 * j;
+        ln_vec a;
+        if (i < vc) a = w[i];
+#pragma unroll
+        for (int k = 0; k < LN_VEC; ++k) {
+            dw[j][k] = 0;
+            db[j][k] = 0;
+            wv[j][k] = i < vc ? (acc)a.v[k] : (acc)0;
+        }
+    }
+    // the row in flight: its g, x and residual vectors and its statistics
+    ln_vec ga[VPL], xa[VPL], ra[VPL];
+    acc m = mean[start], r = rstd[start];
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) {
+        int i = lane + 32 * j;
+        if (i < vc) {
+            long long at = (long long)start * vc + i;
+            ga[j] = g[at];
+            xa[j] = x[at];
+            if (res) ra[j] = res[at];
+        }
+    }
+    for (int row = start; row < stop; ++row) {
+        long long off = (long long)row * vc;
+        acc s1 = 0, s2 = 0, gv[VPL][LN_VEC], xh[VPL][LN_VEC], rv[VPL][LN_VEC];
+#pragma unroll
+        for (int j = 0; j < VPL; ++j) {
+            int i = lane + 32 * j;
+#pragma unroll
+            for (int k = 0; k < LN_VEC; ++k) {
+                gv[j][k] = i < vc ? (acc)ga[j].v[k] : (acc)0;
+                xh[j][k] = i < vc ? ((acc)xa[j].v[k] - m) * r : (acc)0;
+                rv[j][k] = i < vc && res ? (acc)ra[j].v[k] : (acc)0;
+                acc gw = gv[j][k] * wv[j][k];
+                s1 += gw;
+                s2 += gw * xh[j][k];
+                dw[j][k] += gv[j][k] * xh[j][k];
+                db[j][k] += gv[j][k];
+            }
+        }
+        acc rr = r;
+        if (row + 1 < stop) {  // the next row's loads, in flight during this row's sums
+            m = mean[row + 1];
+            r = rstd[row + 1];
+#pragma unroll
+            for (int j = 0; j < VPL; ++j) {
+                int i = lane + 32 * j;
+                if (i < vc) {
+                    long long at = off + vc + i;
+                    ga[j] = g[at];
+                    xa[j] = x[at];
+                    if (res) ra[j] = res[at];
+                }
+            }
+        }
+        s1 = warp_sum(s1) / c;
+        s2 = warp_sum(s2) / c;
+#pragma unroll
+        for (int j = 0; j < VPL; ++j) {
+            int i = lane + 32 * j;
+            if (i >= vc) continue;
+            ln_vec o;
+#pragma unroll
+            for (int k = 0; k < LN_VEC; ++k)
+                o.v[k] = (real)(rr * (gv[j][k] * wv[j][k] - s1 - xh[j][k] * s2) + rv[j][k]);
+            dx[off + i] = o;
+        }
+    }
+    long long part = (long long)warp * c;
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) {
+        int i = lane + 32 * j;
+        if (i >= vc) continue;
+#pragma unroll
+        for (int k = 0; k < LN_VEC; ++k) {
+            pdw[part + i * LN_VEC + k] = dw[j][k];
+            pdb[part + i * LN_VEC + k] = db[j][k];
+        }
+    }
+}
