@@ -4,6 +4,7 @@ tokens/s that agrees with the epoch time (one process, and two MPI ranks on the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ import pytest
 from helpers import TINY_TEXT, make_cfg
 
 from rustyflow_py.engine.comm_overlap import CommAccount, is_comm, merged, uncovered_ns
+from rustyflow_py.engine.graph import GraphCaptureError
 from rustyflow_py.engine.kernel_records import KernelAttribution, KernelRecord
 from rustyflow_py.engine.library import get_backend
 from rustyflow_py.engine.profiler import Profiler
@@ -26,6 +28,7 @@ from rustyflow_py.reporting.run_text import format_summary
 from rustyflow_py.training.config.config import KEYS
 from rustyflow_py.training.run import clock as clock_module
 from rustyflow_py.training.run import graph_profile
+from rustyflow_py.training.run import step as step_module
 from rustyflow_py.training.run.clock import RunClock
 from rustyflow_py.training.run.graph_profile import AGREE_EVERY, GraphSampler
 from rustyflow_py.training.run.loop import Trainer
@@ -175,7 +178,7 @@ def test_every_rank_samples_the_replays_rank_0_picks(monkeypatch: pytest.MonkeyP
 def figures(rank: int, step_ms: float, compute_ms: float, mm_ms: float) -> dict[str, Any]:
     return {"rank": rank, "steps_time_s": 1.0, "timed_steps": 10, "tokens_per_s": 5000.0,
             "step_s": step_ms / 1e3, "compute_s": compute_ms / 1e3, "exposed_s": 1e-4,
-            "busy_s": (step_ms - 0.5) / 1e3,
+            "busy_s": (step_ms - 0.5) / 1e3, "comm_s": 2e-3,
             "ops": [["linear.matmul", "backward", "matmul", mm_ms / 1e3],
                     ["all_reduce[0]", "backward", "comm", 2e-3]]}
 
@@ -194,6 +197,7 @@ def test_rank_tables_give_min_median_max_and_the_straggler() -> None:
     assert st["median_compute_s"] == pytest.approx(12.05e-3)
     assert out["busy_s"] == pytest.approx([15.5e-3, 15.7e-3, 17.1e-3, 15.6e-3])
     assert out["ops_sum_s"] == pytest.approx([7e-3, 7.2e-3, 8e-3, 7.1e-3])  # each rank's own
+    assert out["comm_s"] == pytest.approx([2e-3] * 4)
     assert [r["rank"] for r in throughput(ranks)] == [0, 1, 2, 3]
     assert spread(ranks[:1]) is None  # one rank profiled: nothing to compare
 
@@ -375,8 +379,6 @@ class FakeCapture:
 
     def capture(self) -> None:
         if self.fails:
-            from rustyflow_py.engine.graph import GraphCaptureError
-
             raise GraphCaptureError("boom")
 
     def replay(self) -> None:
@@ -389,8 +391,6 @@ def test_every_rank_ends_its_start_up_at_a_barrier_counted_as_start_up(
     """The wait for the slowest rank's capture is start-up on every rank, not the first
     replay's training time; a rank whose capture failed comes to the same barrier (else the
     others would wait there for ever) before it trains eagerly."""
-    from rustyflow_py.training.run import step as step_module
-
     now = [0.0]
     events: list[str] = []
 
@@ -402,8 +402,8 @@ def test_every_rank_ends_its_start_up_at_a_barrier_counted_as_start_up(
     monkeypatch.setattr(step_module, "CapturedStep",
                         type("Capture", (FakeCapture,), {"fails": fails}))
     runner = object.__new__(StepRunner)
-    runner.backend = SimpleNamespace(tracking_memory=lambda: __import__("contextlib")
-                                     .nullcontext(), release_cached_memory=lambda: None)
+    runner.backend = SimpleNamespace(tracking_memory=contextlib.nullcontext,
+                                     release_cached_memory=lambda: None)
     runner.sampler, runner.graph, runner.captured = None, True, None
     runner.startup = {"first_step_s": 0.0, "capture_s": 0.0, "cache": None}
     runner.shards = SimpleNamespace(comm=SimpleNamespace(barrier=barrier))

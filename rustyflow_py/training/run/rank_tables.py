@@ -90,7 +90,7 @@ def spread(figures: list[dict[str, Any]]) -> dict[str, Any] | None:
     if all("compute_s" in f for f in profiled):
         out["compute_s"] = [f["compute_s"] for f in profiled]
         out["exposed_s"] = [f["exposed_s"] for f in profiled]
-        out["comm_s"] = [f.get("comm_s") for f in profiled]
+        out["comm_s"] = [f["comm_s"] for f in profiled]
         out["straggler"]["compute_s"] = slowest["compute_s"]
         out["straggler"]["median_compute_s"] = statistics.median(out["compute_s"])
     return out
