@@ -5,7 +5,8 @@ residual gradient joined, and dw, db summed into float32 gradient buffers) and P
 `aten.native_layer_norm_backward` on the same inputs (without the residual join, which PyTorch
 does in a separate add: timed apart, and added in the PyTorch+add column). Device time per call
 from CUDA events over many calls, median of windows. `--warps` sweeps the kernel's warp count
-(LN_BWD_WARPS), the knob that sets how many rows each warp takes.
+(LN_BWD_WARPS), the knob that sets how many rows each warp takes, and `--ahead` whether
+its next row's loads go ahead of this row's sums (LN_AHEAD_ITEMSIZES: every dtype or none).
 
     python benchmarks/layernorm_bwd.py --rows 16384 --cols 768 --dtypes bf16,fp32
 """
@@ -59,8 +60,9 @@ class TorchEvent:
         return start.event.elapsed_time(self.event)
 
 
-def one_dtype(name: str, n: int, c: int, sweep: list[int], calls: int, windows: int) -> None:
-    """The table's rows of one dtype: ours at each warp count, PyTorch's beside them."""
+def one_dtype(name: str, n: int, c: int, sweep: list[tuple[int, int]], calls: int,
+              windows: int) -> None:
+    """The table's rows of one dtype: ours at each (warp count, ahead), PyTorch's beside."""
     import cupy as cp
     import torch
 
@@ -69,13 +71,13 @@ def one_dtype(name: str, n: int, c: int, sweep: list[int], calls: int, windows: 
     from rustyflow_py.engine.precision import bfloat16
 
     kernels = get_backend("gpu").kernels
-    dtype = {"bf16": bfloat16(), "fp32": np.dtype(np.float32)}[name]
+    dtype = {"bf16": bfloat16(), "fp32": np.dtype(np.float32), "fp64": np.dtype(np.float64)}[name]
     rng = cp.random.default_rng(0)
     x, g, res = (rng.standard_normal((n, c), dtype=np.float32).astype(dtype) for _ in range(3))
     w = (1 + 0.1 * rng.standard_normal(c, dtype=np.float32)).astype(dtype)
     _, mean, rstd = kernels.layernorm_forward(x, w, cp.zeros(c, dtype=dtype), 1e-5)
     dw, db = cp.zeros(c, np.float32), cp.zeros(c, np.float32)
-    tdt = {"bf16": torch.bfloat16, "fp32": torch.float32}[name]
+    tdt = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp64": torch.float64}[name]
     tx, tg, tres, tw = (torch.as_tensor(a.astype(np.float32), device="cuda").to(tdt)
                         for a in (x, g, res, w))
     tb = torch.zeros_like(tw)
@@ -88,11 +90,15 @@ def one_dtype(name: str, n: int, c: int, sweep: list[int], calls: int, windows: 
     torch_us = time_calls(theirs, TorchEvent, calls, windows)
     torch_add_us = time_calls(lambda: theirs()[0] + tres, TorchEvent, calls, windows)
     moved = x.nbytes * 4  # g, x and the residual read, dx written
-    for warps in sweep:
+    own = ln_cuda.LN_AHEAD_ITEMSIZES
+    for warps, ahead in sweep:
         ln_cuda.LN_BWD_WARPS = warps
+        ln_cuda.LN_AHEAD_ITEMSIZES = own if ahead < 0 else frozenset({2, 4, 8} if ahead else ())
         us = time_calls(lambda: kernels.layernorm_backward(g, x, w, mean, rstd, (dw, db), res),
                         CupyEvent, calls, windows)
-        print(f"| {name} | {warps} | {us:.1f} | {moved / us / 1e3:,.0f} | {torch_us:.1f} | "
+        shown = "own" if ahead < 0 else ahead
+        print(f"| {name} | {warps} | {shown} | {us:.1f} | {moved / us / 1e3:,.0f} | "
+              f"{torch_us:.1f} | "
               f"{torch_add_us:.1f} | {us / torch_add_us:.2f} |")
 
 
@@ -102,6 +108,8 @@ def main() -> None:
     p.add_argument("--cols", type=int, default=768)
     p.add_argument("--dtypes", default="bf16,fp32")
     p.add_argument("--warps", default="", help="comma-separated LN_BWD_WARPS values to sweep")
+    p.add_argument("--ahead", default="", help="comma-separated 0/1: the next row's loads "
+                   "ahead or not, for every dtype (default: the kernel's own choice)")
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--windows", type=int, default=5)
     args = p.parse_args()
@@ -110,12 +118,14 @@ def main() -> None:
 
     from rustyflow_py.engine.ops.layernorm import cuda as ln_cuda
 
-    sweep = [int(w) for w in args.warps.split(",") if w] or [ln_cuda.LN_BWD_WARPS]
+    warps = [int(w) for w in args.warps.split(",") if w] or [ln_cuda.LN_BWD_WARPS]
+    aheads = [int(a) for a in args.ahead.split(",") if a] or [-1]
+    sweep = [(w, a) for w in warps for a in aheads]
     device = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     print(f"LayerNorm backward, {args.rows} x {args.cols}, {device}")
-    print("| dtype | LN_BWD_WARPS | rustyflow us | rustyflow GB/s | torch us | torch + add us | "
-          "ratio vs torch + add |")
-    print("|---|---:|---:|---:|---:|---:|---:|")
+    print("| dtype | LN_BWD_WARPS | ahead | rustyflow us | rustyflow GB/s | torch us | "
+          "torch + add us | ratio vs torch + add |")
+    print("|---|---:|---|---:|---:|---:|---:|---:|")
     for name in args.dtypes.split(","):
         one_dtype(name, args.rows, args.cols, sweep, args.calls, args.windows)
 

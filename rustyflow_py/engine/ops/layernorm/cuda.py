@@ -19,11 +19,16 @@ from .reference import LayerNormReference
 
 _WIDE = cuda_build.source(__file__, "layernorm.cu", cuda_build.dtype_defines(np.float32))
 _ROWS = cuda_build.source(__file__, "layernorm_rows.cu",
-                          cuda_build.dtype_defines(np.float32) + ("-DVPL=1", "-DLN_VEC=1"))
+                          cuda_build.dtype_defines(np.float32)
+                          + ("-DVPL=1", "-DLN_VEC=1", "-DLN_AHEAD=0"))
 # LayerNorm rows of up to 32 * MAX_CPL columns are held in registers (layernorm_rows.cu);
 # wider ones take the kernels that read the row from memory again for each pass.
 MAX_CPL = 32
 LN_BWD_WARPS = 1024  # ln_bwd_rows' warps (and rows of partial sums): about 8 per SM of an H100
+# The value sizes (bytes) whose ln_bwd_rows issues the next row's loads before this row's sums
+# (LN_AHEAD): faster for float32 rows; no faster for bf16 ones, and slower for float64 ones,
+# whose registers it pushes to the limit (benchmarks/results/layernorm-bwd-h100.md)
+LN_AHEAD_ITEMSIZES = frozenset({4})
 
 
 def _row_kernel(name: str, x: Any, *same: Any) -> Any:
@@ -37,8 +42,9 @@ def _row_kernel(name: str, x: Any, *same: Any) -> Any:
     vpl = -(-c // (32 * per))
     if vpl * per > MAX_CPL:
         return None
+    ahead = int(x.dtype.itemsize in LN_AHEAD_ITEMSIZES)
     return _ROWS.typed(f"ln_{name}_rows", x.dtype, *same,
-                       defines=(f"-DVPL={vpl}", f"-DLN_VEC={per}"))
+                       defines=(f"-DVPL={vpl}", f"-DLN_VEC={per}", f"-DLN_AHEAD={ahead}"))
 
 
 class CudaLayerNorm(LayerNormReference):

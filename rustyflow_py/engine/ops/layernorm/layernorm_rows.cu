@@ -54,11 +54,37 @@ extern "C" __global__ void ln_fwd_rows(const ln_vec* __restrict__ x,
     if (lane == 0) { mean[row] = m; rstd[row] = r; }
 }
 
+// One lane's vectors of row `row` of g, x and the residual (null: not loaded), and the row's
+// statistics.
+__device__ __forceinline__ void load_row(const ln_vec* __restrict__ g,
+                                         const ln_vec* __restrict__ x,
+                                         const ln_vec* __restrict__ res,
+                                         const acc* __restrict__ mean,
+                                         const acc* __restrict__ rstd, int row, int vc, int lane,
+                                         ln_vec (&ga)[VPL], ln_vec (&xa)[VPL], ln_vec (&ra)[VPL],
+                                         acc& m, acc& r) {
+    m = mean[row];
+    r = rstd[row];
+#pragma unroll
+    for (int j = 0; j < VPL; ++j) {
+        int i = lane + 32 * j;
+        if (i < vc) {
+            long long at = (long long)row * vc + i;
+            ga[j] = g[at];
+            xa[j] = x[at];
+            if (res) ra[j] = res[at];
+        }
+    }
+}
+
 // Backward in one pass: each warp takes `rows` consecutive rows, writes their dx, and sums
 // its columns of g * xhat (dw) and g (db) over them in registers, then writes those as its
 // row of the partial sums (summed afterwards, in a fixed order). A residual
 // gradient `res` (null: none) is added to dx as it is written: where the LayerNorm's input
 // also feeds the residual stream, the two gradients join in this pass.
+// LN_AHEAD (a -D option; layernorm/cuda.py says for which dtypes): 1 issues the next row's
+// loads, residual included, before this row's sums, so they are in flight while it sums;
+// 0 loads each row when its turn comes, and its residual as dx is written.
 extern "C" __global__ void ln_bwd_rows(const ln_vec* __restrict__ g,
                                        const ln_vec* __restrict__ x,
                                        const ln_vec* __restrict__ w, const acc* __restrict__ mean,
@@ -83,18 +109,30 @@ extern "C" __global__ void ln_bwd_rows(const ln_vec* __restrict__ g,
             wv[j][k] = i < vc ? (acc)a.v[k] : (acc)0;
         }
     }
+    ln_vec ga[VPL], xa[VPL], ra[VPL];  // a row's loads (with LN_AHEAD, the next row's)
+    acc m, r;
+#if LN_AHEAD
+    load_row(g, x, res, mean, rstd, start, vc, lane, ga, xa, ra, m, r);
+#endif
     for (int row = start; row < stop; ++row) {
         long long off = (long long)row * vc;
-        acc m = mean[row], r = rstd[row], s1 = 0, s2 = 0, gv[VPL][LN_VEC], xh[VPL][LN_VEC];
+#if !LN_AHEAD
+        load_row(g, x, nullptr, mean, rstd, row, vc, lane, ga, xa, ra, m, r);
+#endif
+        acc s1 = 0, s2 = 0, gv[VPL][LN_VEC], xh[VPL][LN_VEC];
+#if LN_AHEAD
+        acc rv[VPL][LN_VEC];  // this row's residual, before the next row's loads replace it
+#endif
 #pragma unroll
         for (int j = 0; j < VPL; ++j) {
             int i = lane + 32 * j;
-            ln_vec ga, xa;
-            if (i < vc) { ga = g[off + i]; xa = x[off + i]; }
 #pragma unroll
             for (int k = 0; k < LN_VEC; ++k) {
-                gv[j][k] = i < vc ? (acc)ga.v[k] : (acc)0;
-                xh[j][k] = i < vc ? ((acc)xa.v[k] - m) * r : (acc)0;
+                gv[j][k] = i < vc ? (acc)ga[j].v[k] : (acc)0;
+                xh[j][k] = i < vc ? ((acc)xa[j].v[k] - m) * r : (acc)0;
+#if LN_AHEAD
+                rv[j][k] = i < vc && res ? (acc)ra[j].v[k] : (acc)0;
+#endif
                 acc gw = gv[j][k] * wv[j][k];
                 s1 += gw;
                 s2 += gw * xh[j][k];
@@ -102,18 +140,30 @@ extern "C" __global__ void ln_bwd_rows(const ln_vec* __restrict__ g,
                 db[j][k] += gv[j][k];
             }
         }
+        acc rr = r;
+#if LN_AHEAD
+        if (row + 1 < stop) load_row(g, x, res, mean, rstd, row + 1, vc, lane, ga, xa, ra, m, r);
+#endif
         s1 = warp_sum(s1) / c;
         s2 = warp_sum(s2) / c;
 #pragma unroll
         for (int j = 0; j < VPL; ++j) {
             int i = lane + 32 * j;
             if (i >= vc) continue;
-            ln_vec o, ra;
-            if (res) ra = res[off + i];
+            ln_vec o;
+#if !LN_AHEAD
+            ln_vec rb;
+            if (res) rb = res[off + i];
+#endif
 #pragma unroll
-            for (int k = 0; k < LN_VEC; ++k)
-                o.v[k] = (real)(r * (gv[j][k] * wv[j][k] - s1 - xh[j][k] * s2) +
-                                (res ? (acc)ra.v[k] : (acc)0));
+            for (int k = 0; k < LN_VEC; ++k) {
+#if LN_AHEAD
+                acc joined = rv[j][k];
+#else
+                acc joined = res ? (acc)rb.v[k] : (acc)0;
+#endif
+                o.v[k] = (real)(rr * (gv[j][k] * wv[j][k] - s1 - xh[j][k] * s2) + joined);
+            }
             dx[off + i] = o;
         }
     }
