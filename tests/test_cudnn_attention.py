@@ -170,7 +170,6 @@ def test_training_with_cudnn_follows_the_own_kernel() -> None:
     own kernel under GRAPH=off."""
     from helpers import quiet
 
-    from rustyflow_py.engine.ops.attention.cuda import CudaAttention
     from rustyflow_py.training.run.loop import Trainer
 
     losses = {}
@@ -179,11 +178,11 @@ def test_training_with_cudnn_follows_the_own_kernel() -> None:
         trainer = Trainer(make_cfg(DEVICE="gpu", PRECISION="bf16", NUM_HEADS=2, EMBED_DIM=64,
                                    MAX_STEPS=20, ATTENTION=mode, GRAPH=graph,
                                    MODEL_PATH=f"models/{mode}-{graph}.npz"), quiet)
-        trainer.run()
+        record = trainer.run()
         losses[mode, graph] = np.array(trainer.losses)
-        kernels = trainer.backend.kernels
-        q = kernels.xp.zeros((1, 2, 16, 32), np.float16)
-        assert kernels.family(CudaAttention)._on_cudnn(q, None) == on_cudnn, (mode, graph)
+        path = trainer.backend.kernels.attention_path(np.float16, 32, 16, False)
+        assert path == ("cudnn" if on_cudnn else "flash"), (mode, graph)
+        assert record is not None and record["attention"] == path  # the record says which
     assert all(np.isfinite(run).all() for run in losses.values())
     for run in losses:
         np.testing.assert_allclose(losses[run], losses["own", "auto"], rtol=2e-2, err_msg=run)

@@ -59,6 +59,11 @@ def plain(x: Any) -> Any:
     return x if x is None or isinstance(x, str | int | float | bool) else str(x)
 
 
+def attention_text(r: Record) -> str:
+    """What computed attention, where the record says (records before it did not)."""
+    return f"attention: {r['attention']} | " if r.get("attention") else ""
+
+
 def format_block(record: Record) -> str:
     """The run's self-contained block: printed to the console and appended to the log.
 
@@ -71,7 +76,7 @@ def format_block(record: Record) -> str:
         summary_line(r),
         f"Backend: {one_line(r.get('backend'))} | optimizer {optimizer_text(r)} | "
         f"CUDA graph replay: {'yes' if r.get('graph') else 'no'} | "
-        f"final loss {number(r.get('final_loss'), '.4f')}",
+        f"{attention_text(r)}final loss {number(r.get('final_loss'), '.4f')}",
     ]
     if r.get("message"):
         lines.append(f"Message: {one_line(r['message'])}")

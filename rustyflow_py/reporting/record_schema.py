@@ -56,6 +56,7 @@ class RunRecord(TypedDict, total=False):
     optimizer: str
     optimizer_settings: dict[str, Any]  # its keys (lower case) and values, schedule included
     graph: bool
+    attention: str  # materialized | flash | cudnn: what computed attention (missing: older)
     epochs: int
     epochs_planned: int
     steps: int  # optimizer steps done in all, resumed ones included

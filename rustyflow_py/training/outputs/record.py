@@ -65,6 +65,11 @@ def build_record(parts: RunParts, state: LoopState, status: str, message: str | 
         "optimizer": cfg.optimizer,
         "optimizer_settings": optimizer_settings(cfg),
         "graph": runner.captured is not None,
+        # what computed attention (cuDNN's, the own fused kernels, or materialised): ATTENTION
+        # =auto picks, and where cuDNN is missing it falls back
+        "attention": parts.backend.kernels.attention_path(
+            parts.model.buffer.compute_dtype, m.n_embd // m.n_head, m.seq_len,
+            m.rate(m.attn_dropout) > 0),
         "epochs": len(epoch_times),
         "epochs_planned": cfg.num_epochs,
         "steps": steps_done,

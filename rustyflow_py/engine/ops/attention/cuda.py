@@ -72,38 +72,38 @@ class CudaAttention(AttentionReference):
                                acc_scalar(scale, g.dtype)))
         return ds
 
-    def fused_attention(self, dtype: Any, head_dim: int, seq_len: int) -> bool:
+    def attention_path(self, dtype: Any, head_dim: int, seq_len: int, dropout: bool) -> str:
         """Its float32 products run on tf32 tensor cores, so an fp32 run keeps the
         materialised path; the run policy's ATTENTION=materialized turns it off."""
-        if self.attention == "materialized":
-            return False
-        if np.dtype(dtype) == np.float32 and self.cublas.matmul_compute != "tf32":
-            return False
-        return flash.supports(dtype, head_dim, seq_len)
+        if (self.attention == "materialized"
+                or (np.dtype(dtype) == np.float32 and self.cublas.matmul_compute != "tf32")
+                or not flash.supports(dtype, head_dim, seq_len)):
+            return "materialized"
+        return "cudnn" if self._on_cudnn(dtype, head_dim, dropout) else "flash"
 
-    def _on_cudnn(self, q: Any, dropout: tuple[float, int, int, Any] | None) -> bool:
+    def _on_cudnn(self, dtype: Any, head_dim: int, dropout: bool) -> bool:
         """cuDNN's SDPA (cudnn.py) for 16-bit q, k, v without dropout under ATTENTION=cudnn,
         or under auto where it is installed and the step is replayed as a CUDA graph (GRAPH
         not off); flash.py otherwise (the config refuses ATTENTION=cudnn for runs it cannot
         serve). Why not eagerly: a cuDNN call costs the host about twice a flash launch
         through the frontend, and an eager step of a small model is the host's time."""
-        if self.attention not in ("auto", "cudnn") or dropout is not None:
+        if self.attention not in ("auto", "cudnn") or dropout:
             return False
         if self.attention == "auto" and (self.policy.graph == "off" or not cudnn.available()):
             return False
-        return cudnn.supports(q.dtype, q.shape[-1])
+        return cudnn.supports(dtype, head_dim)
 
     def attention_forward(self, q: Any, k: Any, v: Any, scale: float,
                           dropout: tuple[float, int, int, Any] | None,
                           out: Any = None) -> tuple[Any, Any]:
-        if self._on_cudnn(q, dropout):
+        if self._on_cudnn(q.dtype, q.shape[-1], dropout is not None):
             return cudnn.cudnn_attention_forward(q, k, v, scale, out)
         return flash.flash_attention_forward(q, k, v, scale, _drop(dropout), out)
 
     def attention_backward(self, q: Any, k: Any, v: Any, o: Any, do: Any, lse: Any,
                            scale: float, dropout: tuple[float, int, int, Any] | None,
                            out: tuple[Any, Any, Any] | None = None) -> tuple[Any, Any, Any]:
-        if self._on_cudnn(q, dropout):
+        if self._on_cudnn(q.dtype, q.shape[-1], dropout is not None):
             return cudnn.cudnn_attention_backward(q, k, v, o, do, lse, scale, out)
         return flash.flash_attention_backward(q, k, v, o, do, lse, scale,
                                                        _drop(dropout), out)

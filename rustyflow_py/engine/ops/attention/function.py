@@ -93,7 +93,7 @@ class CausalSelfAttention(Function):
         d = e3 // 3 // self.n_head
         self.scale = 1.0 / math.sqrt(d)
         self.dropped = self.dropout > 0.0 and self.rng is not None
-        self.fused = self.kernels.fused_attention(qkv.dtype, d, t)
+        self.fused = self.kernels.attention_path(qkv.dtype, d, t, self.dropped) != "materialized"
         if self.fused:  # one kernel, T x T never formed; backward recomputes from the lse
             return self._fused_forward(qkv)
         q, k, v = self._heads(qkv)

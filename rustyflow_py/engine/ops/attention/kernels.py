@@ -3,8 +3,8 @@
 Every device's kernel for an op takes exactly these arguments and keeps these rules (and
 table.py's common ones); tests/test_kernel_contract.py holds each to the reference.
 
-The fused attention exists on the GPU only: fused_attention says no elsewhere, and the
-table has no attention_forward/backward for the CPU.
+The fused attention exists on the GPU only: attention_path says "materialized" elsewhere,
+and the table has no attention_forward/backward for the CPU.
 
     causal_softmax_forward(scores, scale, with_lse: bool = False) -> Any
         Softmax over the last axis of scale * scores (B, H, T, T) with the keys after each
@@ -20,9 +20,11 @@ table has no attention_forward/backward for the CPU.
         d(scores) (B, H, T, T) for upstream g (B, H, T, T) on the probabilities; masked
         entries come out 0.
 
-    fused_attention(dtype, head_dim, seq_len) -> bool
-        Whether attention_forward/backward take q, k, v of this dtype and shape; when not,
-        attention is materialised (batched GEMMs around the causal softmax).
+    attention_path(dtype, head_dim, seq_len, dropout: bool) -> str
+        What computes attention of q, k, v of this dtype and shape (`dropout`: with dropout
+        of the probabilities): "flash" (the own fused kernels) or "cudnn" (cuDNN's SDPA),
+        both through attention_forward/backward, or "materialized" (batched GEMMs around
+        the causal softmax). The run record names it.
 
     attention_forward(q, k, v, scale, dropout, out: Any = None) -> tuple[Any, Any]
         Causal attention of q, k, v (B, H, T, D) without forming T x T: (o (B, H, T, D), the
@@ -55,7 +57,7 @@ declare(("causal_softmax_forward", "causal_softmax_recompute", "causal_softmax_b
         reference={ANY: AttentionReference},
         cpu={(F32, F64): CpuAttention, SIXTEEN: AttentionReference},
         gpu={FLOATS: CudaAttention})
-declare("fused_attention", reference={ANY: AttentionReference}, cpu={ANY: AttentionReference},
+declare("attention_path", reference={ANY: AttentionReference}, cpu={ANY: AttentionReference},
         gpu={ANY: CudaAttention})
 declare(("attention_forward", "attention_backward"), gpu={FLOATS: CudaAttention})
 declare("decode_attention", reference={ANY: AttentionReference},

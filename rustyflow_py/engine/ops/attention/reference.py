@@ -68,8 +68,8 @@ class AttentionReference(Family):
         ds *= scale
         return ds
 
-    def fused_attention(self, dtype: Any, head_dim: int, seq_len: int) -> bool:
-        return False  # attention is materialised here (a GPU kernel fuses it)
+    def attention_path(self, dtype: Any, head_dim: int, seq_len: int, dropout: bool) -> str:
+        return "materialized"  # here; a GPU kernel fuses it
 
     def decode_attention(self, qkv: Any, keys: Any, values: Any, pos: Any, scale: float,
                          n: int) -> Any:
