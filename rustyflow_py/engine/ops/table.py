@@ -226,7 +226,7 @@ class KernelSet:
 
     def _read_policy(self, policy: RunPolicy) -> None:
         """Read what this set's kernels need from the run's policy (at creation only).
-        ATTENTION: "materialized" makes fused_attention say no; the others choose among the
+        ATTENTION: "materialized" makes attention_path say so; the others choose among the
         fused kernels (attention/cuda.py)."""
         self.policy = policy
         self.attention = policy.attention
