@@ -272,6 +272,9 @@ def warmup(config_file: str | None, config: str | None, allow_unknown_keys: bool
 @click.option("--data-dir", default=None, help="where the dataset lives (DATA_DIR); must exist")
 @click.option("--eval-tokens", "budget", type=click.IntRange(min=0), default=0,
               show_default=True, help="score only the first N tokens of the split (0 = all)")
+@click.option("--eval-stride", "stride", type=click.IntRange(min=0), default=None,
+              help="windows advancing S tokens, each scoring its last S (0: non-overlapping) "
+                   "[default: the checkpoint's EVAL_STRIDE]")
 @click.option("--adapt", default=None, metavar="cache|dynamic",
               help="adaptive evaluation, reported beside the model alone: the neural cache "
                    "pointer (Grave et al., 2017) or dynamic evaluation (Krause et al., 2018)")
@@ -292,7 +295,7 @@ def warmup(config_file: str | None, config: str | None, allow_unknown_keys: bool
               help="--adapt dynamic: tokens scored, then learnt from, per step "
                    "[default: 0 = SEQ_LEN]")
 def eval_(model_path: str, split: str, device: str, data_dir: str | None, budget: int,
-          adapt: str | None, streams: int | None, **options: Any) -> None:
+          stride: int | None, adapt: str | None, streams: int | None, **options: Any) -> None:
     """Perplexity of a checkpoint on a split (per token, and per word for subwords); with
     --adapt, also with evaluation-time adaptation (docs/commands.md)."""
     from .reporting.progress import TrainingProgress
@@ -305,10 +308,10 @@ def eval_(model_path: str, split: str, device: str, data_dir: str | None, budget
     try:
         if method is None:
             result = evaluate_checkpoint(model_path, split, device, data_dir,
-                                         progress.evaluating, budget)
+                                         progress.evaluating, budget, stride)
         else:
             result = evaluate_adaptive(model_path, split, device, method, data_dir,
-                                       streams or 1, budget, progress.evaluating)
+                                       streams or 1, budget, progress.evaluating, stride)
     finally:
         progress.close()
     if method is not None:
@@ -318,7 +321,7 @@ def eval_(model_path: str, split: str, device: str, data_dir: str | None, budget
     per = " per token" if "word_perplexity" in result else ""
     click.echo(f"{split} perplexity {result['perplexity']:.3f}{per} (mean NLL "
                f"{result['nll']:.4f} on {on_tokens(result['tokens'], result['of'])}, "
-               f"{result['device']})")
+               f"{result['protocol']}, {result['device']})")
     if per:
         click.echo(f"{split} perplexity {result['word_perplexity']:.3f} per word of the text "
                    f"(the NLL of its {result['split_tokens']:,} tokens over its "

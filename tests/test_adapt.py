@@ -250,6 +250,33 @@ def test_a_segment_longer_than_the_model_s_windows_is_refused(workspace: object)
                      "--dynamic-segment 17 is longer than the model's SEQ_LEN=16: pass 1 to 16")
 
 
+def test_eval_stride_sets_the_windows_of_plain_evaluation_and_of_the_cache(
+        workspace: object) -> None:
+    """The workspace model trained with non-overlapping 16-token windows; --eval-stride 4
+    scores every token after at least 12 of context: the line names the windows, and the
+    model alone beside the cache is that same evaluation."""
+    plain = invoke(*EVAL, "--eval-stride", "4")
+    assert plain.exit_code == 0, plain.output
+    assert re.search(r", sliding 16-token windows, stride 4, cpu\)$", plain.output, re.M)
+    assert plain_perplexity(plain.output) != plain_perplexity(invoke(*EVAL).output)
+    cached = invoke(*EVAL, "--eval-stride", "4", "--adapt", "cache", "--streams", "4")
+    assert cached.exit_code == 0, cached.output
+    alone = re.search(rf"the model alone: {NUMBER}$", cached.output, re.M).group(1)
+    assert alone == plain_perplexity(plain.output)
+    assert "sliding 16-token windows, stride 4, cpu)" in cached.output
+
+
+@pytest.mark.parametrize(("args", "named"), [
+    (("--eval-stride", "17"), "--eval-stride 17 is longer than the model's SEQ_LEN=16: pass "
+                              "1 to 16 (0: non-overlapping windows)"),
+    (("--eval-stride", "4", "--adapt", "dynamic"), "--eval-stride is not an option of --adapt "
+                                                   "dynamic"),
+])
+def test_a_stride_the_windows_cannot_take_is_refused(workspace: object, args: tuple[str, ...],
+                                                     named: str) -> None:
+    assert_one_error(invoke(*EVAL, *args), named)
+
+
 def assert_one_error(result: object, named: str) -> None:
     assert result.exit_code == 1
     assert result.output.splitlines() == [result.output.strip()]

@@ -173,16 +173,30 @@ Status = Callable[[str, int], Any]
 
 
 def evaluate_checkpoint(path: str, split: str, device: str, data_dir: str | None = None,
-                        status: Status | None = None, budget: int = 0) -> dict[str, Any]:
+                        status: Status | None = None, budget: int = 0,
+                        stride: int | None = None) -> dict[str, Any]:
     """`rustyflow eval`: perplexity of a checkpoint on the valid or test split (its first
-    `budget` tokens; 0 = all). `status(split, tokens)` is a context manager shown while the
-    split is evaluated; it yields an `advance(n)` callable (or None)."""
+    `budget` tokens; 0 = all), in windows advancing `stride` tokens (None: the checkpoint's
+    EVAL_STRIDE). `status(split, tokens)` is a context manager shown while the split is
+    evaluated; it yields an `advance(n)` callable (or None)."""
     model, cfg, corpus, used = open_checkpoint(path, device, data_dir)
+    stride = evaluation_stride(cfg, stride)
     stream = upload_split(model.buffer.backend, getattr(corpus, split), cfg.batch_size)
-    tokens, _ = scored_tokens(stream.shape, cfg.seq_len, cfg.eval_stride, budget)
+    tokens, _ = scored_tokens(stream.shape, cfg.seq_len, stride, budget)
     with status(split, tokens) if status else contextlib.nullcontext() as advance:
-        result = perplexity(model, stream, cfg.seq_len, cfg.eval_stride, budget, advance)
+        result = perplexity(model, stream, cfg.seq_len, stride, budget, advance)
     return {**with_per_word(result, corpus, split), "device": used, "split": split}
+
+
+def evaluation_stride(cfg: Config, stride: int | None) -> int:
+    """--eval-stride, else the checkpoint's EVAL_STRIDE; a ConfigError past its SEQ_LEN."""
+    if stride is None:
+        return cfg.eval_stride
+    if stride > cfg.seq_len:
+        raise ConfigError(f"--eval-stride {stride} is longer than the model's "
+                          f"SEQ_LEN={cfg.seq_len}: pass 1 to {cfg.seq_len} (0: non-overlapping "
+                          f"windows)")
+    return stride
 
 
 def open_checkpoint(path: str, device: str,

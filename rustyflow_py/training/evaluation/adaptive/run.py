@@ -10,6 +10,7 @@ from ....errors import ConfigError
 from ....reporting.text import on_tokens, plural
 from ..evaluate import (
     Status,
+    evaluation_stride,
     open_checkpoint,
     perplexity,
     scored_tokens,
@@ -58,15 +59,19 @@ def method_of(adapt: str | None, streams: int | None, options: dict[str, Any]) -
 
 def evaluate_adaptive(path: str, split: str, device: str, method: Method,
                       data_dir: str | None = None, streams: int = 1, budget: int = 0,
-                      status: Status | None = None) -> dict[str, Any]:
+                      status: Status | None = None,
+                      eval_stride: int | None = None) -> dict[str, Any]:
     """Both numbers for a checkpoint on `split`, read as `streams` parallel streams (1: the
     text in order, as the papers read it), on its first `budget` scored tokens (0 = all):
-    "model" from evaluate.perplexity, "adaptive" from the method. `status`: see
-    evaluate.evaluate_checkpoint."""
+    "model" from evaluate.perplexity, "adaptive" from the method. `status`, `eval_stride`:
+    see evaluate.evaluate_checkpoint (dynamic evaluation's windows advance one segment)."""
+    if eval_stride is not None and isinstance(method, DynamicSettings):
+        raise ConfigError("--eval-stride is not an option of --adapt dynamic, whose windows "
+                          "advance one segment: pass --dynamic-segment S instead")
     model, cfg, corpus, used = open_checkpoint(path, device, data_dir)
     method.check(cfg.seq_len)
     stream = upload_split(model.buffer.backend, getattr(corpus, split), streams)
-    stride = method.stride(cfg.seq_len, cfg.eval_stride)
+    stride = method.stride(cfg.seq_len, evaluation_stride(cfg, eval_stride))
     tokens, _ = scored_tokens(stream.shape, cfg.seq_len, stride, budget)
     with _shown(status, f"{split} (the model alone)", tokens) as advance:
         alone = perplexity(model, stream, cfg.seq_len, stride, budget, advance)
