@@ -16,10 +16,11 @@ export PYTHONPATH=/tmp/site:$root PYTHONUNBUFFERED=1 RUSTYFLOW_DATA_DIR=${RUSTYF
 export RUSTYFLOW_CACHE_DIR=/tmp/rf-cache
 SEED=${SEED:-1337}
 TUNE=${TUNE:-30000}
-CACHE_GRID=${CACHE_GRID:-"window=2000 theta=0.005,0.01,0.02,0.05,0.1 lambda=0.05,0.1,0.2,0.3"}
+# grids: space-separated, each "key=v1,v2|key=v3" (| between a grid's axes)
+CACHE_GRIDS=${CACHE_GRIDS:-"window=2000|theta=0.005,0.01,0.02,0.05,0.1|lambda=0.05,0.1,0.2,0.3"}
 DYNAMIC_GRIDS=${DYNAMIC_GRIDS:-"lr=0.003,0.01,0.03,0.1|segment=32 lr=0.01,0.03,0.1,0.3|segment=128"}
 STRIDES=${STRIDES:-"64 32"}
-finish() { cp "$work"/logs/* "$out"/ 2>/dev/null; tar -C "$work" -czf "$out/adaptive.tgz" logs; }
+finish() { cp "$work"/logs/adapt-*.out "$out"/ 2>/dev/null; tar -C "$work" -czf "$out/adaptive.tgz" logs; }
 trap finish EXIT
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$work/logs/gpu.txt"
 
@@ -31,16 +32,16 @@ best=$work/q-best.npz
 tail -3 "$work/logs/train.out"
 [ -f "$best" ] || { echo "no best checkpoint"; exit 1; }
 
-# tuning on validation, side by side
-timeout 130 python3 benchmarks/adaptive_sweep.py --model "$best" --device gpu \
-    --eval-tokens "$TUNE" --cache "$CACHE_GRID" --out "$work/logs/sweep-cache.md" \
-    > "$work/logs/sweep-cache.out" 2>&1 &
+# tuning on validation, each grid in a process of its own, side by side
 i=0
-for g in $DYNAMIC_GRIDS; do
-    i=$((i + 1))
-    timeout 130 python3 benchmarks/adaptive_sweep.py --model "$best" --device gpu \
-        --eval-tokens "$TUNE" --dynamic "${g//|/ }" --out "$work/logs/sweep-dynamic-$i.md" \
-        > "$work/logs/sweep-dynamic-$i.out" 2>&1 &
+for method in cache dynamic; do
+    grids=CACHE_GRIDS; [ $method = dynamic ] && grids=DYNAMIC_GRIDS
+    for g in ${!grids}; do
+        i=$((i + 1))
+        timeout 130 python3 benchmarks/adaptive_sweep.py --model "$best" --device gpu \
+            --eval-tokens "$TUNE" --$method "${g//|/ }" --out "$work/logs/sweep-$i.md" \
+            > "$work/logs/sweep-$i.out" 2>&1 &
+    done
 done
 for s in $STRIDES; do
     for split in valid test; do
