@@ -26,6 +26,7 @@ import pytest
 
 from rustyflow_py.engine.backend import gpu_unavailable_reason
 from rustyflow_py.engine.library import get_backend
+from rustyflow_py.engine.ops.fp8.formats import E4M3, E5M2, FORMATS, Fp8Tensor, decode, quantize
 from rustyflow_py.engine.ops.gelu.reference import GELU_C, GELU_K
 from rustyflow_py.engine.ops.gemm import cublaslt as lt_mod
 from rustyflow_py.engine.ops.gemm.cublas import in_compute
@@ -148,21 +149,24 @@ class FakeLt:
     broadcast over its columns, GELU input matrix with its own ld; every handle an int, every
     host value passed by address, as nvmath's binding takes them."""
 
-    TYPES = {0: np.float32, 2: np.float16}
+    TYPES = {0: np.float32, 2: np.float16, 28: np.uint8, 29: np.uint8}
+    FP8 = {28: E4M3, 29: E5M2}  # CUDA_R_8F_E4M3, CUDA_R_8F_E5M2: codes read with their scale
     # cublasLtMatmulDescAttributes_t / cublasLtMatmulPreferenceAttributes_t and their C types
     MatmulDescAttribute = SimpleNamespace(TRANSA=3, TRANSB=4, EPILOGUE=7, BIAS_POINTER=8,
-                                          EPILOGUE_AUX_POINTER=11, EPILOGUE_AUX_LD=12)
+                                          EPILOGUE_AUX_POINTER=11, EPILOGUE_AUX_LD=12,
+                                          A_SCALE_POINTER=17, B_SCALE_POINTER=18,
+                                          FAST_ACCUM=25)
     MatmulPreferenceAttribute = SimpleNamespace(
         MAX_WORKSPACE_BYTES=1, MIN_ALIGNMENT_A_BYTES=5, MIN_ALIGNMENT_B_BYTES=6,
         MIN_ALIGNMENT_C_BYTES=7, MIN_ALIGNMENT_D_BYTES=8)
     DESC_TYPES = {3: np.int32, 4: np.int32, 7: np.uint32, 8: np.int64, 11: np.int64,
-                  12: np.int64}
+                  12: np.int64, 17: np.int64, 18: np.int64, 25: np.int8}
     PREF_TYPES = {1: np.uint64, 5: np.uint32, 6: np.uint32, 7: np.uint32, 8: np.uint32}
     # cublasLtEpilogue_t as cublasLt.h composes it from bit flags: GELU 32, AUX 128, BIAS 4
     Epilogue = SimpleNamespace(DEFAULT=1, BIAS=4, GELU_BIAS=32 | 4, GELU_AUX_BIAS=32 | 128 | 4)
     MatmulHeuristicResult = HeuristicResults
     API = lt_mod.Api(None, compute_32f=68, compute_tf32=77, ops=(0, 1), not_supported=15,
-                     types={"float32": 0, "float16": 2})
+                     types={"float32": 0, "float16": 2, "e4m3": 28, "e5m2": 29})
 
     def __init__(self) -> None:
         self.objects: dict[int, dict[str, Any]] = {}
@@ -191,6 +195,13 @@ class FakeLt:
         assert ptr % dtype.itemsize == 0
         return np.lib.stride_tricks.as_strided(at(ptr, dtype, count), (rows, cols),
                                                (dtype.itemsize, ld * dtype.itemsize))
+
+    def operand(self, ptr: int, layout: dict[str, Any], scale_ptr: int | None) -> np.ndarray:
+        """A or B as values: FP8 codes decoded and times the float32 at their scale pointer."""
+        m = self.matrix(ptr, layout["type"], layout["rows"], layout["cols"], layout["ld"])
+        if layout["type"] not in self.FP8:
+            return m
+        return decode(m, self.FP8[layout["type"]]) * float(at(scale_ptr, np.float32)[0])
 
     # -- the API --
     def _new(self, **fields: Any) -> int:
@@ -251,7 +262,11 @@ class FakeLt:
         k2, n = (lb["rows"], lb["cols"]) if tb == 0 else (lb["cols"], lb["rows"])
         assert k == k2, f"op(A) is {m}x{k} but op(B) is {k2}x{n}"
         assert (ld["rows"], ld["cols"]) == (m, n) and lc == ld
-        assert la["type"] == lb["type"]
+        if la["type"] in self.FP8 or lb["type"] in self.FP8:  # FP8 takes "TN" alone, fp32 D
+            assert {la["type"], lb["type"]} <= set(self.FP8) and (ta, tb) == (1, 0)
+            assert ld["type"] == 0 and 25 in attrs
+        else:
+            assert la["type"] == lb["type"]
         return m, n, k
 
     def matmul_algo_get_heuristic(self, handle: int, desc: int, a: int, b: int, c: int,
@@ -274,8 +289,8 @@ class FakeLt:
         assert at(beta, np.float32)[0] == 0.0 and c_ptr == d_ptr
         attrs = self.objects[desc]["attrs"]
         la, lb, ld = (self.objects[x] for x in (a, b, d))
-        am = self.matrix(a_ptr, la["type"], la["rows"], la["cols"], la["ld"])
-        bm = self.matrix(b_ptr, lb["type"], lb["rows"], lb["cols"], lb["ld"])
+        am, bm = (self.operand(ptr, lay, attrs.get(scale))
+                  for ptr, lay, scale in ((a_ptr, la, 17), (b_ptr, lb, 18)))
         op_a = am if attrs.get(3, 0) == 0 else am.T
         op_b = bm if attrs.get(4, 0) == 0 else bm.T
         acc = at(alpha, np.float32)[0] * (op_a.astype(np.float64) @ op_b.astype(np.float64))
@@ -332,6 +347,29 @@ def test_binding_against_emulation(fake: tuple[FakeLt, CublasLt], dtype: str) ->
     assert lt.matmul_into(dx.T, lib.register(ref_pre.astype(dtype)), out) is out
     assert rel_max(out, f64(x).T @ f64(ref_pre.astype(dtype))) < tol
     assert set(lib.epilogues) == {1, 4, 164, 36}
+
+
+@pytest.mark.parametrize(("fa", "fb"), [("e4m3", "e4m3"), ("e5m2", "e4m3"), ("e4m3", "e5m2")])
+def test_fp8_binding_against_emulation(fake: tuple[FakeLt, CublasLt], fa: str, fb: str) -> None:
+    """out = a @ b^T from FP8 codes: cuBLASLt's A is b's codes with op T and its B a's with
+    op N (the TN layout, checked by FakeLt), each read with its own format and scale."""
+    lib, lt = fake
+    rng = np.random.default_rng(4)
+    m, k, n = 12, 32, 16
+    x, w = rng.standard_normal((m, k)), 0.01 * rng.standard_normal((n, k))
+    (qa, sa), (qb, sb) = quantize(x, FORMATS[fa]), quantize(w, FORMATS[fb])
+    a, b = (Fp8Tensor(lib.register(q), lib.register(np.array([s], np.float32)), FORMATS[f])
+            for q, s, f in ((qa, sa, fa), (qb, sb, fb)))
+    out = lib.empty((m, n), "float32")
+    assert lt.matmul_fp8(a, b, out) is out
+    exact = (decode(qa, FORMATS[fa]) * sa) @ (decode(qb, FORMATS[fb]) * sb).T
+    assert rel_max(out, exact) < 1e-6
+    assert rel_max(out, x @ w.T) < 0.15  # what FP8's 2-3 mantissa bits leave of the product
+    with pytest.raises(CublasLtUnsupported, match="not bfloat16 or float32"):
+        lt.matmul_fp8(a, b, lib.empty((m, n), "float16"))
+    not_codes = Fp8Tensor(lib.register(x.astype(np.float32)), a.scale_inv, E4M3)
+    with pytest.raises(CublasLtUnsupported, match="are not"):
+        lt.matmul_fp8(not_codes, b, out)
 
 
 def test_plans_are_cached_and_refusals_remembered(fake: tuple[FakeLt, CublasLt]) -> None:

@@ -9,6 +9,7 @@ set -u
 root=$PWD
 out=${OUT:-$root/adaptive-out}
 work=/dev/shm/rf-adapt
+rm -rf "$work"  # a warm machine keeps /dev/shm: start clean
 mkdir -p "$out" "$work/logs"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl || exit 1

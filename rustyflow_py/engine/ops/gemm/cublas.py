@@ -31,10 +31,10 @@ from ....errors import install_command
 from ...precision import MatmulCompute, dtype_name
 
 WORKSPACE_BYTES = 32 * 2**20  # each handle's (cuBLAS's, cuBLASLt's): fixed, so graphs keep it
-# nvmath.CudaDataType's name of each operand dtype (A, B and C share it); bfloat16 is
-# ml_dtypes', matched by name so this module imports without it
+# nvmath.CudaDataType's name of each operand dtype (A, B and C share it; bfloat16 is
+# ml_dtypes', matched by name so this module imports without it) and FP8 format
 _CUDA_TYPES = {"float32": "CUDA_R_32F", "float64": "CUDA_R_64F", "float16": "CUDA_R_16F",
-               "bfloat16": "CUDA_R_16BF"}
+               "bfloat16": "CUDA_R_16BF", "e4m3": "CUDA_R_8F_E4M3", "e5m2": "CUDA_R_8F_E5M2"}
 
 
 Handle = TypeVar("Handle")

@@ -49,11 +49,25 @@ from typing import Any
 import numpy as np
 
 from ...precision import MatmulCompute, dtype_name
+from ..fp8.formats import Fp8Tensor
 from .cublas import WORKSPACE_BYTES, binding, cuda_types
 
 MAX_ALIGNMENT = 256  # bytes; cuBLASLt's default (and largest) alignment assumption
 _HEURISTIC_RESULTS = 8
 AUX_LD_MULTIPLE = 8  # EPILOGUE_AUX_LD: "must be divisible by 8" for the GELU input
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Operands:
+    """What an FP8 GEMM adds to a problem: the cudaDataType_t of each operand's codes, the
+    device addresses of their float32 read-back factors, and whether the tensor cores may
+    accumulate without their periodic promotion to full fp32 (FAST_ACCUM)."""
+
+    type_a: int
+    type_b: int
+    scale_a: int
+    scale_b: int
+    fast_accum: bool
 
 
 class CublasLtUnsupported(ValueError):
@@ -222,6 +236,8 @@ class CublasLt:
         self._transa, self._transb = int(desc.TRANSA), int(desc.TRANSB)
         self._epilogue, self._aux_ld = int(desc.EPILOGUE), int(desc.EPILOGUE_AUX_LD)
         self._bias_ptr, self._aux_ptr = int(desc.BIAS_POINTER), int(desc.EPILOGUE_AUX_POINTER)
+        self._scale_ptr = int(desc.A_SCALE_POINTER), int(desc.B_SCALE_POINTER)
+        self._fast_accum = int(desc.FAST_ACCUM)
         self._align = [int(getattr(pref, f"MIN_ALIGNMENT_{m}_BYTES")) for m in "ABCD"]
         self.epilogue_default, self.epilogue_bias = int(epilogue.DEFAULT), int(epilogue.BIAS)
         self.epilogue_gelu_bias = int(epilogue.GELU_BIAS)
@@ -287,6 +303,27 @@ class CublasLt:
         _check_out(out, (a.shape[0], b.shape[1]), dtype, "matmul_into", "out")
         return self._gemm(a, b, out, self.epilogue_default, accumulate=accumulate)
 
+    def matmul_fp8(self, a: Fp8Tensor, b: Fp8Tensor, out: Any, *,
+                   fast_accum: bool = False) -> Any:
+        """out (M, N) = a (M, K) @ b (N, K)^T on FP8 tensor cores (compute capability 8.9+):
+        each operand is read back as codes * scale_inv, products accumulate in fp32 (with
+        `fast_accum`, without the periodic promotion that keeps them exact: faster, looser).
+        Both operands' codes are row-major with K contiguous, the "TN" layout FP8 GEMMs
+        take; out is C-contiguous bfloat16 or float32."""
+        if (a.codes.ndim != 2 or b.codes.ndim != 2 or a.codes.shape[1] != b.codes.shape[1]
+                or a.codes.dtype != np.uint8 or b.codes.dtype != np.uint8):
+            raise CublasLtUnsupported(f"matmul_fp8: codes a {a.codes.shape} {a.codes.dtype} "
+                                      f"and b {b.codes.shape} {b.codes.dtype} are not (M, K) "
+                                      f"and (N, K) uint8")
+        if dtype_name(out.dtype) not in ("bfloat16", "float32"):
+            raise CublasLtUnsupported(f"matmul_fp8: out is {out.dtype}, not bfloat16 or "
+                                      f"float32")
+        _check_out(out, (a.codes.shape[0], b.codes.shape[0]), out.dtype, "matmul_fp8", "out")
+        types = self.api.types
+        fp8 = Fp8Operands(types[a.fmt.name], types[b.fmt.name], a.scale_inv.data.ptr,
+                          b.scale_inv.data.ptr, fast_accum)
+        return self._gemm(a.codes, b.codes.T, out, self.epilogue_default, fp8=fp8)
+
     def close(self) -> None:
         """Destroy the plans, the preference and the handle (the object is unusable after)."""
         for plan in self._plans.values():
@@ -310,13 +347,15 @@ class CublasLt:
         return dtype
 
     def _gemm(self, a: Any, b: Any, out: Any, epilogue: int, *, bias: Any = None,
-              aux: Any = None, accumulate: bool = False, c: Any = None) -> Any:
+              aux: Any = None, accumulate: bool = False, c: Any = None,
+              fp8: Fp8Operands | None = None) -> Any:
         """out (M, N) = a (M, K) @ b (K, N) with `epilogue`, row-major. beta = 1 adds C: out
         itself with `accumulate` (C = D), or `c` (out's shape, dtype and layout) when given.
 
         In cuBLASLt's column-major terms D = out^T = b^T @ a^T: its A is our b, its B is our
         a, and (m, n, k) = (N, M, K). `bias` is the BIAS_POINTER vector read by the BIAS
-        epilogues, `aux` the GELU input matrix (out's shape, C-contiguous). `out` may be an
+        epilogues, `aux` the GELU input matrix (out's shape, C-contiguous). `fp8`: a and b
+        are FP8 codes (uint8) of those types, read back with those scales. `out` may be an
         `_Alloc`: it, and any operand copies, are allocated only after the plan exists, so a
         refused call (e.g. one first seen during a capture) has touched neither the stream nor
         the memory pool."""
@@ -330,13 +369,15 @@ class CublasLt:
         bias_ptr = _PLACEHOLDER_PTR if bias_copy else _ptr(bias)
         aux_ptr = _ptr(aux)
         types = self.api.types
-        in_type, out_type = types[dtype_name(a.dtype)], types[dtype_name(out.dtype)]
+        out_type = types[dtype_name(out.dtype)]
+        # cuBLASLt's (A, B) types: (ours of b, ours of a)
+        in_types = ((fp8.type_b, fp8.type_a) if fp8 else (types[dtype_name(a.dtype)],) * 2)
         compute = (self.api.compute_tf32 if self.matmul_compute == "tf32"
                    and dtype_name(a.dtype) == "float32" else self.api.compute_32f)
         align_c = alignment(_ptr(out if c is None else c))
-        key = (epilogue, n, m_rows, k, in_type, out_type, compute, layout_a, layout_b,
-               n if aux is not None else 0, align_a, align_b, alignment(_ptr(out)),
-               alignment(bias_ptr), alignment(aux_ptr), align_c)
+        key = (epilogue, n, m_rows, k, in_types, out_type, compute, layout_a, layout_b,
+               n if aux is not None else 0, fp8.fast_accum if fp8 else None, align_a, align_b,
+               alignment(_ptr(out)), alignment(bias_ptr), alignment(aux_ptr), align_c)
         plan = self._plans.get(key)
         if plan is None:
             plan = self._plan(key, bias_ptr, aux_ptr)
@@ -351,6 +392,9 @@ class CublasLt:
             self._desc.set(plan.desc, self._bias_ptr, bias.data.ptr)
         if aux is not None:
             self._desc.set(plan.desc, self._aux_ptr, aux.data.ptr)
+        if fp8 is not None:  # cuBLASLt's A is our b
+            self._desc.set(plan.desc, self._scale_ptr[0], fp8.scale_b)
+            self._desc.set(plan.desc, self._scale_ptr[1], fp8.scale_a)
         # beta = 0: C (= D) is not read; beta = 1: the product is added to C, out or `c`
         self.lib.matmul(
             self.handle, plan.desc, self._one, lt_a.data.ptr, plan.layout_a,
@@ -360,74 +404,83 @@ class CublasLt:
         return out
 
     def _plan(self, key: tuple[Any, ...], bias_ptr: int, aux_ptr: int) -> _Plan:
-        """Create the descriptor and layouts of `key` and ask the heuristic for an algorithm
-        (once: a refusal is remembered too)."""
+        """The plan of `key`, made once (a refusal is remembered too)."""
         if key in self._refused:
             raise CublasLtUnsupported(self._refused[key])
         if self.stream.is_capturing():
             raise CublasLtUnsupported(
                 "cuBLASLt problem first seen during CUDA graph capture: its plan (heuristic "
                 "query) must be made by an eager call of the same shapes before capturing")
-        (epilogue, m, n, k, in_type, out_type, compute, layout_a, layout_b, aux_ld,
-         *alignments) = key
-        lib = self.lib
-        created: list[tuple[Callable[[int], None], int]] = []
-
-        def made(obj: int, destroy: Callable[[int], None]) -> int:
-            created.append((destroy, obj))  # destroyed again if planning fails later
-            return obj
-
         try:
-            desc = made(lib.matmul_desc_create(compute, self.api.types["float32"]),
-                        lib.matmul_desc_destroy)
-            self._desc.set(desc, self._transa, self.api.ops[layout_a[0]])
-            self._desc.set(desc, self._transb, self.api.ops[layout_b[0]])
-            self._desc.set(desc, self._epilogue, epilogue)
-            # The heuristic reads these pointers' values for their alignment, so it sees the
-            # real ones (later calls with the same alignments, which the key holds, swap in
-            # their own pointers).
-            if bias_ptr:
-                self._desc.set(desc, self._bias_ptr, bias_ptr)
-            if aux_ld:
-                self._desc.set(desc, self._aux_ld, aux_ld)
-                self._desc.set(desc, self._aux_ptr, aux_ptr)
-            layout_a_desc, layout_b_desc, layout_d_desc = (
-                made(lib.matrix_layout_create(dtype, rows, cols, ld), lib.matrix_layout_destroy)
-                for dtype, (_op, rows, cols, ld) in ((in_type, layout_a), (in_type, layout_b),
-                                                     (out_type, (False, m, n, m))))
-            align_a, align_b, align_d, _align_bias, _align_aux, align_c = alignments
-            for attr, value in zip(self._align, (align_a, align_b, align_c, align_d),
-                                   strict=True):
-                self._pref.set(self.pref, attr, value)
-            results = lib.MatmulHeuristicResult(_HEURISTIC_RESULTS)
-            try:
-                lib.matmul_algo_get_heuristic(
-                    self.handle, desc, layout_a_desc, layout_b_desc, layout_d_desc,
-                    layout_d_desc, self.pref, _HEURISTIC_RESULTS, results.ptr, self._count)
-                status, count = 0, self._host[2].value
-            except Exception as exc:  # nvmath's cuBLASLtError, with the status
-                if getattr(exc, "status", None) != self.api.not_supported:
-                    raise
-                status, count = self.api.not_supported, 0
-            usable = [i for i in range(count)
-                      if results[i].state == 0 and results[i].workspace_size <= WORKSPACE_BYTES]
-            if not usable:
-                message = (f"cuBLASLt has no algorithm for epilogue {epilogue}, (m, n, k) = "
-                           f"({m}, {n}, {k}), types {in_type}->{out_type}, compute {compute}, "
-                           f"transposed {layout_a[0]}/{layout_b[0]}, alignments {alignments} "
-                           f"(heuristic: {lib.get_status_name(status)}, {count} results)")
-                self._refused[key] = message
-                raise CublasLtUnsupported(message)
-            best = results[usable[0]]
-        except BaseException:
-            for destroy, obj in reversed(created):
-                destroy(obj)
+            plan = self._plans[key] = _make_plan(self, key, bias_ptr, aux_ptr)
+        except CublasLtUnsupported as exc:
+            self._refused[key] = str(exc)
             raise
-        plan = _Plan(desc, layout_a_desc, layout_b_desc, layout_d_desc, results, best.ptr)
-        self._plans[key] = plan
         return plan
 
     def _destroy_plan(self, plan: _Plan) -> None:
         self.lib.matmul_desc_destroy(plan.desc)
         for layout in (plan.layout_a, plan.layout_b, plan.layout_d):
             self.lib.matrix_layout_destroy(layout)
+
+
+def _make_plan(lt: CublasLt, key: tuple[Any, ...], bias_ptr: int, aux_ptr: int) -> _Plan:
+    """Create the descriptor and layouts of `key` and ask the heuristic for an algorithm; a
+    CublasLtUnsupported naming the problem when it has none."""
+    (epilogue, m, n, k, in_types, out_type, compute, layout_a, layout_b, aux_ld, fast_accum,
+     *alignments) = key
+    lib, attrs = lt.lib, lt._desc
+    created: list[tuple[Callable[[int], None], int]] = []
+
+    def made(obj: int, destroy: Callable[[int], None]) -> int:
+        created.append((destroy, obj))  # destroyed again if planning fails later
+        return obj
+
+    try:
+        desc = made(lib.matmul_desc_create(compute, lt.api.types["float32"]),
+                    lib.matmul_desc_destroy)
+        attrs.set(desc, lt._transa, lt.api.ops[layout_a[0]])
+        attrs.set(desc, lt._transb, lt.api.ops[layout_b[0]])
+        attrs.set(desc, lt._epilogue, epilogue)
+        if fast_accum is not None:  # an FP8 problem
+            attrs.set(desc, lt._fast_accum, int(fast_accum))
+        # The heuristic reads these pointers' values for their alignment, so it sees the
+        # real ones (later calls with the same alignments, which the key holds, swap in
+        # their own pointers).
+        if bias_ptr:
+            attrs.set(desc, lt._bias_ptr, bias_ptr)
+        if aux_ld:
+            attrs.set(desc, lt._aux_ld, aux_ld)
+            attrs.set(desc, lt._aux_ptr, aux_ptr)
+        layout_a_desc, layout_b_desc, layout_d_desc = (
+            made(lib.matrix_layout_create(dtype, rows, cols, ld), lib.matrix_layout_destroy)
+            for dtype, (_op, rows, cols, ld) in ((in_types[0], layout_a),
+                                                 (in_types[1], layout_b),
+                                                 (out_type, (False, m, n, m))))
+        align_a, align_b, align_d, _align_bias, _align_aux, align_c = alignments
+        for attr, value in zip(lt._align, (align_a, align_b, align_c, align_d), strict=True):
+            lt._pref.set(lt.pref, attr, value)
+        results = lib.MatmulHeuristicResult(_HEURISTIC_RESULTS)
+        try:
+            lib.matmul_algo_get_heuristic(
+                lt.handle, desc, layout_a_desc, layout_b_desc, layout_d_desc, layout_d_desc,
+                lt.pref, _HEURISTIC_RESULTS, results.ptr, lt._count)
+            status, count = 0, lt._host[2].value
+        except Exception as exc:  # nvmath's cuBLASLtError, with the status
+            if getattr(exc, "status", None) != lt.api.not_supported:
+                raise
+            status, count = lt.api.not_supported, 0
+        usable = [i for i in range(count)
+                  if results[i].state == 0 and results[i].workspace_size <= WORKSPACE_BYTES]
+        if not usable:
+            raise CublasLtUnsupported(
+                f"cuBLASLt has no algorithm for epilogue {epilogue}, (m, n, k) = ({m}, {n}, "
+                f"{k}), types {in_types}->{out_type}, compute {compute}, transposed "
+                f"{layout_a[0]}/{layout_b[0]}, alignments {alignments} (heuristic: "
+                f"{lib.get_status_name(status)}, {count} results)")
+        best = results[usable[0]]
+    except BaseException:
+        for destroy, obj in reversed(created):
+            destroy(obj)
+        raise
+    return _Plan(desc, layout_a_desc, layout_b_desc, layout_d_desc, results, best.ptr)

@@ -1,0 +1,56 @@
+// Per-tensor FP8 scaling (formats.py states the recipe): the absolute maximum of a tensor,
+// then its values times MAX / amax rounded to the nearest FP8 value, saturated. Compiled per
+// storage type `real` (types.cuh) and per format: RF_E4M3 = 1 for e4m3, 0 for e5m2.
+#include "types.cuh"
+#include <cuda_fp8.h>
+
+#if RF_E4M3
+#define FP8_MAX 448.0f
+#define FP8_KIND __NV_E4M3
+#else
+#define FP8_MAX 57344.0f
+#define FP8_KIND __NV_E5M2
+#endif
+
+__device__ __forceinline__ float warp_max_f(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+    return v;
+}
+
+// amax (one float, zeroed by the caller) = max |x| over n values. Non-negative floats order
+// as their bit patterns do, so the blocks meet in an integer atomicMax. A NaN wins (its bits
+// are above every finite value's): the scale then falls back to 1 and the NaN is kept.
+extern "C" __global__ void fp8_amax(const real* __restrict__ x, long long n,
+                                    float* __restrict__ amax) {
+    __shared__ float part[32];
+    float m = 0.0f;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        float v = fabsf((float)x[i]);
+        m = (v > m || isnan(v)) ? v : m;
+    }
+    m = warp_max_f(m);
+    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = m;
+    __syncthreads();
+    if (threadIdx.x < 32) {
+        m = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
+        m = warp_max_f(m);
+        if (threadIdx.x == 0) atomicMax((int*)amax, __float_as_int(m));
+    }
+}
+
+// q = fp8(x * scale), scale = FP8_MAX / amax (1 when amax is 0 or not finite), computed by
+// every thread from the device's amax (no host round trip); scale_inv = 1 / scale, the factor
+// a GEMM reads q back with.
+extern "C" __global__ void fp8_quantize(const real* __restrict__ x, long long n,
+                                        const float* __restrict__ amax,
+                                        unsigned char* __restrict__ q,
+                                        float* __restrict__ scale_inv) {
+    float a = *amax;
+    float scale = (isfinite(a) && a > 0.0f) ? FP8_MAX / a : 1.0f;
+    if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.0f / scale;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        q[i] = __nv_cvt_float_to_fp8((float)x[i] * scale, __NV_SATFINITE, FP8_KIND);
+    }
+}

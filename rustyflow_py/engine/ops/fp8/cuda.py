@@ -1,0 +1,48 @@
+"""FP8 per-tensor current scaling on the GPU (cast.cu): a tensor's amax, then its codes and
+read-back factor, two kernels on the current stream with the scale kept on the device, so
+the pair is graph-capturable and the host never waits.
+
+Hand-written because neither CuPy (no float8 dtype) nor cuBLASLt (its FP8 GEMMs take codes
+already scaled) converts a bf16 or fp32 tensor to FP8 codes with a scale it computes itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import cuda_build
+from .formats import E4M3, Fp8Format, Fp8Tensor
+
+_CAST = cuda_build.source(__file__, "cast.cu",
+                          cuda_build.dtype_defines(np.float32) + ("-DRF_E4M3=1",))
+THREADS = 256
+MAX_BLOCKS = 1024  # grid-stride beyond: 8 blocks of 256 threads per SM of an H100 and more
+
+
+def _grid(n: int) -> tuple[int]:
+    return (max(1, min(MAX_BLOCKS, -(-n // THREADS))),)
+
+
+def amax_into(x: Any, amax: Any) -> Any:
+    """amax (float32 (1,)) = max |x| (a NaN in x wins), on the current stream."""
+    amax.fill(0)
+    defines = ("-DRF_E4M3=1",)  # the format does not change the amax; one build for both
+    _CAST.typed("fp8_amax", x.dtype, x, defines=defines)(
+        _grid(x.size), (THREADS,), (x, np.int64(x.size), amax))
+    return amax
+
+
+def quantize(x: Any, fmt: Fp8Format = E4M3) -> Fp8Tensor:
+    """x (float32, bfloat16, float16 or float64, any shape) in FP8 under current scaling
+    (formats.py), with its amax as `.amax`."""
+    import cupy
+
+    x = cupy.ascontiguousarray(x)
+    amax = amax_into(x, cupy.empty(1, np.float32))
+    codes = cupy.empty(x.shape, np.uint8)
+    scale_inv = cupy.empty(1, np.float32)
+    _CAST.typed("fp8_quantize", x.dtype, x, defines=(f"-DRF_E4M3={int(fmt is E4M3)}",))(
+        _grid(x.size), (THREADS,), (x, np.int64(x.size), amax, codes, scale_inv))
+    return Fp8Tensor(codes, scale_inv, fmt, amax)
