@@ -168,9 +168,10 @@ def test_the_fp8_gemm_equals_the_product_of_its_quantised_inputs(
     a, b, ref = fp8_operands(gpu, rng, m, k, n)
     out = gpu.cupy.empty((m, n), storage(out_dtype))
     gpu.lt.matmul_fp8(a, b, out, fast_accum=fast_accum)
-    # fp32 accumulation of exact products; fast accumulation and a bf16 output round more
-    tol = {("float32", False): 1e-5, ("float32", True): 1e-3}.get((out_dtype, fast_accum),
-                                                                   1e-2)
+    # The products are exact, but Hopper's FP8 tensor cores add them in an accumulator of
+    # fewer bits than fp32's, promoted to fp32 at intervals (not at all with fast_accum): at
+    # K = 768 that left 2.5e-4 of max|ref| on an H100, against 1e-7 for an exact fp32 sum.
+    tol = 2e-3 if (out_dtype, fast_accum) == ("float32", False) else 1e-2
     assert rel_max(out.get().astype(np.float64), ref) < tol
 
 
@@ -203,4 +204,4 @@ def test_cast_and_gemm_replay_from_a_graph_with_new_data(gpu: SimpleNamespace) -
     qa, sa = quantize(new_x, E4M3)
     qb, sb = quantize(w.get(), E4M3)
     ref = (decode(qa, E4M3) * sa) @ (decode(qb, E4M3) * sb).T
-    assert rel_max(out.get(), ref) < 1e-5
+    assert rel_max(out.get(), ref) < 2e-3  # the accumulator's bits, as above
