@@ -1,4 +1,4 @@
-"""FP8 per-tensor current scaling on the GPU (cast.cu): a tensor's amax, then its codes and
+"""FP8 per-tensor current scaling on the GPU (fp8_cast.cu): a tensor's amax, then its codes and
 read-back factor, two kernels on the current stream with the scale kept on the device, so
 the pair is graph-capturable and the host never waits.
 
@@ -15,7 +15,7 @@ import numpy as np
 from .. import cuda_build
 from .formats import E4M3, Fp8Format, Fp8Tensor
 
-_CAST = cuda_build.source(__file__, "cast.cu",
+_CAST = cuda_build.source(__file__, "fp8_cast.cu",
                           cuda_build.dtype_defines(np.float32) + ("-DRF_E4M3=1",))
 THREADS = 256
 MAX_BLOCKS = 1024  # grid-stride beyond: 8 blocks of 256 threads per SM of an H100 and more
