@@ -135,6 +135,7 @@ class _Plan:
     layout_d: int
     results: Any  # the heuristic's results (MatmulHeuristicResult), kept: the algorithm's home
     algo: int  # the chosen algorithm's address in them
+    usable: tuple[int, ...]  # the results this problem can run, the heuristic's order (its first)
 
 
 # ---- operand checks (pure: they raise CublasLtUnsupported for what cuBLASLt cannot take) --
@@ -483,4 +484,5 @@ def _make_plan(lt: CublasLt, key: tuple[Any, ...], bias_ptr: int, aux_ptr: int) 
         for destroy, obj in reversed(created):
             destroy(obj)
         raise
-    return _Plan(desc, layout_a_desc, layout_b_desc, layout_d_desc, results, best.ptr)
+    return _Plan(desc, layout_a_desc, layout_b_desc, layout_d_desc, results, best.ptr,
+                 tuple(usable))
