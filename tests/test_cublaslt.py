@@ -17,7 +17,7 @@ import ctypes
 import dataclasses
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import SimpleNamespace
 from typing import Any
 
@@ -172,7 +172,9 @@ class FakeLt:
         self.objects: dict[int, dict[str, Any]] = {}
         self.allocations: list[tuple[int, int]] = []
         self.heuristic_calls = 0
+        self.candidates = 1  # the algorithms the heuristic offers
         self.epilogues: list[int] = []
+        self.algos: list[int] = []  # the algorithm of each matmul call
 
     # -- fake device memory (bounds-checked) --
     def register(self, a: np.ndarray) -> HostDev:
@@ -277,15 +279,18 @@ class FakeLt:
         assert prefs[1] == lt_mod.WORKSPACE_BYTES
         assert all(prefs[i] in (1, 2, 4, 8, 16, 32, 64, 128, 256) for i in (5, 6, 7, 8))
         self.heuristic_calls += 1
-        first = at(results, HEURISTIC)
-        first["state"], first["workspace_size"], first["algo"][0, 0] = 0, 1024, 42
-        at(count, np.int32)[0] = 1
+        found = at(results, HEURISTIC, self.candidates)  # algorithms 42, 43, ...
+        found["state"], found["workspace_size"] = 0, 1024
+        found["algo"][:, 0] = 42 + np.arange(self.candidates)
+        at(count, np.int32)[0] = self.candidates
 
     def matmul(self, handle: int, desc: int, alpha: int, a_ptr: int, a: int, b_ptr: int,
                b: int, beta: int, c_ptr: int, c: int, d_ptr: int, d: int, algo: int,
                workspace: int, workspace_size: int, stream: int) -> None:
         m, n, k = self._shapes(desc, a, b, c, d)
-        assert at(algo, np.uint64)[0] == 42 and workspace and workspace_size >= 1024
+        self.algos.append(int(at(algo, np.uint64)[0]))
+        assert 42 <= self.algos[-1] < 42 + self.candidates
+        assert workspace and workspace_size >= 1024
         assert at(beta, np.float32)[0] == 0.0 and c_ptr == d_ptr
         attrs = self.objects[desc]["attrs"]
         la, lb, ld = (self.objects[x] for x in (a, b, d))
@@ -370,6 +375,33 @@ def test_fp8_binding_against_emulation(fake: tuple[FakeLt, CublasLt], fa: str, f
     not_codes = Fp8Tensor(lib.register(x.astype(np.float32)), a.scale_inv, E4M3)
     with pytest.raises(CublasLtUnsupported, match="are not"):
         lt.matmul_fp8(not_codes, b, out)
+
+
+def test_fp8_problems_keep_the_fastest_candidate_and_others_the_heuristic_s_first(
+        fake: tuple[FakeLt, CublasLt]) -> None:
+    """An FP8 problem's first call times each algorithm on offer (lt.clock) and its plan
+    keeps the fastest; a bf16 one runs the heuristic's first untimed."""
+    lib, lt = fake
+    lib.candidates = 3
+    speed = {42: 3.0, 43: 1.0, 44: 2.0}  # milliseconds a call, by algorithm
+
+    def clock(call: Callable[[], None]) -> float:
+        call()
+        return speed[lib.algos[-1]]
+
+    lt.clock = clock
+    rng = np.random.default_rng(5)
+    a, b = (Fp8Tensor(lib.register(q), lib.register(np.array([s], np.float32)), E4M3)
+            for q, s in (quantize(rng.standard_normal((8, 16)), E4M3),
+                         quantize(rng.standard_normal((4, 16)), E4M3)))
+    out = lib.empty((8, 4), "float32")
+    lt.matmul_fp8(a, b, out)
+    assert lib.algos == [42, 43, 44, 43]  # timed each, then ran the fastest
+    lt.matmul_fp8(a, b, out)
+    assert lib.algos[4:] == [43]  # planned once: no more timing
+    x, w = (lib.register(host(rng, np.dtype("float32"), *shape)) for shape in ((8, 16), (16, 4)))
+    lt.matmul_into(x, w, out)
+    assert lib.algos[5:] == [42]
 
 
 def test_plans_are_cached_and_refusals_remembered(fake: tuple[FakeLt, CublasLt]) -> None:

@@ -24,7 +24,8 @@ Each distinct problem (shapes, strides, dtypes, compute mode, epilogue, pointer 
 a plan once: a matmul descriptor, the matrix layouts and the algorithm that
 cublasLtMatmulAlgoGetHeuristic picks. Planning must not happen inside a CUDA graph capture, so
 the first call of each problem must be eager; RustyFlow's trainer runs eager warm-up steps
-before it captures, which satisfies that. A first call during capture raises
+before it captures, which satisfies that. An FP8 problem's plan also times the candidates
+then, and keeps the fastest (`matmul_fp8`). A first call during capture raises
 `CublasLtUnsupported` (a ValueError) before touching the stream, so callers fall back to the
 plain path and the capture stays valid.
 
@@ -253,6 +254,7 @@ class CublasLt:
         self._one, self._zero, self._count = map(ctypes.addressof, self._host)
         self._plans: dict[tuple[Any, ...], _Plan] = {}
         self._refused: dict[tuple[Any, ...], str] = {}
+        self.clock: Callable[[Callable[[], None]], float] = self._device_time
 
     # ---- public GEMMs ---------------------------------------------------------------------
     def matmul_bias(self, x: Any, w: Any, bias: Any, *, gelu: bool = False, out: Any = None,
@@ -310,7 +312,10 @@ class CublasLt:
         each operand is read back as codes * scale_inv, products accumulate in fp32 (with
         `fast_accum`, without the periodic promotion that keeps them exact: faster, looser).
         Both operands' codes are row-major with K contiguous, the "TN" layout FP8 GEMMs
-        take; out is C-contiguous bfloat16 or float32."""
+        take; out is C-contiguous bfloat16 or float32. A problem's first call times each
+        algorithm the heuristic offers (`clock`) and its plan keeps the fastest: for FP8 the
+        heuristic's first is often not it, for the other problems it nearly always is
+        (benchmarks/results/gemm-algos-h100.md)."""
         if (a.codes.ndim != 2 or b.codes.ndim != 2 or a.codes.shape[1] != b.codes.shape[1]
                 or a.codes.dtype != np.uint8 or b.codes.dtype != np.uint8):
             raise CublasLtUnsupported(f"matmul_fp8: codes a {a.codes.shape} {a.codes.dtype} "
@@ -324,6 +329,18 @@ class CublasLt:
         fp8 = Fp8Operands(types[a.fmt.name], types[b.fmt.name], a.scale_inv.data.ptr,
                           b.scale_inv.data.ptr, fast_accum)
         return self._gemm(a.codes, b.codes.T, out, self.epilogue_default, fp8=fp8)
+
+    def _device_time(self, call: Callable[[], None], reps: int = 5) -> float:
+        """Milliseconds per call of `call` on the stream, after one untimed call (CUDA
+        events; the host waits for them, which only a plan's first, eager call does)."""
+        call()
+        start, stop = self.xp.cuda.Event(), self.xp.cuda.Event()
+        start.record(self.stream)
+        for _ in range(reps):
+            call()
+        stop.record(self.stream)
+        stop.synchronize()
+        return self.xp.cuda.get_elapsed_time(start, stop) / reps
 
     def close(self) -> None:
         """Destroy the plans, the preference and the handle (the object is unusable after)."""
@@ -380,7 +397,8 @@ class CublasLt:
                n if aux is not None else 0, fp8.fast_accum if fp8 else None, align_a, align_b,
                alignment(_ptr(out)), alignment(bias_ptr), alignment(aux_ptr), align_c)
         plan = self._plans.get(key)
-        if plan is None:
+        fresh = plan is None
+        if fresh:
             plan = self._plan(key, bias_ptr, aux_ptr)
         # the plan exists: now copy and allocate
         lt_a = self.xp.ascontiguousarray(b) if copy_a else b
@@ -397,11 +415,19 @@ class CublasLt:
             self._desc.set(plan.desc, self._scale_ptr[0], fp8.scale_b)
             self._desc.set(plan.desc, self._scale_ptr[1], fp8.scale_a)
         # beta = 0: C (= D) is not read; beta = 1: the product is added to C, out or `c`
-        self.lib.matmul(
-            self.handle, plan.desc, self._one, lt_a.data.ptr, plan.layout_a,
-            lt_b.data.ptr, plan.layout_b, self._one if accumulate or c is not None else self._zero,
-            (out if c is None else c).data.ptr, plan.layout_d, out.data.ptr, plan.layout_d,
-            plan.algo, self.workspace.data.ptr, WORKSPACE_BYTES, self.stream.ptr)
+        beta = self._one if accumulate or c is not None else self._zero
+
+        def run(algo: int) -> None:
+            self.lib.matmul(
+                self.handle, plan.desc, self._one, lt_a.data.ptr, plan.layout_a,
+                lt_b.data.ptr, plan.layout_b, beta, (out if c is None else c).data.ptr,
+                plan.layout_d, out.data.ptr, plan.layout_d, algo, self.workspace.data.ptr,
+                WORKSPACE_BYTES, self.stream.ptr)
+
+        if fresh and fp8 is not None and len(plan.usable) > 1:  # beta = 0: runs change nothing
+            plan.algo = min((plan.results[i].ptr for i in plan.usable),
+                            key=lambda algo: self.clock(lambda: run(algo)))
+        run(plan.algo)
         return out
 
     def _plan(self, key: tuple[Any, ...], bias_ptr: int, aux_ptr: int) -> _Plan:
