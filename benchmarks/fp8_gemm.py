@@ -5,7 +5,8 @@ x @ W^T, the input gradient dy @ W, the weight gradient dy^T @ x), each in the "
 FP8 takes (both operands K-contiguous), timed as:
   - bf16: RustyFlow's cuBLASLt call (`CublasLt.matmul_into`, what the bf16 step runs);
   - fp8: `CublasLt.matmul_fp8` (e4m3 activations and weights, e5m2 gradients, bf16 out),
-    with and without FAST_ACCUM;
+    with and without FAST_ACCUM (each problem's plan keeps the fastest candidate algorithm,
+    timed at its first call);
   - the named peer: PyTorch's `torch._scaled_mm` on the same FP8 operands, and its bf16
     `torch.mm`.
 Then the cost of one current-scaling cast (`fp8.cuda.quantize`, amax + codes) of each GEMM's

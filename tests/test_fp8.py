@@ -119,16 +119,19 @@ def storage(name: str) -> np.dtype:
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(333, 517), (256, 520)], ids=["by-value", "by-vector"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=FORMAT_NAMES)
 def test_the_cast_kernels_match_the_recipe_bit_for_bit(gpu: SimpleNamespace, dtype: str,
-                                                       fmt: object) -> None:
+                                                       fmt: object,
+                                                       shape: tuple[int, int]) -> None:
     """Codes, amax and read-back factor, for a tensor with an amax spike (one value 10^4
-    times the rest, as a diverging activation has) and for an all-zero one."""
+    times the rest, as a diverging activation has) and for an all-zero one; a shape of
+    whole 16-byte vectors takes the vector kernels, another the kernels a value at a time."""
     from rustyflow_py.engine.ops.fp8 import cuda
 
     rng = np.random.default_rng(2)
-    x = rng.standard_normal((333, 517)).astype(storage(dtype))
+    x = rng.standard_normal(shape).astype(storage(dtype))
     x[7, 11] = 4.0e3
     for host in (x, np.zeros((64, 48), storage(dtype))):
         got = cuda.quantize(gpu.cupy.asarray(host), fmt)
@@ -136,6 +139,12 @@ def test_the_cast_kernels_match_the_recipe_bit_for_bit(gpu: SimpleNamespace, dty
         assert float(got.amax.get()[0]) == float(np.abs(host.astype(np.float32)).max())
         assert got.scale_inv.get()[0] == scale_inv
         np.testing.assert_array_equal(got.codes.get(), codes)
+    x[100, 3] = np.nan  # a NaN is the amax: the scale falls back to 1, the rest still casts
+    got = cuda.quantize(gpu.cupy.asarray(x), fmt)
+    assert np.isnan(got.amax.get()[0]) and got.scale_inv.get()[0] == 1
+    x32 = x.astype(np.float32)
+    finite = ~np.isnan(x32)
+    np.testing.assert_array_equal(got.codes.get()[finite], encode(x32, fmt)[finite])
 
 
 def fp8_operands(gpu: SimpleNamespace, rng: np.random.Generator, m: int, k: int,

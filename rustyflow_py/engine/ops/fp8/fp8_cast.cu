@@ -1,7 +1,10 @@
 // Per-tensor FP8 scaling (formats.py states the recipe): the absolute maximum of a tensor,
 // then its values times MAX / amax rounded to the nearest FP8 value, saturated. Compiled per
-// storage type `real` (types.cuh) and per format: RF_E4M3 = 1 for e4m3, 0 for e5m2.
+// storage type `real` (types.cuh) and per format: RF_E4M3 = 1 for e4m3, 0 for e5m2. Each
+// kernel has a form over 16-byte vectors (vec.cuh: the tensor a whole number of them,
+// aligned) and one a value at a time for the rest.
 #include "types.cuh"
+#include "vec.cuh"
 #include <cuda_fp8.h>
 
 #if RF_E4M3
@@ -12,23 +15,23 @@
 #define FP8_KIND __NV_E5M2
 #endif
 
+// The larger of two magnitudes, a NaN winning (fmaxf would drop it).
+__device__ __forceinline__ float max_nan(float m, float v) {
+    return (v > m || isnan(v)) ? v : m;
+}
+
 __device__ __forceinline__ float warp_max_f(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffff, v, o));
+    for (int o = 16; o > 0; o >>= 1) v = max_nan(v, __shfl_xor_sync(0xffffffff, v, o));
     return v;
 }
 
-// amax (one float, zeroed by the caller) = max |x| over n values. Non-negative floats order
-// as their bit patterns do, so the blocks meet in an integer atomicMax. A NaN wins (its bits
-// are above every finite value's): the scale then falls back to 1 and the NaN is kept.
-extern "C" __global__ void fp8_amax(const real* __restrict__ x, long long n,
-                                    float* __restrict__ amax) {
+__device__ __forceinline__ float abs_max(float m, real x) {
+    return max_nan(m, fabsf((float)x));
+}
+
+// The block's maximum of each thread's m, into amax.
+__device__ __forceinline__ void block_amax(float m, float* amax) {
     __shared__ float part[32];
-    float m = 0.0f;
-    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        float v = fabsf((float)x[i]);
-        m = (v > m || isnan(v)) ? v : m;
-    }
     m = warp_max_f(m);
     if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = m;
     __syncthreads();
@@ -39,6 +42,39 @@ extern "C" __global__ void fp8_amax(const real* __restrict__ x, long long n,
     }
 }
 
+// amax (one float, zeroed by the caller) = max |x| over n values. Non-negative floats order
+// as their bit patterns do, so the blocks meet in an integer atomicMax. A NaN wins (its bits
+// are above every finite value's): the scale then falls back to 1 and the NaN is kept.
+extern "C" __global__ void fp8_amax(const real* __restrict__ x, long long n,
+                                    float* __restrict__ amax) {
+    float m = 0.0f;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        m = abs_max(m, x[i]);
+    block_amax(m, amax);
+}
+
+extern "C" __global__ void fp8_amax_vec(const rf_vec* __restrict__ x, long long vecs,
+                                        float* __restrict__ amax) {
+    float m = 0.0f;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < vecs;
+         i += (long long)gridDim.x * blockDim.x) {
+        rf_vec v = x[i];
+#pragma unroll
+        for (int j = 0; j < RF_VEC; j++) m = abs_max(m, v.v[j]);
+    }
+    block_amax(m, amax);
+}
+
+__device__ __forceinline__ float scale_of(const float* amax) {
+    float a = *amax;
+    return (isfinite(a) && a > 0.0f) ? FP8_MAX / a : 1.0f;
+}
+
+__device__ __forceinline__ unsigned char to_fp8(real x, float scale) {
+    return __nv_cvt_float_to_fp8((float)x * scale, __NV_SATFINITE, FP8_KIND);
+}
+
 // q = fp8(x * scale), scale = FP8_MAX / amax (1 when amax is 0 or not finite), computed by
 // every thread from the device's amax (no host round trip); scale_inv = 1 / scale, the factor
 // a GEMM reads q back with.
@@ -46,11 +82,30 @@ extern "C" __global__ void fp8_quantize(const real* __restrict__ x, long long n,
                                         const float* __restrict__ amax,
                                         unsigned char* __restrict__ q,
                                         float* __restrict__ scale_inv) {
-    float a = *amax;
-    float scale = (isfinite(a) && a > 0.0f) ? FP8_MAX / a : 1.0f;
+    float scale = scale_of(amax);
     if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.0f / scale;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        q[i] = to_fp8(x[i], scale);
+}
+
+// The codes of a vector, stored as one access (q is aligned to RF_VEC bytes).
+struct __align__(RF_VEC) rf_codes {
+    unsigned char b[RF_VEC];
+};
+
+extern "C" __global__ void fp8_quantize_vec(const rf_vec* __restrict__ x, long long vecs,
+                                            const float* __restrict__ amax,
+                                            rf_codes* __restrict__ q,
+                                            float* __restrict__ scale_inv) {
+    float scale = scale_of(amax);
+    if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.0f / scale;
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < vecs;
          i += (long long)gridDim.x * blockDim.x) {
-        q[i] = __nv_cvt_float_to_fp8((float)x[i] * scale, __NV_SATFINITE, FP8_KIND);
+        rf_vec v = x[i];
+        rf_codes c;
+#pragma unroll
+        for (int j = 0; j < RF_VEC; j++) c.b[j] = to_fp8(v.v[j], scale);
+        q[i] = c;
     }
 }
