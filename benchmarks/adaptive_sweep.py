@@ -53,7 +53,7 @@ def flags(options: dict[str, Any]) -> str:
     return " ".join(f"--{o.replace('_', '-')} {v:g}" for o, v in options.items())
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--device", default="auto")
@@ -63,7 +63,7 @@ def main() -> None:
     parser.add_argument("--cache", default="", help='a grid, e.g. "theta=0.1,0.3 lambda=0.1"')
     parser.add_argument("--dynamic", default="", help='a grid, e.g. "lr=0.01,0.03 segment=32"')
     parser.add_argument("--out", type=Path, help="the table (markdown)")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
 
     model, cfg, corpus, used = open_checkpoint(args.model, args.device)
     stream = upload_split(model.buffer.backend, getattr(corpus, args.split), args.streams)
