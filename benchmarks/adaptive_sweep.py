@@ -44,13 +44,16 @@ def grid(method: str, text: str) -> list[dict[str, Any]]:
         if option not in METHODS[method][1]:
             known = ", ".join(o.removeprefix(method + "_") for o in METHODS[method][1])
             raise SystemExit(f"--{method}: {key} is not one of its settings ({known})")
-        axes.append([(option, float(v) if "." in v or "e" in v else int(v))
-                     for v in values.split(",")])
+        try:
+            axes.append([(option, float(v) if "." in v or "e" in v else int(v))
+                         for v in values.split(",")])
+        except ValueError:
+            raise SystemExit(f"--{method}: {item!r} is not key=number,number,...") from None
     return [dict(combo) for combo in itertools.product(*axes)]
 
 
 def flags(options: dict[str, Any]) -> str:
-    return " ".join(f"--{o.replace('_', '-')} {v:g}" for o, v in options.items())
+    return " ".join(f"--{o.replace('_', '-')} {v}" for o, v in options.items())
 
 
 def main(argv: list[str] | None = None) -> None:

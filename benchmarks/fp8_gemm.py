@@ -108,7 +108,7 @@ def main() -> None:
                  f"{totals[0] / totals[2]:.2f}x", "", f"{totals[4] / 1e3:.2f} ms",
                  f"{totals[5] / 1e3:.2f} ms"])
     head = ["linear", "GEMM", "shape", "fp8 formats", "bf16 us", "fp8 us", "fp8 fast us",
-            "cast a us", "fp8/bf16", "fp8 fast/bf16", "fp8 TFLOP/s", "torch bf16 us",
+            "cast a us", "fp8 speed-up", "fp8 fast speed-up", "fp8 TFLOP/s", "torch bf16 us",
             "torch fp8 fast us"]
     name = torch.cuda.get_device_name()
     text = "\n".join([f"{name}, M = {args.batch} x {args.seq} tokens, bf16 out", "",

@@ -31,8 +31,11 @@ def test_a_row_is_the_command_s_result_for_its_settings(workspace: Path) -> None
         assert (line.group(1), found.group(1)) == (adaptive, alone)
 
 
-def test_a_setting_the_method_does_not_have_is_refused(workspace: Path) -> None:
+@pytest.mark.parametrize(("grid", "said"), [("lr=0.1", "lr is not one of its settings"),
+                                           ("theta", "'theta' is not key=number"),
+                                           ("theta=a,b", "'theta=a,b' is not key=number")])
+def test_a_grid_it_cannot_read_is_refused_in_one_line(workspace: Path, grid: str,
+                                                      said: str) -> None:
     sweep = load_script(REPO / "benchmarks" / "adaptive_sweep.py")
-    with pytest.raises(SystemExit, match="lr is not one of its settings"):
-        sweep.main(["--model", "models/tiny-cpu.npz", "--device", "cpu",
-                    "--cache", "lr=0.1"])
+    with pytest.raises(SystemExit, match=said):
+        sweep.main(["--model", "models/tiny-cpu.npz", "--device", "cpu", "--cache", grid])

@@ -380,7 +380,7 @@ def test_fp8_binding_against_emulation(fake: tuple[FakeLt, CublasLt], fa: str, f
 def test_fp8_problems_keep_the_fastest_candidate_and_others_the_heuristic_s_first(
         fake: tuple[FakeLt, CublasLt]) -> None:
     """An FP8 problem's first call times each algorithm on offer (lt.clock) and its plan
-    keeps the fastest; a bf16 one runs the heuristic's first untimed."""
+    keeps the fastest; a float32 one runs the heuristic's first untimed."""
     lib, lt = fake
     lib.candidates = 3
     speed = {42: 3.0, 43: 1.0, 44: 2.0}  # milliseconds a call, by algorithm

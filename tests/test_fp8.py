@@ -34,7 +34,7 @@ def torch_dtype(name: str) -> Any:
 
 @pytest.mark.parametrize("name", FORMAT_NAMES)
 def test_every_code_decodes_as_pytorch_reads_it(name: str) -> None:
-    import torch
+    torch = pytest.importorskip("torch")
 
     theirs = torch.arange(256, dtype=torch.uint8).view(torch_dtype(name)).double().numpy()
     np.testing.assert_array_equal(decode_table(FORMATS[name]), theirs)  # NaNs in one place
@@ -44,7 +44,7 @@ def test_every_code_decodes_as_pytorch_reads_it(name: str) -> None:
 def test_encoding_rounds_as_pytorch_does_within_range(name: str) -> None:
     """Random magnitudes over the whole range (subnormals included), and every midpoint
     between neighbouring values (the ties, to an even mantissa)."""
-    import torch
+    torch = pytest.importorskip("torch")
 
     fmt = FORMATS[name]
     rng = np.random.default_rng(0)
@@ -71,6 +71,15 @@ def test_the_scale_maps_amax_onto_the_largest_value() -> None:
     assert scale_of(2.0, E4M3) == np.float32(224.0)
     assert scale_of(0.0, E4M3) == 1 and scale_of(np.inf, E5M2) == 1
     assert scale_of(np.nan, E4M3) == 1
+
+
+def test_a_tiny_amax_gives_the_largest_finite_scale_not_infinity() -> None:
+    """448 / 1e-38 is past float32's range: the scale stops at its largest value, so the
+    codes and the read-back factor stay finite and non-zero."""
+    assert scale_of(1e-38, E4M3) == np.finfo(np.float32).max
+    codes, scale_inv = quantize(np.full(16, 1e-38), E4M3)
+    assert 0 < scale_inv and np.all(np.isfinite(decode(codes, E4M3)))
+    assert decode(codes, E4M3)[0] * np.float64(scale_inv) == pytest.approx(1e-38, rel=0.07)
 
 
 @pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=FORMAT_NAMES)
@@ -133,7 +142,8 @@ def test_the_cast_kernels_match_the_recipe_bit_for_bit(gpu: SimpleNamespace, dty
     rng = np.random.default_rng(2)
     x = rng.standard_normal(shape).astype(storage(dtype))
     x[7, 11] = 4.0e3
-    for host in (x, np.zeros((64, 48), storage(dtype))):
+    tiny = np.full((64, 48), 1e-38, np.float32).astype(storage(dtype))  # the scale's limit
+    for host in (x, np.zeros((64, 48), storage(dtype)), tiny):
         got = cuda.quantize(gpu.cupy.asarray(host), fmt)
         codes, scale_inv = quantize(host.astype(np.float32), fmt)
         assert float(got.amax.get()[0]) == float(np.abs(host.astype(np.float32)).max())
@@ -198,15 +208,18 @@ def test_cast_and_gemm_replay_from_a_graph_with_new_data(gpu: SimpleNamespace) -
     w = cupy.asarray(rng.standard_normal((n, k)).astype(np.float32))
     out = cupy.empty((m, n), np.float32)
 
-    def step() -> None:
-        gpu.lt.matmul_fp8(cuda.quantize(x, E4M3), cuda.quantize(w, E4M3), out)
+    def step() -> tuple[object, object]:
+        a, b = cuda.quantize(x, E4M3), cuda.quantize(w, E4M3)
+        gpu.lt.matmul_fp8(a, b, out)
+        return a, b  # the captured step's buffers, kept while the graph replays
 
     step()  # eager: plans the GEMM
     gpu.stream.begin_capture()
     try:
-        step()
+        kept = step()
     finally:
         graph = gpu.stream.end_capture()
+    assert kept
     new_x = rng.standard_normal((m, k)) * 50.0  # another amax, so another scale
     x.set(new_x.astype(np.float32), stream=gpu.stream)
     graph.launch(gpu.stream)

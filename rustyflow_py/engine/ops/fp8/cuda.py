@@ -17,6 +17,7 @@ from .formats import E4M3, Fp8Format, Fp8Tensor
 
 _CAST = cuda_build.source(__file__, "fp8_cast.cu",
                           cuda_build.dtype_defines(np.float32) + ("-DRF_E4M3=1",))
+STORAGE = ("float32", "bfloat16", "float16", "float64")  # the dtypes fp8_cast.cu is built for
 THREADS = 256
 MAX_BLOCKS = 1024  # grid-stride beyond: 8 blocks of 256 threads per SM of an H100 and more
 
@@ -35,7 +36,7 @@ def _kernel(name: str, x: Any, fmt: Fp8Format) -> tuple[Any, int]:
     return _CAST.typed(name, x.dtype, x, defines=defines), x.size
 
 
-def amax_into(x: Any, amax: Any) -> Any:
+def _amax_into(x: Any, amax: Any) -> Any:
     """amax (float32 (1,)) = max |x| (a NaN in x wins) of a C-contiguous x, on the current
     stream."""
     amax.fill(0)
@@ -49,8 +50,11 @@ def quantize(x: Any, fmt: Fp8Format = E4M3) -> Fp8Tensor:
     (formats.py), with its amax as `.amax`."""
     import cupy
 
+    if x.dtype.name not in STORAGE:
+        raise TypeError(f"FP8 casts take {', '.join(STORAGE)} tensors, not {x.dtype}: cast "
+                        f"it to one of them first")
     x = cupy.ascontiguousarray(x)
-    amax = amax_into(x, cupy.empty(1, np.float32))
+    amax = _amax_into(x, cupy.empty(1, np.float32))
     codes = cupy.empty(x.shape, np.uint8)
     scale_inv = cupy.empty(1, np.float32)
     kernel, items = _kernel("fp8_quantize", x, fmt)

@@ -7,7 +7,8 @@ into one, in NumPy: the reference the GPU's kernels are tested against, bit for 
   57344; more range: gradients.
 
 Per-tensor current scaling: a tensor x of absolute maximum `amax` is stored as
-q = fp8(x * scale) with scale = MAX / amax (float32; 1 where amax is 0 or not finite), so its
+q = fp8(x * scale) with scale = MAX / amax (float32, at most its largest value; 1 where amax
+is 0 or not finite), so its
 largest value lands on the format's largest finite one, and is read back as q * scale_inv,
 scale_inv = 1 / scale (float32), the factor the GEMM multiplies by. Conversion rounds to the
 nearest value (ties to an even mantissa) and saturates to +-MAX, as the GPU's
@@ -25,6 +26,8 @@ import numpy as np
 
 @dataclasses.dataclass(frozen=True)
 class Fp8Format:
+    """One of the two formats: its bit split and largest finite value."""
+
     name: str
     exponent_bits: int
     mantissa_bits: int
@@ -91,11 +94,13 @@ def encode(x: np.ndarray, fmt: Fp8Format) -> np.ndarray:
 
 
 def scale_of(amax: float, fmt: Fp8Format) -> np.float32:
-    """The current-scaling factor for a tensor of absolute maximum `amax`, in float32."""
+    """The current-scaling factor for a tensor of absolute maximum `amax`, in float32; at
+    most float32's largest value (MAX / a tiny amax would overflow to infinity)."""
     amax = np.float32(amax)
     if not np.isfinite(amax) or amax == 0:
         return np.float32(1.0)
-    return np.float32(fmt.max) / amax
+    with np.errstate(over="ignore"):
+        return np.minimum(np.float32(fmt.max) / amax, np.finfo(np.float32).max)
 
 
 def quantize(x: np.ndarray, fmt: Fp8Format) -> tuple[np.ndarray, np.float32]:

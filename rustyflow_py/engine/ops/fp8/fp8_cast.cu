@@ -66,17 +66,18 @@ extern "C" __global__ void fp8_amax_vec(const rf_vec* __restrict__ x, long long 
     block_amax(m, amax);
 }
 
+// MAX / amax, at most float32's largest value (a tiny amax would make it infinite, and the
+// codes of zeros NaN); 1 when amax is 0 or not finite.
 __device__ __forceinline__ float scale_of(const float* amax) {
     float a = *amax;
-    return (isfinite(a) && a > 0.0f) ? FP8_MAX / a : 1.0f;
+    return (isfinite(a) && a > 0.0f) ? fminf(FP8_MAX / a, 3.402823466e38f) : 1.0f;
 }
 
 __device__ __forceinline__ unsigned char to_fp8(real x, float scale) {
     return __nv_cvt_float_to_fp8((float)x * scale, __NV_SATFINITE, FP8_KIND);
 }
 
-// q = fp8(x * scale), scale = FP8_MAX / amax (1 when amax is 0 or not finite), computed by
-// every thread from the device's amax (no host round trip); scale_inv = 1 / scale, the factor
+// q = fp8(x * scale), scale as scale_of, computed by every thread from the device's amax (no host round trip); scale_inv = 1 / scale, the factor
 // a GEMM reads q back with.
 extern "C" __global__ void fp8_quantize(const real* __restrict__ x, long long n,
                                         const float* __restrict__ amax,

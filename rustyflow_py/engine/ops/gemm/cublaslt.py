@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -330,6 +331,16 @@ class CublasLt:
                           b.scale_inv.data.ptr, fast_accum)
         return self._gemm(a.codes, b.codes.T, out, self.epilogue_default, fp8=fp8)
 
+    def _timed(self, run: Callable[[int], None]) -> Callable[[int], float]:
+        """An algorithm's time per call of `run`, infinite for one that fails to run (nvmath's
+        cuBLASLtError: it is never chosen; if none runs, the real call raises)."""
+        def time(algo: int) -> float:
+            try:
+                return self.clock(lambda: run(algo))
+            except Exception:  # noqa: BLE001 - any failure rules the candidate out
+                return math.inf
+        return time
+
     def _device_time(self, call: Callable[[], None], reps: int = 5) -> float:
         """Milliseconds per call of `call` on the stream, after one untimed call (CUDA
         events; the host waits for them, which only a plan's first, eager call does)."""
@@ -425,8 +436,7 @@ class CublasLt:
                 WORKSPACE_BYTES, self.stream.ptr)
 
         if fresh and fp8 is not None and len(plan.usable) > 1:  # beta = 0: runs change nothing
-            plan.algo = min((plan.results[i].ptr for i in plan.usable),
-                            key=lambda algo: self.clock(lambda: run(algo)))
+            plan.algo = min((plan.results[i].ptr for i in plan.usable), key=self._timed(run))
         run(plan.algo)
         return out
 

@@ -50,7 +50,8 @@ class CacheSettings:
         return f"neural cache: window {self.window}, theta {self.theta:g}, lambda {self.lam:g}"
 
     def stride(self, seq_len: int, eval_stride: int) -> int:
-        """The windows are plain evaluation's (the checkpoint's EVAL_STRIDE)."""
+        """The windows are plain evaluation's (`eval_stride`: --eval-stride, else the
+        checkpoint's EVAL_STRIDE)."""
         return eval_stride
 
     def evaluate(self, model: GPT, stream: Any, seq_len: int, stride: int, budget: int = 0,
