@@ -7,12 +7,13 @@ into one, in NumPy: the reference the GPU's kernels are tested against, bit for 
   57344; more range: gradients.
 
 Per-tensor current scaling: a tensor x of absolute maximum `amax` is stored as
-q = fp8(x * scale) with scale = MAX / amax (float32, at most its largest value; 1 where amax
-is 0 or not finite), so its
+q = fp8(x * scale) with scale = MAX / amax (float32, at most 2^126, so that 1 / scale is a
+normal float32; 1 where amax is 0 or not finite), so its
 largest value lands on the format's largest finite one, and is read back as q * scale_inv,
 scale_inv = 1 / scale (float32), the factor the GEMM multiplies by. Conversion rounds to the
 nearest value (ties to an even mantissa) and saturates to +-MAX, as the GPU's
-__nv_cvt_float_to_fp8(..., __NV_SATFINITE, ...) does.
+__nv_cvt_float_to_fp8(..., __NV_SATFINITE, ...) does. The GPU's kernels flush float32
+subnormals (below 1.2e-38) to zero: for such values the two differ, and only for them.
 """
 
 from __future__ import annotations
@@ -52,6 +53,7 @@ class Fp8Tensor:
 E4M3 = Fp8Format("e4m3", 4, 3, 448.0)
 E5M2 = Fp8Format("e5m2", 5, 2, 57344.0)
 FORMATS = {f.name: f for f in (E4M3, E5M2)}
+MAX_SCALE = np.float32(2.0**126)  # so that 1 / scale stays a normal float32, never flushed
 
 
 @functools.cache
@@ -95,12 +97,12 @@ def encode(x: np.ndarray, fmt: Fp8Format) -> np.ndarray:
 
 def scale_of(amax: float, fmt: Fp8Format) -> np.float32:
     """The current-scaling factor for a tensor of absolute maximum `amax`, in float32; at
-    most float32's largest value (MAX / a tiny amax would overflow to infinity)."""
+    most MAX_SCALE (MAX / a tiny amax would overflow to infinity)."""
     amax = np.float32(amax)
     if not np.isfinite(amax) or amax == 0:
         return np.float32(1.0)
     with np.errstate(over="ignore"):
-        return np.minimum(np.float32(fmt.max) / amax, np.finfo(np.float32).max)
+        return np.minimum(np.float32(fmt.max) / amax, MAX_SCALE)
 
 
 def quantize(x: np.ndarray, fmt: Fp8Format) -> tuple[np.ndarray, np.float32]:

@@ -66,11 +66,12 @@ extern "C" __global__ void fp8_amax_vec(const rf_vec* __restrict__ x, long long 
     block_amax(m, amax);
 }
 
-// MAX / amax, at most float32's largest value (a tiny amax would make it infinite, and the
-// codes of zeros NaN); 1 when amax is 0 or not finite.
+// MAX / amax, at most 2^126 (a tiny amax would make it infinite, and the codes of zeros NaN;
+// 2^126 keeps 1 / scale a normal float, which a flush to zero would not turn into 0); 1 when
+// amax is 0 or not finite.
 __device__ __forceinline__ float scale_of(const float* amax) {
     float a = *amax;
-    return (isfinite(a) && a > 0.0f) ? fminf(FP8_MAX / a, 3.402823466e38f) : 1.0f;
+    return (isfinite(a) && a > 0.0f) ? fminf(FP8_MAX / a, 0x1p126f) : 1.0f;
 }
 
 __device__ __forceinline__ unsigned char to_fp8(real x, float scale) {
