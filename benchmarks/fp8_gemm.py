@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -46,26 +47,39 @@ def gemms(m: int, k: int, n: int) -> list[tuple[str, int, int, int, str, str]]:
             ("wgrad", n, k, m, "e5m2", "e4m3")]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def gemm_args(doc: str) -> argparse.Namespace:
+    """The options of a GEMM benchmark at GPT-2's shapes (this one and gemm_algos.py)."""
+    parser = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--seq", type=int, default=1024)
     parser.add_argument("--calls", type=int, default=20)
     parser.add_argument("--windows", type=int, default=5)
     parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    return parser.parse_args()
 
+
+def open_lt() -> tuple[Any, Any]:
+    """(the GPU backend, a CublasLt on its stream, made current), as the trainer has them."""
     import cupy
-    import torch
 
     from rustyflow_py.engine.library import get_backend
-    from rustyflow_py.engine.ops.fp8 import cuda as fp8
-    from rustyflow_py.engine.ops.fp8.formats import FORMATS
     from rustyflow_py.engine.ops.gemm.cublaslt import CublasLt
 
     backend = get_backend("gpu")
     backend.stream.use()
-    lt = CublasLt(cupy, backend.stream)
+    return backend, CublasLt(cupy, backend.stream)
+
+
+def main() -> None:
+    args = gemm_args(__doc__)
+
+    import cupy
+    import torch
+
+    from rustyflow_py.engine.ops.fp8 import cuda as fp8
+    from rustyflow_py.engine.ops.fp8.formats import FORMATS
+
+    backend, lt = open_lt()
     import ml_dtypes
 
     bf16 = np.dtype(ml_dtypes.bfloat16)
@@ -110,13 +124,17 @@ def main() -> None:
     head = ["linear", "GEMM", "shape", "fp8 formats", "bf16 us", "fp8 us", "fp8 fast us",
             "cast a us", "fp8 speed-up", "fp8 fast speed-up", "fp8 TFLOP/s", "torch bf16 us",
             "torch fp8 fast us"]
-    name = torch.cuda.get_device_name()
-    text = "\n".join([f"{name}, M = {args.batch} x {args.seq} tokens, bf16 out", "",
-                      *markdown(head, rows, set(range(4, 13)))]) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    report(f"{torch.cuda.get_device_name()}, M = {args.batch} x {args.seq} tokens, bf16 out",
+           markdown(head, rows, set(range(4, 13))), args.out)
     lt.close()
+
+
+def report(title: str, table: list[str], out: Path | None) -> None:
+    """The title and the table, printed and written to `out` when given."""
+    text = "\n".join([title, "", *table]) + "\n"
+    print(text)
+    if out:
+        out.write_text(text)
 
 
 if __name__ == "__main__":

@@ -16,7 +16,6 @@ of windows). The sums count each block problem 12 times.
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -27,6 +26,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "benchmarks")]
 
+from fp8_gemm import gemm_args, open_lt, report  # noqa: E402
 from layernorm_bwd import CupyEvent, time_calls  # noqa: E402
 
 from rustyflow_py.reporting.text import markdown  # noqa: E402
@@ -71,23 +71,12 @@ def problems(m: int, lt: Any, cupy: Any, bf16: Any) -> list[tuple[str, Callable[
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--batch", type=int, default=16)
-    parser.add_argument("--seq", type=int, default=1024)
-    parser.add_argument("--calls", type=int, default=20)
-    parser.add_argument("--windows", type=int, default=5)
-    parser.add_argument("--out", type=Path)
-    args = parser.parse_args()
+    args = gemm_args(__doc__)
 
     import cupy
     import ml_dtypes
 
-    from rustyflow_py.engine.library import get_backend
-    from rustyflow_py.engine.ops.gemm.cublaslt import CublasLt
-
-    backend = get_backend("gpu")
-    backend.stream.use()
-    lt = CublasLt(cupy, backend.stream)
+    _, lt = open_lt()
     rows: list[list[str]] = []
     sums: dict[str, np.ndarray] = {}  # by kind: the heuristic's first, the fastest, ours
     for name, call in problems(args.batch * args.seq, lt, cupy, np.dtype(ml_dtypes.bfloat16)):
@@ -116,12 +105,8 @@ def main() -> None:
     head = ["problem", "candidates", "heuristic's first us", "fastest us", "fastest is #",
             "RustyFlow runs #", "first / fastest", "RustyFlow's / fastest",
             "every candidate us"]
-    text = "\n".join([f"{cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}, "
-                      f"M = {args.batch} x {args.seq}", "",
-                      *markdown(head, rows, {1, 2, 3, 4, 5, 6, 7})]) + "\n"
-    print(text)
-    if args.out:
-        args.out.write_text(text)
+    report(f"{cupy.cuda.runtime.getDeviceProperties(0)['name'].decode()}, M = {args.batch} x "
+           f"{args.seq}", markdown(head, rows, {1, 2, 3, 4, 5, 6, 7}), args.out)
     lt.close()
 
 

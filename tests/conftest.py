@@ -8,7 +8,9 @@ A module whose every test runs in tiny_dir says so with
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -64,3 +66,21 @@ def workspace(tiny_dir: Path) -> Path:
     (tiny_dir / "notes.txt").write_text("my notes, not a log\n")
     np.savez(tiny_dir / "their.npz", weights=np.arange(4.0))
     return tiny_dir
+
+
+@pytest.fixture(scope="module")
+def cublaslt() -> Iterator[SimpleNamespace]:
+    """A CublasLt on the GPU backend's own (non-blocking, current) stream, as the trainer
+    has it: CuPy's allocations and copies and the cuBLASLt calls are ordered on it."""
+    cupy = pytest.importorskip("cupy")
+    if _GPU_REASON is not None:
+        pytest.skip(_GPU_REASON)
+    from rustyflow_py.engine.library import get_backend
+    from rustyflow_py.engine.ops.gemm.cublaslt import CublasLt
+
+    backend = get_backend("gpu")
+    backend.stream.use()
+    lt = CublasLt(cupy, backend.stream)
+    yield SimpleNamespace(cupy=cupy, stream=backend.stream, lt=lt)
+    backend.stream.synchronize()
+    lt.close()

@@ -24,15 +24,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from rustyflow_py.engine.backend import gpu_unavailable_reason
-from rustyflow_py.engine.library import get_backend
 from rustyflow_py.engine.ops.fp8.formats import E4M3, E5M2, FORMATS, Fp8Tensor, decode, quantize
 from rustyflow_py.engine.ops.gelu.reference import GELU_C, GELU_K
 from rustyflow_py.engine.ops.gemm import cublaslt as lt_mod
 from rustyflow_py.engine.ops.gemm.cublas import in_compute
 from rustyflow_py.engine.ops.gemm.cublaslt import CublasLt, CublasLtUnsupported
 
-_GPU_REASON = gpu_unavailable_reason()
 SHAPES = [(64, 96, 160), (1000, 384, 1536), (517, 768, 2304)]  # (M, K, N)
 # mode: (dtype name, matmul_compute, tolerance on max|err| / max|ref|)
 MODES = {
@@ -445,21 +442,6 @@ def test_unsupported_inputs_raise_value_error(fake: tuple[FakeLt, CublasLt]) -> 
 
 
 # ==== GPU ====================================================================================
-@pytest.fixture(scope="module")
-def gpu() -> Iterator[SimpleNamespace]:
-    """A CublasLt on the GPU backend's own (non-blocking, current) stream, as the trainer
-    has it: CuPy's allocations and copies and the cuBLASLt calls are ordered on it."""
-    cupy = pytest.importorskip("cupy")
-    if _GPU_REASON is not None:
-        pytest.skip(_GPU_REASON)
-    backend = get_backend("gpu")
-    backend.stream.use()
-    lt = CublasLt(cupy, backend.stream)
-    yield SimpleNamespace(cupy=cupy, stream=backend.stream, lt=lt)
-    backend.stream.synchronize()
-    lt.close()
-
-
 def up(env: SimpleNamespace, a: np.ndarray) -> Any:
     """A device copy made on the test stream (everything here is ordered on it)."""
     d = env.cupy.empty(a.shape, dtype=a.dtype)
@@ -481,149 +463,150 @@ def setup_mode(env: SimpleNamespace, mode: str) -> tuple[np.dtype, float, float]
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("mode", list(MODES))
-def test_matmul_bias(gpu: SimpleNamespace, mode: str, shape: tuple[int, int, int]) -> None:
-    dtype, tol, act_tol = setup_mode(gpu, mode)
+def test_matmul_bias(cublaslt: SimpleNamespace, mode: str, shape: tuple[int, int, int]) -> None:
+    dtype, tol, act_tol = setup_mode(cublaslt, mode)
     m, k, n = shape
     rng = np.random.default_rng(10)
     x, w, b = linear_operands(rng, dtype, m, k, n)
     ref = f64(x) @ f64(w) + f64(b)
-    dx, dw, db = up(gpu, x), up(gpu, w), up(gpu, b)
-    y = gpu.lt.matmul_bias(dx, dw, db)
+    dx, dw, db = up(cublaslt, x), up(cublaslt, w), up(cublaslt, b)
+    y = cublaslt.lt.matmul_bias(dx, dw, db)
     assert y.dtype == dtype and y.shape == (m, n)
-    assert rel_max(down(gpu, y), ref) < tol
-    out = gpu.cupy.empty((m, n), dtype=dtype)
-    assert gpu.lt.matmul_bias(dx, dw, db, out=out) is out
-    assert rel_max(down(gpu, out), ref) < tol
+    assert rel_max(down(cublaslt, y), ref) < tol
+    out = cublaslt.cupy.empty((m, n), dtype=dtype)
+    assert cublaslt.lt.matmul_bias(dx, dw, db, out=out) is out
+    assert rel_max(down(cublaslt, out), ref) < tol
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
 @pytest.mark.parametrize("mode", list(MODES))
-def test_matmul_bias_gelu(gpu: SimpleNamespace, mode: str, shape: tuple[int, int, int]) -> None:
-    dtype, tol, act_tol = setup_mode(gpu, mode)
+def test_matmul_bias_gelu(cublaslt: SimpleNamespace, mode: str,
+                          shape: tuple[int, int, int]) -> None:
+    dtype, tol, act_tol = setup_mode(cublaslt, mode)
     m, k, n = shape
     rng = np.random.default_rng(11)
     x, w, b = linear_operands(rng, dtype, m, k, n)
     ref_pre = f64(x) @ f64(w) + f64(b)
-    dx, dw, db = up(gpu, x), up(gpu, w), up(gpu, b)
-    pre = gpu.cupy.empty((m, n), dtype=dtype)
-    y = gpu.lt.matmul_bias(dx, dw, db, gelu=True, pre_gelu_out=pre)  # GELU_AUX_BIAS
-    assert rel_max(down(gpu, pre), ref_pre) < tol
-    assert rel_max(down(gpu, y), gelu(ref_pre)) < act_tol
-    y2 = gpu.lt.matmul_bias(dx, dw, db, gelu=True)  # GELU_BIAS
-    assert rel_max(down(gpu, y2), gelu(ref_pre)) < act_tol
+    dx, dw, db = up(cublaslt, x), up(cublaslt, w), up(cublaslt, b)
+    pre = cublaslt.cupy.empty((m, n), dtype=dtype)
+    y = cublaslt.lt.matmul_bias(dx, dw, db, gelu=True, pre_gelu_out=pre)  # GELU_AUX_BIAS
+    assert rel_max(down(cublaslt, pre), ref_pre) < tol
+    assert rel_max(down(cublaslt, y), gelu(ref_pre)) < act_tol
+    y2 = cublaslt.lt.matmul_bias(dx, dw, db, gelu=True)  # GELU_BIAS
+    assert rel_max(down(cublaslt, y2), gelu(ref_pre)) < act_tol
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", list(MODES))
-def test_transposed_weight_view_and_batch_axes(gpu: SimpleNamespace, mode: str) -> None:
-    dtype, tol, act_tol = setup_mode(gpu, mode)
+def test_transposed_weight_view_and_batch_axes(cublaslt: SimpleNamespace, mode: str) -> None:
+    dtype, tol, act_tol = setup_mode(cublaslt, mode)
     m, k, n = SHAPES[2]
     rng = np.random.default_rng(15)
     x, wt, b = host(rng, dtype, m, k), host(rng, dtype, n, k, scale=k**-0.5), \
         host(rng, dtype, n, scale=0.5)
     ref_pre = f64(x) @ f64(wt).T + f64(b)
-    dx, dwt, db = up(gpu, x), up(gpu, wt), up(gpu, b)
-    y = gpu.lt.matmul_bias(dx, dwt.T, db)  # w (K, N) as the view of a (N, K) array: op T
-    assert rel_max(down(gpu, y), ref_pre) < tol
-    pre = gpu.cupy.empty((m, n), dtype=dtype)
-    y = gpu.lt.matmul_bias(dx, dwt.T, db, gelu=True, pre_gelu_out=pre)
-    assert rel_max(down(gpu, pre), ref_pre) < tol
-    assert rel_max(down(gpu, y), gelu(ref_pre)) < act_tol
+    dx, dwt, db = up(cublaslt, x), up(cublaslt, wt), up(cublaslt, b)
+    y = cublaslt.lt.matmul_bias(dx, dwt.T, db)  # w (K, N) as the view of a (N, K) array: op T
+    assert rel_max(down(cublaslt, y), ref_pre) < tol
+    pre = cublaslt.cupy.empty((m, n), dtype=dtype)
+    y = cublaslt.lt.matmul_bias(dx, dwt.T, db, gelu=True, pre_gelu_out=pre)
+    assert rel_max(down(cublaslt, pre), ref_pre) < tol
+    assert rel_max(down(cublaslt, y), gelu(ref_pre)) < act_tol
     x3 = dx[: 2 * (m // 2)].reshape(2, m // 2, k)  # (B, T, K) @ (K, N)
-    y3 = gpu.lt.matmul_bias(x3, dwt.T, db)
+    y3 = cublaslt.lt.matmul_bias(x3, dwt.T, db)
     assert y3.shape == (2, m // 2, n)
-    assert rel_max(down(gpu, y3).reshape(-1, n), ref_pre[: 2 * (m // 2)]) < tol
+    assert rel_max(down(cublaslt, y3).reshape(-1, n), ref_pre[: 2 * (m // 2)]) < tol
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["fp32", "fp16"])
-def test_misaligned_parameter_views(gpu: SimpleNamespace, mode: str) -> None:
+def test_misaligned_parameter_views(cublaslt: SimpleNamespace, mode: str) -> None:
     """Parameters and gradients are views into one flat buffer, at any element offset."""
-    dtype, tol, _ = setup_mode(gpu, mode)
+    dtype, tol, _ = setup_mode(cublaslt, mode)
     m, k, n = 256, 96, 160
     rng = np.random.default_rng(16)
     flat = host(rng, dtype, 3 + k * n + n, scale=k**-0.5)
     x, g = host(rng, dtype, m, k), host(rng, dtype, m, n)
-    dflat = up(gpu, flat)
+    dflat = up(cublaslt, flat)
     w, b = dflat[1 : 1 + k * n].reshape(k, n), dflat[1 + k * n : 1 + k * n + n]
-    grads = gpu.cupy.empty(5 + k * n, dtype=dtype)
+    grads = cublaslt.cupy.empty(5 + k * n, dtype=dtype)
     dw_out = grads[3 : 3 + k * n].reshape(k, n)
     wf, bf = f64(flat[1 : 1 + k * n]).reshape(k, n), f64(flat[1 + k * n : 1 + k * n + n])
     try:
-        y = gpu.lt.matmul_bias(up(gpu, x), w, b)
-        gpu.lt.matmul_into(up(gpu, x).T, up(gpu, g), dw_out)
+        y = cublaslt.lt.matmul_bias(up(cublaslt, x), w, b)
+        cublaslt.lt.matmul_into(up(cublaslt, x).T, up(cublaslt, g), dw_out)
     except CublasLtUnsupported as exc:
         pytest.xfail(f"no cuBLASLt algorithm for misaligned operands (callers fall back): {exc}")
-    assert rel_max(down(gpu, y), f64(x) @ wf + bf) < tol
-    assert rel_max(down(gpu, dw_out), f64(x).T @ f64(g)) < tol
+    assert rel_max(down(cublaslt, y), f64(x) @ wf + bf) < tol
+    assert rel_max(down(cublaslt, dw_out), f64(x).T @ f64(g)) < tol
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["fp32", "bf16"])
-def test_graph_capture_and_replay(gpu: SimpleNamespace, mode: str) -> None:
+def test_graph_capture_and_replay(cublaslt: SimpleNamespace, mode: str) -> None:
     """Eager warm-up plans the problems; a capture on the (non-default) stream records them;
     a replay on new inputs matches the references."""
-    dtype, tol, act_tol = setup_mode(gpu, mode)
+    dtype, tol, act_tol = setup_mode(cublaslt, mode)
     m, k, n = SHAPES[1]
     rng = np.random.default_rng(17)
     x, w, b = linear_operands(rng, dtype, m, k, n)
     g = host(rng, dtype, m, n)
-    dx, dw, db, dg = up(gpu, x), up(gpu, w), up(gpu, b), up(gpu, g)
-    cp = gpu.cupy
+    dx, dw, db, dg = up(cublaslt, x), up(cublaslt, w), up(cublaslt, b), up(cublaslt, g)
+    cp = cublaslt.cupy
     y, y2, pre = (cp.empty((m, n), dtype=dtype) for _ in range(3))
     gw = cp.empty((k, n), dtype=dtype)
 
     def body() -> None:
-        gpu.lt.matmul_bias(dx, dw, db, out=y)
-        gpu.lt.matmul_bias(dx, dw, db, gelu=True, out=y2, pre_gelu_out=pre)
-        gpu.lt.matmul_into(dx.T, dg, gw)
+        cublaslt.lt.matmul_bias(dx, dw, db, out=y)
+        cublaslt.lt.matmul_bias(dx, dw, db, gelu=True, out=y2, pre_gelu_out=pre)
+        cublaslt.lt.matmul_into(dx.T, dg, gw)
 
     body()  # eager warm-up: plans every problem
-    gpu.stream.synchronize()
-    gpu.stream.begin_capture()
+    cublaslt.stream.synchronize()
+    cublaslt.stream.begin_capture()
     try:
         body()
     finally:
-        graph = gpu.stream.end_capture()
+        graph = cublaslt.stream.end_capture()
     # new inputs in the same buffers: the outputs still hold the warm-up's results, so only
     # a replay that really ran can match the new references
     x, g = host(rng, dtype, m, k), host(rng, dtype, m, n)
-    dx.set(x, stream=gpu.stream)
-    dg.set(g, stream=gpu.stream)
-    graph.launch(gpu.stream)
+    dx.set(x, stream=cublaslt.stream)
+    dg.set(g, stream=cublaslt.stream)
+    graph.launch(cublaslt.stream)
     ref_pre = f64(x) @ f64(w) + f64(b)
-    assert rel_max(down(gpu, y), ref_pre) < tol
-    assert rel_max(down(gpu, pre), ref_pre) < tol
-    assert rel_max(down(gpu, y2), gelu(ref_pre)) < act_tol
-    assert rel_max(down(gpu, gw), f64(x).T @ f64(g)) < tol
+    assert rel_max(down(cublaslt, y), ref_pre) < tol
+    assert rel_max(down(cublaslt, pre), ref_pre) < tol
+    assert rel_max(down(cublaslt, y2), gelu(ref_pre)) < act_tol
+    assert rel_max(down(cublaslt, gw), f64(x).T @ f64(g)) < tol
 
 
 @pytest.mark.gpu
-def test_first_call_during_capture_is_refused(gpu: SimpleNamespace) -> None:
+def test_first_call_during_capture_is_refused(cublaslt: SimpleNamespace) -> None:
     """An unplanned problem inside a capture raises CublasLtUnsupported (a ValueError, so the
     caller falls back) without invalidating the capture."""
-    setup_mode(gpu, "fp32")
+    setup_mode(cublaslt, "fp32")
     rng = np.random.default_rng(18)
     m, k, n = 40, 72, 88  # a shape no other test plans
     dtype = np.dtype(np.float32)
-    dx, dw, db = up(gpu, host(rng, dtype, m, k)), up(gpu, host(rng, dtype, k, n)), \
-        up(gpu, host(rng, dtype, n))
-    out = gpu.cupy.empty((m, n), dtype=dtype)
-    gpu.stream.synchronize()
-    gpu.stream.begin_capture()
+    dx, dw, db = up(cublaslt, host(rng, dtype, m, k)), up(cublaslt, host(rng, dtype, k, n)), \
+        up(cublaslt, host(rng, dtype, n))
+    out = cublaslt.cupy.empty((m, n), dtype=dtype)
+    cublaslt.stream.synchronize()
+    cublaslt.stream.begin_capture()
     try:
         with pytest.raises(CublasLtUnsupported, match="capture"):
-            gpu.lt.matmul_bias(dx, dw, db, out=out)
+            cublaslt.lt.matmul_bias(dx, dw, db, out=out)
     finally:
-        gpu.stream.end_capture()
-    gpu.lt.matmul_bias(dx, dw, db, out=out)  # eager: fine
+        cublaslt.stream.end_capture()
+    cublaslt.lt.matmul_bias(dx, dw, db, out=out)  # eager: fine
 
 
 @pytest.mark.gpu
-def test_gpu_rejects_unsupported(gpu: SimpleNamespace) -> None:
+def test_gpu_rejects_unsupported(cublaslt: SimpleNamespace) -> None:
     rng = np.random.default_rng(19)
     d64 = np.dtype(np.float64)
-    x, w, b = (up(gpu, host(rng, d64, *s)) for s in ((8, 16), (16, 8), (8,)))
+    x, w, b = (up(cublaslt, host(rng, d64, *s)) for s in ((8, 16), (16, 8), (8,)))
     with pytest.raises(ValueError):
-        gpu.lt.matmul_bias(x, w, b)
+        cublaslt.lt.matmul_bias(x, w, b)

@@ -5,14 +5,12 @@ replayed from a captured CUDA graph with the scale never leaving the device."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pytest
 
-from rustyflow_py.engine.backend import gpu_unavailable_reason
 from rustyflow_py.engine.ops.fp8.formats import (
     E4M3,
     E5M2,
@@ -101,26 +99,13 @@ def test_quantised_values_are_within_half_a_step(fmt: object) -> None:
 
 
 # ==== GPU ====================================================================================
-_GPU_REASON = gpu_unavailable_reason()
 DTYPES = ["float32", "bfloat16", "float16", "float64"]
 
 
-@pytest.fixture(scope="module")
-def gpu() -> Iterator[SimpleNamespace]:
-    cupy = pytest.importorskip("cupy")
-    if _GPU_REASON is not None:
-        pytest.skip(_GPU_REASON)
-    from rustyflow_py.engine.library import get_backend
-    from rustyflow_py.engine.ops.gemm.cublaslt import CublasLt
-
-    backend = get_backend("gpu")
-    backend.stream.use()
-    lt = CublasLt(cupy, backend.stream)
-    # CuPy's compute capability is a string of digits, "90" for 9.0
-    yield SimpleNamespace(cupy=cupy, stream=backend.stream, lt=lt,
-                          fp8_gemm=int(cupy.cuda.Device().compute_capability) >= 89)
-    backend.stream.synchronize()
-    lt.close()
+def fp8_gemms(cupy: Any) -> bool:
+    """Whether this GPU has FP8 tensor cores (compute capability 8.9 or later; CuPy gives
+    it as a string of digits, "90" for 9.0)."""
+    return int(cupy.cuda.Device().compute_capability) >= 89
 
 
 def storage(name: str) -> np.dtype:
@@ -133,7 +118,7 @@ def storage(name: str) -> np.dtype:
 @pytest.mark.parametrize("shape", [(333, 517), (256, 520)], ids=["by-value", "by-vector"])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=FORMAT_NAMES)
-def test_the_cast_kernels_match_the_recipe_bit_for_bit(gpu: SimpleNamespace, dtype: str,
+def test_the_cast_kernels_match_the_recipe_bit_for_bit(cublaslt: SimpleNamespace, dtype: str,
                                                        fmt: object,
                                                        shape: tuple[int, int]) -> None:
     """Codes, amax and read-back factor, for a tensor with an amax spike (one value 10^4
@@ -146,28 +131,28 @@ def test_the_cast_kernels_match_the_recipe_bit_for_bit(gpu: SimpleNamespace, dty
     x[7, 11] = 4.0e3
     tiny = np.full((64, 48), 1e-37, np.float32).astype(storage(dtype))  # past the scale's range
     for host in (x, np.zeros((64, 48), storage(dtype)), tiny):
-        got = cuda.quantize(gpu.cupy.asarray(host), fmt)
+        got = cuda.quantize(cublaslt.cupy.asarray(host), fmt)
         codes, scale_inv = quantize(host.astype(np.float32), fmt)
         assert float(got.amax.get()[0]) == float(np.abs(host.astype(np.float32)).max())
         assert got.scale_inv.get()[0] == scale_inv
         np.testing.assert_array_equal(got.codes.get(), codes)
     x[100, 3] = np.nan  # a NaN is the amax: the scale falls back to 1, the rest still casts
-    got = cuda.quantize(gpu.cupy.asarray(x), fmt)
+    got = cuda.quantize(cublaslt.cupy.asarray(x), fmt)
     assert np.isnan(got.amax.get()[0]) and got.scale_inv.get()[0] == 1
     x32 = x.astype(np.float32)
     finite = ~np.isnan(x32)
     np.testing.assert_array_equal(got.codes.get()[finite], encode(x32, fmt)[finite])
 
 
-def fp8_operands(gpu: SimpleNamespace, rng: np.random.Generator, m: int, k: int,
+def fp8_operands(cublaslt: SimpleNamespace, rng: np.random.Generator, m: int, k: int,
                  n: int) -> tuple[Any, Any, np.ndarray]:
     """a (M, K) in e4m3, b (N, K) in e5m2 (as a gradient would be), quantised on the
     device; and the float64 product of exactly those quantised values."""
     from rustyflow_py.engine.ops.fp8 import cuda
 
     x, w = rng.standard_normal((m, k)), rng.standard_normal((n, k)) * 1e-3
-    a = cuda.quantize(gpu.cupy.asarray(x.astype(np.float32)), E4M3)
-    b = cuda.quantize(gpu.cupy.asarray(w.astype(np.float32)), E5M2)
+    a = cuda.quantize(cublaslt.cupy.asarray(x.astype(np.float32)), E4M3)
+    b = cuda.quantize(cublaslt.cupy.asarray(w.astype(np.float32)), E5M2)
     ref = ((decode(a.codes.get(), E4M3) * float(a.scale_inv.get()[0]))
            @ (decode(b.codes.get(), E5M2) * float(b.scale_inv.get()[0])).T)
     return a, b, ref
@@ -181,14 +166,14 @@ def rel_max(got: Any, ref: np.ndarray) -> float:
 @pytest.mark.parametrize("fast_accum", [False, True])
 @pytest.mark.parametrize("out_dtype", ["float32", "bfloat16"])
 def test_the_fp8_gemm_equals_the_product_of_its_quantised_inputs(
-        gpu: SimpleNamespace, out_dtype: str, fast_accum: bool) -> None:
-    if not gpu.fp8_gemm:
+        cublaslt: SimpleNamespace, out_dtype: str, fast_accum: bool) -> None:
+    if not fp8_gemms(cublaslt.cupy):
         pytest.skip("FP8 GEMMs need compute capability 8.9 or later")
     rng = np.random.default_rng(3)
     m, k, n = 512, 768, 2304
-    a, b, ref = fp8_operands(gpu, rng, m, k, n)
-    out = gpu.cupy.empty((m, n), storage(out_dtype))
-    gpu.lt.matmul_fp8(a, b, out, fast_accum=fast_accum)
+    a, b, ref = fp8_operands(cublaslt, rng, m, k, n)
+    out = cublaslt.cupy.empty((m, n), storage(out_dtype))
+    cublaslt.lt.matmul_fp8(a, b, out, fast_accum=fast_accum)
     # The products are exact, but Hopper's FP8 tensor cores add them in an accumulator of
     # fewer bits than fp32's, promoted to fp32 at intervals (not at all with fast_accum): at
     # K = 768 that left 2.5e-4 of max|ref| on an H100.
@@ -197,14 +182,14 @@ def test_the_fp8_gemm_equals_the_product_of_its_quantised_inputs(
 
 
 @pytest.mark.gpu
-def test_cast_and_gemm_replay_from_a_graph_with_new_data(gpu: SimpleNamespace) -> None:
+def test_cast_and_gemm_replay_from_a_graph_with_new_data(cublaslt: SimpleNamespace) -> None:
     """Captured once, replayed on new inputs in the same buffers: the amax, scale and
     codes are recomputed on the device each replay, so the result follows the new data."""
-    if not gpu.fp8_gemm:
+    if not fp8_gemms(cublaslt.cupy):
         pytest.skip("FP8 GEMMs need compute capability 8.9 or later")
     from rustyflow_py.engine.ops.fp8 import cuda
 
-    cupy, rng = gpu.cupy, np.random.default_rng(4)
+    cupy, rng = cublaslt.cupy, np.random.default_rng(4)
     m, k, n = 256, 512, 384
     x = cupy.asarray(rng.standard_normal((m, k)).astype(np.float32))
     w = cupy.asarray(rng.standard_normal((n, k)).astype(np.float32))
@@ -212,19 +197,19 @@ def test_cast_and_gemm_replay_from_a_graph_with_new_data(gpu: SimpleNamespace) -
 
     def step() -> tuple[object, object]:
         a, b = cuda.quantize(x, E4M3), cuda.quantize(w, E4M3)
-        gpu.lt.matmul_fp8(a, b, out)
+        cublaslt.lt.matmul_fp8(a, b, out)
         return a, b  # the captured step's buffers, kept while the graph replays
 
     step()  # eager: plans the GEMM
-    gpu.stream.begin_capture()
+    cublaslt.stream.begin_capture()
     try:
         kept = step()
     finally:
-        graph = gpu.stream.end_capture()
+        graph = cublaslt.stream.end_capture()
     assert kept
     new_x = rng.standard_normal((m, k)) * 50.0  # another amax, so another scale
-    x.set(new_x.astype(np.float32), stream=gpu.stream)
-    graph.launch(gpu.stream)
+    x.set(new_x.astype(np.float32), stream=cublaslt.stream)
+    graph.launch(cublaslt.stream)
     qa, sa = quantize(new_x, E4M3)
     qb, sb = quantize(w.get(), E4M3)
     ref = (decode(qa, E4M3) * sa) @ (decode(qb, E4M3) * sb).T
