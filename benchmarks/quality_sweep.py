@@ -11,13 +11,15 @@ Each run is `python -m rustyflow_py train --config CONFIG <variant flags> --seed
 own log and checkpoint under --work; its numbers come from the run record in that log (the
 `[RUN_JSON]` the trainer appends), never from its console. A run that fails or is cut short
 by --timeout is a row that says so, not a missing row. `--parallel N` runs N at once (on one
-GPU they share it: the wall times then say so, not the speed of a run alone).
+GPU they share it: the wall times then say so, not the speed of a run alone); `--devices
+gpu:0,gpu:1,...` runs one at a time on each GPU, each run then alone on its GPU.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import queue
 import shlex
 import statistics
 import subprocess
@@ -129,6 +131,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="NAME=FLAGS, repeatable (base= runs the recipe unchanged)")
     p.add_argument("--seeds", default="1337", help="comma-separated seeds per variant")
     p.add_argument("--device", default="gpu")
+    p.add_argument("--devices", default="",
+                   help="comma-separated devices (gpu:0,gpu:1,...), each running one run at a "
+                        "time, so that each has its GPU to itself; replaces --device and "
+                        "--parallel")
     p.add_argument("--parallel", type=int, default=1, help="runs at once")
     p.add_argument("--timeout", type=float, default=600.0, help="seconds a run may take")
     p.add_argument("--work", type=Path, default=Path("sweep-runs"),
@@ -145,20 +151,30 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error(f"--variant names repeat: {', '.join(names)}")
     if args.parallel < 1:
         p.error("--parallel must be at least 1")
+    devices: queue.SimpleQueue[str] = queue.SimpleQueue()
+    pool_of = [d for d in args.devices.split(",") if d] or [args.device] * args.parallel
+    for device in pool_of:
+        devices.put(device)
     args.work.mkdir(parents=True, exist_ok=True)
     jobs = [(v, s) for v in args.variant for s in seeds]
     extra = shlex.split(args.extra)
 
     def go(job: tuple[Variant, int]) -> Result:
         v, s = job
-        cmd = command(sys.executable, args.config, args.device, v, s, args.work, extra)
-        return run_one(cmd, args.work / f"{v.name}-s{s}.log", v, s, args.timeout)
+        device = devices.get()  # a device is one run's at a time
+        try:
+            cmd = command(sys.executable, args.config, device, v, s, args.work, extra)
+            return run_one(cmd, args.work / f"{v.name}-s{s}.log", v, s, args.timeout)
+        finally:
+            devices.put(device)
 
-    with ThreadPoolExecutor(args.parallel) as pool:
+    with ThreadPoolExecutor(len(pool_of)) as pool:
         results = list(pool.map(go, jobs))
+    where = (f"one at a time on each of {', '.join(pool_of)}" if args.devices
+             else f"{args.parallel} at a time, device {args.device}")
     head = (f"# Recipe sweep: {args.config}\n\n- Command: `python benchmarks/quality_sweep.py "
             f"{shlex.join(argv if argv is not None else sys.argv[1:])}`\n"
-            f"- Runs: {len(jobs)} ({args.parallel} at a time), device {args.device}; "
+            f"- Runs: {len(jobs)} ({where}); "
             "validation chooses (bold: the best mean), test is each run's once.\n\n")
     text = head + table(results, args.variant)
     print(text)

@@ -3,6 +3,8 @@ from each run's record, failures kept as rows."""
 
 from __future__ import annotations
 
+import threading
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -54,3 +56,29 @@ def test_variants_are_checked() -> None:
         sweep.main(["--config", "tiny.env", "--variant", "no flags given"])
     with pytest.raises(SystemExit):
         sweep.main(["--config", "tiny.env", "--variant", "a=", "--variant", "a=--seed 1"])
+
+
+def test_with_devices_no_two_runs_share_one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> None:
+    """--devices: each run gets a device no other running run holds, and every device is
+    used (the runs themselves replaced by a recorder of their command's device)."""
+    sweep = _sweep()
+    lock, running, seen = threading.Lock(), set(), []
+
+    def fake_run(cmd: list[str], log: Path, variant: object, seed: int,
+                 timeout: float) -> object:
+        device = cmd[cmd.index("--device") + 1]
+        with lock:
+            assert device not in running
+            running.add(device)
+            seen.append(device)
+        time.sleep(0.05)
+        with lock:
+            running.discard(device)
+        return sweep.Result(variant, seed, "completed", 1.0, 1.0, 1.0)
+
+    monkeypatch.setattr(sweep, "run_one", fake_run)
+    code = sweep.main(["--config", "tiny.env", "--devices", "gpu:0,gpu:1,gpu:2",
+                       "--seeds", "1,2,3", "--variant", "a=", "--variant", "b=",
+                       "--work", "runs", "--out", "sweep.md"])
+    assert code == 0 and len(seen) == 6 and set(seen) == {"gpu:0", "gpu:1", "gpu:2"}
+    assert "one at a time on each of gpu:0, gpu:1, gpu:2" in Path("sweep.md").read_text()
