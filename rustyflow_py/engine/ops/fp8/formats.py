@@ -8,9 +8,9 @@ into one, in NumPy: the reference the GPU's kernels are tested against, bit for 
 
 Per-tensor current scaling: a tensor x of absolute maximum `amax` is stored as
 q = fp8(x * scale) with scale = MAX / amax (float32, at most 2^126, so that 1 / scale is a
-normal float32; 1 where amax is 0 or not finite), so its
-largest value lands on the format's largest finite one, and is read back as q * scale_inv,
-scale_inv = 1 / scale (float32), the factor the GEMM multiplies by. Conversion rounds to the
+normal float32; 1 where amax is 0 or not finite), so that its largest value lands on the
+format's largest finite one, and is read back as q * scale_inv, scale_inv = 1 / scale
+(float32), the factor the GEMM multiplies by. Conversion rounds to the
 nearest value (ties to an even mantissa) and saturates to +-MAX, as the GPU's
 __nv_cvt_float_to_fp8(..., __NV_SATFINITE, ...) does. The GPU's kernels flush float32
 subnormals (below 1.2e-38) to zero: for such values the two differ, and only for them.

@@ -78,8 +78,8 @@ __device__ __forceinline__ unsigned char to_fp8(real x, float scale) {
     return __nv_cvt_float_to_fp8((float)x * scale, __NV_SATFINITE, FP8_KIND);
 }
 
-// q = fp8(x * scale), scale as scale_of, computed by every thread from the device's amax (no host round trip); scale_inv = 1 / scale, the factor
-// a GEMM reads q back with.
+// q = fp8(x * scale), the scale computed by every thread from the device's amax (scale_of:
+// no host round trip); scale_inv = 1 / scale, the factor a GEMM reads q back with.
 extern "C" __global__ void fp8_quantize(const real* __restrict__ x, long long n,
                                         const float* __restrict__ amax,
                                         unsigned char* __restrict__ q,
