@@ -303,7 +303,7 @@ def eval_(model_path: str, split: str, device: str, data_dir: str | None, budget
     from .training.evaluation.adaptive.run import evaluate_adaptive, method_of, result_lines
     from .training.evaluation.evaluate import evaluate_checkpoint
 
-    method = method_of(adapt, streams, options)
+    method = method_of(adapt, streams, options, stride)
     progress = TrainingProgress(1)
     try:
         if method is None:

@@ -15,7 +15,8 @@
 #define FP8_KIND __NV_E5M2
 #endif
 
-// The larger of two magnitudes, a NaN winning (fmaxf would drop it).
+// The larger of two magnitudes, a NaN winning (fmaxf, and so warp_reduce.cuh's warp_max,
+// would drop it).
 __device__ __forceinline__ float max_nan(float m, float v) {
     return (v > m || isnan(v)) ? v : m;
 }

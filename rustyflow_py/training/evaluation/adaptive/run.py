@@ -32,10 +32,12 @@ METHODS: dict[str, tuple[type[Method], dict[str, str]]] = {
 }
 
 
-def method_of(adapt: str | None, streams: int | None, options: dict[str, Any]) -> Method | None:
+def method_of(adapt: str | None, streams: int | None, options: dict[str, Any],
+              eval_stride: int | None = None) -> Method | None:
     """The settings `--adapt` and its options give (an option that is None: not given, its
     default), None without --adapt. A ConfigError naming the option and the fix for an
-    unknown method, a value out of range, or an option that --adapt would not use."""
+    unknown method, a value out of range, or an option that --adapt would not use (among
+    them --eval-stride, which dynamic evaluation's windows do not take)."""
     if adapt is not None and adapt not in METHODS:
         raise ConfigError(f"--adapt {adapt} is not a method: pass --adapt cache (the neural "
                           f"cache pointer) or --adapt dynamic (dynamic evaluation)")
@@ -50,6 +52,9 @@ def method_of(adapt: str | None, streams: int | None, options: dict[str, Any]) -
                 flag = "--" + option.replace("_", "-")
                 raise ConfigError(f"{flag} is an option of --adapt {name}: pass --adapt "
                                   f"{name}, or leave {flag} out")
+    if eval_stride is not None and adapt == "dynamic":
+        raise ConfigError("--eval-stride is not an option of --adapt dynamic, whose windows "
+                          "advance one segment: pass --dynamic-segment S instead")
     if adapt is None:
         return None
     settings, fields = METHODS[adapt]
@@ -64,10 +69,8 @@ def evaluate_adaptive(path: str, split: str, device: str, method: Method,
     """Both numbers for a checkpoint on `split`, read as `streams` parallel streams (1: the
     text in order, as the papers read it), on its first `budget` scored tokens (0 = all):
     "model" from evaluate.perplexity, "adaptive" from the method. `status`, `eval_stride`:
-    see evaluate.evaluate_checkpoint (dynamic evaluation's windows advance one segment)."""
-    if eval_stride is not None and isinstance(method, DynamicSettings):
-        raise ConfigError("--eval-stride is not an option of --adapt dynamic, whose windows "
-                          "advance one segment: pass --dynamic-segment S instead")
+    see evaluate.evaluate_checkpoint; the method's `stride` decides its windows (dynamic
+    evaluation's advance one segment, whatever `eval_stride` says: method_of refuses both)."""
     model, cfg, corpus, used = open_checkpoint(path, device, data_dir)
     method.check(cfg.seq_len)
     stream = upload_split(model.buffer.backend, getattr(corpus, split), streams)
