@@ -92,7 +92,8 @@ def build_record(parts: RunParts, state: LoopState, status: str, message: str | 
             "tokens_per_s_per_rank": tokens_per_s / world.size if tokens_per_s else None,
             "bucket_mb": cfg.bucket_mb,
             "buckets": len(getattr(shards.sync, "buckets", ())),
-            "grad_reduce_dtype": "bf16" if parts.reduce_dtype is not None else "fp32",
+            "grad_reduce_dtype": (cfg.grad_reduce_dtype if parts.reduce_dtype is not None
+                                  else "fp32"),
             **({"ranks": throughput(ranks)} if ranks else {}),
         },
         "loss_scale": _loss_scale(parts),
