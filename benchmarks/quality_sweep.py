@@ -8,11 +8,12 @@ read once per run).
         --seeds 1,2,3 --device gpu --out benchmarks/results/quality-sweep-h100.md
 
 Each run is `python -m rustyflow_py train --config CONFIG <variant flags> --seed S` with its
-own log and checkpoint under --work; its numbers come from the run record in that log (the
-`[RUN_JSON]` the trainer appends), never from its console. A run that fails or is cut short
-by --timeout is a row that says so, not a missing row. `--parallel N` runs N at once (on one
-GPU they share it: the wall times then say so, not the speed of a run alone); `--devices
-gpu:0,gpu:1,...` runs one at a time on each GPU, each run then alone on its GPU.
+own log, console (.out) and checkpoint under --work; its numbers come from the run record in
+that log (the `[RUN_JSON]` the trainer appends), never from its console. A run that fails or
+is cut short by --timeout is a row that says so, not a missing row, and --out is rewritten
+after each run. `--parallel N` runs N at once (on one GPU they share it: the wall times then
+say so, not the speed of a run alone); `--devices gpu:0,gpu:1,...` runs one at a time on each
+GPU, each run then alone on its GPU (a device named twice runs two at once on it).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +43,7 @@ from rustyflow_py.training.outputs.writing import write_atomically  # noqa: E402
 class Variant:
     name: str
     flags: tuple[str, ...]
+    seeds: tuple[int, ...] = ()  # its own seeds; none: the sweep's --seeds
 
 
 @dataclasses.dataclass
@@ -54,14 +57,25 @@ class Result:
     wall_s: float = 0.0
 
 
+def parse_seeds(text: str) -> tuple[int, ...]:
+    try:
+        return tuple(int(s) for s in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"seeds {text!r}: expected comma-separated integers (e.g. 7,2026,42)") from None
+
+
 def parse_variant(text: str) -> Variant:
-    """NAME=FLAGS (FLAGS split as a shell would; empty for the recipe as it is)."""
-    name, sep, flags = text.partition("=")
+    """NAME=FLAGS or NAME@SEEDS=FLAGS (FLAGS split as a shell would; empty for the recipe as
+    it is; SEEDS comma-separated, replacing --seeds for this variant)."""
+    head, sep, flags = text.partition("=")
+    name, at, seeds = head.partition("@")
     if not sep or not name.strip() or not name.replace("-", "").replace("_", "").isalnum():
         raise argparse.ArgumentTypeError(
-            f"--variant {text!r}: expected NAME=FLAGS with a name of letters, digits, - and _ "
-            "(e.g. locked=--locked-dropout, or base= for the recipe unchanged)")
-    return Variant(name.strip(), tuple(shlex.split(flags)))
+            f"--variant {text!r}: expected NAME=FLAGS or NAME@SEEDS=FLAGS with a name of "
+            "letters, digits, - and _ (e.g. locked=--locked-dropout, base= for the recipe "
+            "unchanged, or base@7,2026=)")
+    return Variant(name.strip(), tuple(shlex.split(flags)), parse_seeds(seeds) if at else ())
 
 
 def command(python: str, config: Path, device: str, variant: Variant, seed: int,
@@ -77,8 +91,12 @@ def run_one(cmd: list[str], log: Path, variant: Variant, seed: int, timeout: flo
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, check=False)
         code: int | str = proc.returncode
-    except subprocess.TimeoutExpired:
+        console = proc.stdout + proc.stderr
+    except subprocess.TimeoutExpired as cut:
         code = f"cut at the {timeout:.0f} s timeout"
+        console = "".join(x.decode(errors="replace") if isinstance(x, bytes) else x or ""
+                          for x in (cut.stdout, cut.stderr))
+    log.with_suffix(".out").write_text(console)  # why a run failed, beside its log
     result = Result(variant, seed, "", wall_s=time.perf_counter() - start)
     records = read_log(log) if log.is_file() else []
     if not records:
@@ -128,8 +146,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", type=Path, required=True, help="the recipe (.env)")
     p.add_argument("--variant", type=parse_variant, action="append", required=True,
-                   help="NAME=FLAGS, repeatable (base= runs the recipe unchanged)")
-    p.add_argument("--seeds", default="1337", help="comma-separated seeds per variant")
+                   help="NAME=FLAGS or NAME@SEEDS=FLAGS, repeatable (base= runs the recipe "
+                        "unchanged); runs start in the order given")
+    p.add_argument("--seeds", default="1337",
+                   help="comma-separated seeds of each variant that names none")
     p.add_argument("--device", default="gpu")
     p.add_argument("--devices", default="",
                    help="comma-separated devices (gpu:0,gpu:1,...), each running one run at a "
@@ -140,12 +160,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=Path("sweep-runs"),
                    help="logs and checkpoints of the runs go here")
     p.add_argument("--extra", default="", help="flags added to every run (e.g. --max-steps 5)")
-    p.add_argument("--out", type=Path, help="also write the markdown here")
+    p.add_argument("--out", type=Path,
+                   help="also write the markdown here (again after each run)")
     args = p.parse_args(argv)
     try:
-        seeds = [int(s) for s in args.seeds.split(",")]
-    except ValueError:
-        p.error(f"--seeds {args.seeds!r}: expected comma-separated integers")
+        seeds = parse_seeds(args.seeds)
+    except argparse.ArgumentTypeError as e:
+        p.error(f"--seeds: {e}")
     names = [v.name for v in args.variant]
     if len(set(names)) != len(names):
         p.error(f"--variant names repeat: {', '.join(names)}")
@@ -156,30 +177,41 @@ def main(argv: Sequence[str] | None = None) -> int:
     for device in pool_of:
         devices.put(device)
     args.work.mkdir(parents=True, exist_ok=True)
-    jobs = [(v, s) for v in args.variant for s in seeds]
+    jobs = [(v, s) for v in args.variant for s in v.seeds or seeds]  # in order given
     extra = shlex.split(args.extra)
 
-    def go(job: tuple[Variant, int]) -> Result:
-        v, s = job
-        device = devices.get()  # a device is one run's at a time
-        try:
-            cmd = command(sys.executable, args.config, device, v, s, args.work, extra)
-            return run_one(cmd, args.work / f"{v.name}-s{s}.log", v, s, args.timeout)
-        finally:
-            devices.put(device)
-
-    with ThreadPoolExecutor(len(pool_of)) as pool:
-        results = list(pool.map(go, jobs))
     where = (f"one at a time on each of {', '.join(pool_of)}" if args.devices
              else f"{args.parallel} at a time, device {args.device}")
     head = (f"# Recipe sweep: {args.config}\n\n- Command: `python benchmarks/quality_sweep.py "
             f"{shlex.join(argv if argv is not None else sys.argv[1:])}`\n"
             f"- Runs: {len(jobs)} ({where}); "
             "validation chooses (bold: the best mean), test is each run's once.\n\n")
-    text = head + table(results, args.variant)
-    print(text)
-    if args.out:
-        write_atomically(args.out, lambda f: f.write(text.encode()))
+    # every run's row from the start, so that the table written after each run (a sweep
+    # stopped from outside leaves the runs it finished) never misses one
+    results = [Result(v, s, "not finished") for v, s in jobs]
+    written = threading.Lock()
+
+    def write() -> str:
+        text = head + table(results, args.variant)
+        if args.out:
+            write_atomically(args.out, lambda f: f.write(text.encode()))
+        return text
+
+    def go(i: int) -> None:
+        v, s = jobs[i]
+        device = devices.get()  # a device is one run's at a time
+        try:
+            cmd = command(sys.executable, args.config, device, v, s, args.work, extra)
+            result = run_one(cmd, args.work / f"{v.name}-s{s}.log", v, s, args.timeout)
+        finally:
+            devices.put(device)
+        with written:
+            results[i] = result
+            write()
+
+    with ThreadPoolExecutor(len(pool_of)) as pool:
+        list(pool.map(go, range(len(jobs))))
+    print(write())
     return 0 if all(r.status == "completed" for r in results) else 1
 
 

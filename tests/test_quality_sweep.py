@@ -48,10 +48,25 @@ def test_a_failed_run_is_a_row_and_fails_the_sweep() -> None:
     text = Path("sweep.md").read_text()
     assert "| bad | 1337 | no run record (exit 1) |" in text
     assert "| bad | `--learning-rate -1` | 0 of 1 |" in text
+    assert "LEARNING_RATE" in Path("runs/bad-s1337.out").read_text()  # why it failed, kept
+
+
+def test_a_variant_may_name_its_own_seeds() -> None:
+    sweep = _sweep()
+    code = sweep.main(["--config", "tiny.env", "--device", "cpu", "--seeds", "1",
+                       "--variant", "final@3,4=", "--variant", "wd=--weight-decay 0.5",
+                       "--extra", "--max-steps 1", "--parallel", "3", "--work", "runs"])
+    assert code == 0
+    assert sorted(p.name for p in Path("runs").glob("*.log")) == [
+        "final-s3.log", "final-s4.log", "wd-s1.log"]
+    assert log_records("runs/final-s4.log")[-1]["seed"] == 4
 
 
 def test_variants_are_checked() -> None:
     sweep = _sweep()
+    for bad in ("a@x=", "a@=", "@1="):
+        with pytest.raises(SystemExit):
+            sweep.main(["--config", "tiny.env", "--variant", bad])
     with pytest.raises(SystemExit):
         sweep.main(["--config", "tiny.env", "--variant", "no flags given"])
     with pytest.raises(SystemExit):
@@ -82,3 +97,23 @@ def test_with_devices_no_two_runs_share_one_at_a_time(monkeypatch: pytest.Monkey
                        "--work", "runs", "--out", "sweep.md"])
     assert code == 0 and len(seen) == 6 and set(seen) == {"gpu:0", "gpu:1", "gpu:2"}
     assert "one at a time on each of gpu:0, gpu:1, gpu:2" in Path("sweep.md").read_text()
+
+
+def test_the_table_is_written_after_each_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A sweep stopped from outside leaves the rows of the runs it finished: when the second
+    run starts, --out already holds the first run's numbers and the second's row."""
+    sweep = _sweep()
+    tables = []
+
+    def fake_run(cmd: list[str], log: Path, variant: object, seed: int,
+                 timeout: float) -> object:
+        tables.append(Path("sweep.md").read_text() if Path("sweep.md").exists() else "")
+        return sweep.Result(variant, seed, "completed", 90.0 + seed, 80.0, 1.0)
+
+    monkeypatch.setattr(sweep, "run_one", fake_run)
+    assert sweep.main(["--config", "tiny.env", "--seeds", "1,2", "--variant", "a=",
+                       "--work", "runs", "--out", "sweep.md"]) == 0
+    assert tables[0] == ""
+    assert "| a | 1 | completed | 91.00 |" in tables[1]
+    assert "| a | 2 | not finished |" in tables[1]
+    assert "| a | 2 | completed | 92.00 |" in Path("sweep.md").read_text()

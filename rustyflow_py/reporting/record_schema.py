@@ -50,6 +50,7 @@ class RunRecord(TypedDict, total=False):
     hardware: str
     backend: str
     dataset: str
+    seed: int  # SEED: initialisation, dropout and window offsets (missing: older blocks)
     data: dict[str, Any]  # the training tokens: {"train_tokens", "train_sha256"}
     model: dict[str, int]  # layers heads embed seq_len batch vocab params
     precision: str

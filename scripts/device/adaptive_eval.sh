@@ -16,6 +16,11 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONPATH=/tmp/site:$root PYTHONUNBUFFERED=1 RUSTYFLOW_DATA_DIR=${RUSTYFLOW_DATA_DIR:-$root/.devdata}
 export RUSTYFLOW_CACHE_DIR=/tmp/rf-cache
 SEED=${SEED:-1337}
+# extra train flags (quality-h200.md's model: "--num-layers 6 --dropout 0.15", the recipe of
+# its day), and the seconds training may take (the 24-layer recipe: about 6 minutes alone on
+# an H100, which leaves too little of one call for the default grids)
+TRAIN_FLAGS=${TRAIN_FLAGS:-}
+TRAIN_TIMEOUT=${TRAIN_TIMEOUT:-420}
 TUNE=${TUNE:-30000}
 # grids: space-separated, each "key=v1,v2|key=v3" (| between a grid's axes)
 CACHE_GRIDS=${CACHE_GRIDS:-"window=2000|theta=0.005,0.01,0.02,0.05,0.1|lambda=0.05,0.1,0.2,0.3"}
@@ -27,8 +32,10 @@ nvidia-smi --query-gpu=name --format=csv,noheader | tee "$work/logs/gpu.txt"
 
 ckpt=$work/q.npz
 best=$work/q-best.npz
-( time timeout 240 python3 -m rustyflow_py train --device gpu --config configs/wikitext2-quality.env \
-    --seed "$SEED" --model-path "$ckpt" --log-file "$work/logs/train.log" ) \
+# shellcheck disable=SC2086
+( time timeout "$TRAIN_TIMEOUT" python3 -m rustyflow_py train --device gpu \
+    --config configs/wikitext2-quality.env $TRAIN_FLAGS --seed "$SEED" --model-path "$ckpt" \
+    --log-file "$work/logs/train.log" ) \
     > "$work/logs/train.out" 2>&1
 tail -3 "$work/logs/train.out"
 [ -f "$best" ] || { echo "no best checkpoint"; exit 1; }

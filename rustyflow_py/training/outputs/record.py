@@ -57,6 +57,7 @@ def build_record(parts: RunParts, state: LoopState, status: str, message: str | 
         "hardware": parts.backend.hardware(),
         "backend": parts.backend.describe(),
         "dataset": cfg.dataset,
+        "seed": cfg.seed,
         "data": parts.data,
         "model": {"layers": m.n_layer, "heads": m.n_head, "embed": m.n_embd,
                   "seq_len": m.seq_len, "batch": cfg.batch_size, "vocab": m.vocab_size,
