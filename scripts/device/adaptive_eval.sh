@@ -11,9 +11,7 @@ out=${OUT:-$root/adaptive-out}
 work=/dev/shm/rf-adapt
 rm -rf "$work"  # a warm machine keeps /dev/shm: start clean
 mkdir -p "$out" "$work/logs"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$root PYTHONUNBUFFERED=1 RUSTYFLOW_DATA_DIR=${RUSTYFLOW_DATA_DIR:-$root/.devdata}
+source scripts/device/env.sh
 export RUSTYFLOW_CACHE_DIR=/tmp/rf-cache
 SEED=${SEED:-1337}
 # extra train flags (quality-h200.md's model: "--num-layers 6 --dropout 0.15", the recipe of

@@ -3,9 +3,8 @@
 # run's files replaced only as this run writes its own), eval, generate, chat, and a resume on
 # changed data.
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+source scripts/device/env.sh
 root=$PWD
-export PYTHONPATH=/tmp/site:$root PYTHONUNBUFFERED=1 RUSTYFLOW_DATA_DIR=${RUSTYFLOW_DATA_DIR:-$root/.devdata}
 w=$(mktemp -d); cd "$w"
 rf() { echo "\$ rustyflow $*"; python3 -m rustyflow_py "$@"; echo "rc=$?"; }
 rf train "$root/configs/quick.env" --device gpu 2>&1 | grep -E "Checkpoint:|INFO|WARN|Error|RustyFlow run|rc="

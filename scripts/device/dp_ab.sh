@@ -14,11 +14,8 @@ BUDGET=${BUDGET:-570}
 root=$PWD
 out=${OUT:-$root/dp-ab-out}
 mkdir -p "$out" /dev/shm/rf-ab
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$root PYTHONUNBUFFERED=1 RUSTYFLOW_DATA_DIR=${RUSTYFLOW_DATA_DIR:-$root/.devdata}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-export RUSTYFLOW_CACHE_DIR=/tmp/rf-cache NCCL_NVLS_ENABLE=0
+source scripts/device/env.sh
+export RUSTYFLOW_CACHE_DIR=/tmp/rf-cache
 GPUS=${GPUS:-1 2 4}
 SHAPES=${SHAPES:-medium gpt2}
 EPOCHS=${EPOCHS:-2}

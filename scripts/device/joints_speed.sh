@@ -5,8 +5,7 @@
 # of the commit before the refactor (git-ignored: make it with
 # `mkdir .before && git archive <rev> | tar -x -C .before`, and carry it).
 set -u
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 RUSTYFLOW_DATA_DIR=${RUSTYFLOW_DATA_DIR:-$PWD/.devdata}
+source scripts/device/env.sh
 out=${OUT:-.}
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$out/gpu.txt"
 rows="--device gpu --shapes seed,small --precisions tf32,bf16 --skip-compile --skip-eager --curve-steps 0 --windows 5"

@@ -15,9 +15,7 @@ out=${OUT:-$root/quality-tune-out}
 work=/dev/shm/rf-tune
 rm -rf "$work"  # a warm machine keeps /dev/shm: start clean
 mkdir -p "$out" "$work/runs"
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-    --target /tmp/site .whl/*.whl || exit 1
-export PYTHONPATH=/tmp/site:$root PYTHONUNBUFFERED=1 RUSTYFLOW_DATA_DIR=${RUSTYFLOW_DATA_DIR:-$root/.devdata}
+source scripts/device/env.sh
 export RUSTYFLOW_CACHE_DIR=/tmp/rf-cache
 finish() { tar -C "$work" -czf "$out/sweep.tgz" --exclude='*.npz' .; }
 trap finish EXIT
