@@ -19,7 +19,7 @@ import pytest
 from helpers import TINY, quiet
 from test_trace import check_nesting, check_schema, tracks
 
-from rustyflow_py.engine.autograd import run_op
+from rustyflow_py.engine.autograd import RowGrad, run_op
 from rustyflow_py.engine.backend import gpu_unavailable_reason
 from rustyflow_py.engine.kernel_records import (
     UNATTRIBUTED,
@@ -116,6 +116,31 @@ def test_gemm_cost_and_shape() -> None:
     assert gemm_cost(x, None) is None
     assert op_bytes((x, w), x @ w) == x.nbytes + w.nbytes + 5 * 11 * 4
     assert op_bytes((x, x), x) == x.nbytes  # one array counted once
+
+
+def test_an_op_counts_the_arrays_its_caller_says_it_read_and_no_others() -> None:
+    """A backward reads its Function's saved arrays and a row gradient its rows and indices
+    (a __slots__ class): run_op's `saved` names them. An op that is a bound method of some
+    other object (the gradient's wire copy, say) does not count that object's arrays."""
+    backend = get_backend("cpu")
+    dst = np.zeros((10, 4), np.float32)
+    g = RowGrad(np.array([1, 3, 1]), np.ones((3, 4), np.float32), dst.shape, backend.kernels)
+
+    class Holder:
+        def __init__(self) -> None:
+            self.big = np.zeros(1000, np.float32)
+
+        def touch(self, a: np.ndarray) -> None:
+            a += 1
+
+    prof = Profiler(backend)
+    with prof:
+        run_op("grad_accumulate", "other", "backward", g.add_to, dst, saved=g)
+        run_op("touch", "other", "backward", Holder().touch, dst)
+    bytes_of = {row["name"]: row["bytes"] for row in prof.ops()}
+    assert bytes_of["grad_accumulate"] == dst.nbytes + g.idx.nbytes + g.rows.nbytes
+    assert bytes_of["touch"] == dst.nbytes
+    assert dst[1, 0] == 3 and dst[3, 0] == 2  # the ops ran
 
 
 def test_the_profiler_counts_every_gemm_flop_of_a_step() -> None:

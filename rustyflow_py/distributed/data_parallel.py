@@ -71,12 +71,6 @@ class Wire:
             if stream is not None:
                 self.backend.make_current()
 
-    def op(self, collective: Callable[..., None]) -> Callable[..., None]:
-        """`sum` with `collective` bound, for `run_op`: a partial has no `__self__`, so the
-        profiler counts the arrays each call passes (the bucket and its wire view), not the
-        wire's whole copy as a backward function's saved state."""
-        return functools.partial(self.sum, collective)
-
 
 class BucketedAllReduce:
     """Sums the gradient over the ranks, bucket by bucket, as backward completes them.
@@ -92,7 +86,7 @@ class BucketedAllReduce:
                  reduce_dtype: Any = None) -> None:
         self.buffer, self.comm = buffer, comm
         self.wire = Wire(buffer, reduce_dtype)
-        self.sum = self.wire.op(comm.all_reduce)
+        self.sum = functools.partial(self.wire.sum, comm.all_reduce)
         self.buckets = buffer.buckets(bucket_bytes, self.wire.dtype.itemsize)
         self.bucket_of: dict[int, int] = {}  # id(parameter tensor) -> its bucket
         self.counts = [0] * len(self.buckets)
@@ -156,7 +150,7 @@ class ReduceScatter:
                  reduce_dtype: Any = None) -> None:
         self.buffer, self.comm = buffer, comm
         self.wire = Wire(buffer, reduce_dtype)
-        self.sum = self.wire.op(comm.reduce_scatter)
+        self.sum = functools.partial(self.wire.sum, comm.reduce_scatter)
 
     def start(self, overlap: bool) -> None:
         return None

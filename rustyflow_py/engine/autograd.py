@@ -41,12 +41,15 @@ def detach_profiler(token: contextvars.Token[Any]) -> None:
     _profiler.reset(token)
 
 
-def run_op(name: str, category: str, phase: str, fn: Callable[..., Any], *args: Any) -> Any:
-    """Run one op's forward/backward (or an optimizer kernel): the profiler's hook point."""
+def run_op(name: str, category: str, phase: str, fn: Callable[..., Any], *args: Any,
+           saved: Any = None) -> Any:
+    """Run one op's forward/backward (or an optimizer kernel): the profiler's hook point.
+    `saved`: the object whose arrays `fn` reads besides its arguments (a Function's saved
+    activations, a row gradient's rows), which the profiler counts in the op's bytes."""
     prof = _profiler.get()
     if prof is None:
         return fn(*args)
-    return prof.record(name, category, phase, fn, args)
+    return prof.record(name, category, phase, fn, args, saved)
 
 
 def count_gemm(a: Any, product: Any) -> Any:
@@ -358,7 +361,7 @@ class Tensor:
                 fn.pending = tuple(
                     grads.pop(id(p), None) if i in fn.joins and isinstance(p, Function)
                     else None for i, p in enumerate(fn.parents))
-            in_grads = run_op(fn.name, fn.category, "backward", fn.backward, g)
+            in_grads = run_op(fn.name, fn.category, "backward", fn.backward, g, saved=fn)
             for parent, ig in zip(fn.parents, in_grads, strict=True):
                 if parent is None or ig is None:
                     continue
@@ -378,7 +381,7 @@ class Tensor:
         if self.grad is None:
             self.grad = g.dense() if isinstance(g, RowGrad) else g.copy()
         elif isinstance(g, RowGrad):
-            run_op("grad_accumulate", "other", "backward", g.add_to, self.grad)
+            run_op("grad_accumulate", "other", "backward", g.add_to, self.grad, saved=g)
         else:
             run_op("grad_accumulate", "other", "backward", _add_into, self.grad, g)
 

@@ -39,13 +39,20 @@ def gemm_cost(a: Any, out: Any) -> tuple[float, tuple[int, int, int, int], str] 
     return 2.0 * c.size * k, (batch, m, n, k), dtypes
 
 
+def _state(obj: Any) -> tuple[Any, ...]:
+    """An object's attribute values, from its __dict__ or its __slots__."""
+    if hasattr(obj, "__dict__"):
+        return tuple(vars(obj).values())
+    return tuple(getattr(obj, n) for n in getattr(type(obj), "__slots__", ()) if hasattr(obj, n))
+
+
 def op_bytes(args: tuple[Any, ...], out: Any, saved_by: Any = None) -> int:
-    """Bytes of the arrays an op call reads and writes: its arguments, its outputs and (for a
-    backward) the arrays its Function saved; each array counted once."""
+    """Bytes of the arrays an op call reads and writes: its arguments, its outputs and the
+    arrays held by `saved_by` (a backward's Function, a row gradient), each counted once."""
     seen: dict[int, int] = {}
     candidates = [*_arrays(args), *_arrays(out)]
     if saved_by is not None:
-        candidates += _arrays(tuple(getattr(saved_by, "__dict__", {}).values()))
+        candidates += _arrays(_state(saved_by))
     for a in candidates:
         seen[id(a)] = int(a.nbytes)
     return sum(seen.values())

@@ -79,7 +79,8 @@ class Profiler:
         autograd.detach_profiler(self._attached.pop())
 
     # ---- the hook --------------------------------------------------------------------------------
-    def record(self, name: str, category: str, phase: str, fn: Any, args: tuple[Any, ...]) -> Any:
+    def record(self, name: str, category: str, phase: str, fn: Any, args: tuple[Any, ...],
+               saved: Any = None) -> Any:
         key = (name, phase, category)
         self._open.append(key)
         try:
@@ -92,7 +93,6 @@ class Profiler:
                 out = self._record_cpu(key, fn, args)
         finally:
             self._open.pop()
-        saved = getattr(fn, "__self__", None) if phase == "backward" else None
         self.costs[key][1] += op_bytes(args, out, saved)
         return out
 
