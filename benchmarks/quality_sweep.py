@@ -58,11 +58,15 @@ class Result:
 
 
 def parse_seeds(text: str) -> tuple[int, ...]:
+    """Comma-separated seeds, each once (a seed twice would run into the same log)."""
     try:
-        return tuple(int(s) for s in text.split(","))
+        seeds = tuple(int(s) for s in text.split(","))
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"seeds {text!r}: expected comma-separated integers (e.g. 7,2026,42)") from None
+    if len(set(seeds)) != len(seeds):
+        raise argparse.ArgumentTypeError(f"seeds {text!r}: a seed is named twice")
+    return seeds
 
 
 def parse_variant(text: str) -> Variant:

@@ -992,3 +992,15 @@ def test_reduce_dtype_warns_alone_refuses_the_cpus_and_names_the_fallback() -> N
         reduce_dtype("bf16", "cpu", "no driver", True, said.append)
     bf16 = pytest.importorskip("ml_dtypes").bfloat16
     assert reduce_dtype("bf16", "gpu", None, True, said.append) == np.dtype(bf16)
+
+
+def test_reduce_dtype_without_ml_dtypes_names_the_setting_and_the_extra(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from rustyflow_py.errors import TrainingError
+    from rustyflow_py.training.run.parts import reduce_dtype
+
+    monkeypatch.setitem(sys.modules, "ml_dtypes", None)  # import ml_dtypes now fails
+    with pytest.raises(TrainingError, match=r"^GRAD_REDUCE_DTYPE=bf16 needs the ml_dtypes "
+                                            r"package \(bf16's NumPy dtype\), which the gpu "
+                                            r"extra brings: .*gpu"):
+        reduce_dtype("bf16", "gpu", None, True, print)

@@ -64,11 +64,13 @@ def test_a_variant_may_name_its_own_seeds() -> None:
 
 def test_variants_are_checked() -> None:
     sweep = _sweep()
-    for bad in ("a@x=", "a@=", "@1="):
+    for bad in ("a@x=", "a@=", "@1=", "a@1,1="):
         with pytest.raises(SystemExit):
             sweep.main(["--config", "tiny.env", "--variant", bad])
     with pytest.raises(SystemExit):
         sweep.main(["--config", "tiny.env", "--variant", "no flags given"])
+    with pytest.raises(SystemExit):
+        sweep.main(["--config", "tiny.env", "--variant", "a=", "--seeds", "2,2"])
     with pytest.raises(SystemExit):
         sweep.main(["--config", "tiny.env", "--variant", "a=", "--variant", "a=--seed 1"])
 

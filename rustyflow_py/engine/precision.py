@@ -79,14 +79,14 @@ NAMES = ("fp32", "tf32", "bf16", "fp16", "fp64")
 GPU_ONLY = ("bf16", "fp16")  # mixed precision: the CPU kernels have no 16-bit GEMMs worth it
 
 
-def bfloat16() -> np.dtype:
+def bfloat16(needed_by: str = "PRECISION=bf16") -> np.dtype:
     """NumPy's bfloat16 (from ml_dtypes, which CuPy uses for it too), imported on first use:
-    only mixed-precision GPU runs need it."""
+    only mixed-precision GPU runs need it. `needed_by`: the setting the error names."""
     try:
         import ml_dtypes
     except ImportError:
-        raise ImportError("PRECISION=bf16 needs the ml_dtypes package, which the gpu extra "
-                          f"brings: {install_command('gpu')}") from None
+        raise ImportError(f"{needed_by} needs the ml_dtypes package (bf16's NumPy dtype), "
+                          f"which the gpu extra brings: {install_command('gpu')}") from None
     return np.dtype(ml_dtypes.bfloat16)
 
 

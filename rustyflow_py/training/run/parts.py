@@ -23,7 +23,7 @@ from ...distributed.world import World
 from ...engine.backend import parse_device, resolve_device
 from ...engine.precision import GPU_ONLY, bfloat16
 from ...engine.profiler import Profiler
-from ...errors import ConfigError, TrainingError, install_command
+from ...errors import ConfigError, TrainingError
 from ...model.gpt import build_model
 from ...model.loss_scale import LossScaler
 from ...reporting.trace import MAX_STEPS as TRACE_STEPS
@@ -290,11 +290,9 @@ def reduce_dtype(name: str, kind: str, fallback: str | None, distributed: bool,
             f"processes are on the CPU{why}, where MPI sums float32 only: set "
             "GRAD_REDUCE_DTYPE=fp32, or train on GPUs")
     try:
-        return bfloat16()
-    except ImportError:
-        raise TrainingError(f"GRAD_REDUCE_DTYPE={name} needs the ml_dtypes package (bf16's "
-                            f"NumPy dtype), which the gpu extra brings: "
-                            f"{install_command('gpu')}") from None
+        return bfloat16(f"GRAD_REDUCE_DTYPE={name}")
+    except ImportError as e:
+        raise TrainingError(str(e)) from None
 
 
 def silent(_message: str) -> None:
