@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import make_cfg, quiet
+from helpers import log_records, make_cfg, quiet
 from test_gradcheck import gradcheck
 
 from rustyflow_py.engine import ops
@@ -310,3 +310,10 @@ def test_a_run_with_every_key_on_completes(tiny_dir: Path) -> None:
     trainer.run()
     assert len(trainer.losses) == 12 and all(map(math.isfinite, trainer.losses))
     assert trainer.state.test_ppl is not None and math.isfinite(trainer.state.test_ppl)
+    # the record says what regularised the run, each site at the rate it ran with
+    record = log_records(cfg.log_file)[-1]
+    assert record["regularisation"] == {
+        "embd_dropout": 0.2, "attn_dropout": 0.2, "resid_dropout": 0.2, "word_dropout": 0.0,
+        "locked_dropout": True, "random_offsets": False, "label_smoothing": 0.1,
+        "ema_decay": 0.9, "ema_start": 0, "average_last_k": 0}
+    assert record["seed"] == cfg.seed

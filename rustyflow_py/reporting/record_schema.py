@@ -56,6 +56,9 @@ class RunRecord(TypedDict, total=False):
     precision: str
     optimizer: str
     optimizer_settings: dict[str, Any]  # its keys (lower case) and values, schedule included
+    # each dropout site's rate as run, word dropout, locked dropout, random offsets, label
+    # smoothing, the weight average's keys (missing: older blocks)
+    regularisation: dict[str, Any]
     graph: bool
     attention: str  # materialized | flash | cudnn: what computed attention (missing: older)
     epochs: int

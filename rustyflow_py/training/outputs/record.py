@@ -65,6 +65,7 @@ def build_record(parts: RunParts, state: LoopState, status: str, message: str | 
         "precision": cfg.precision,
         "optimizer": cfg.optimizer,
         "optimizer_settings": optimizer_settings(cfg),
+        "regularisation": _regularisation(cfg, m),
         "graph": runner.captured is not None,
         # what computed attention (cuDNN's, the own fused kernels, or materialised): ATTENTION
         # =auto picks, and where cuDNN is missing it falls back
@@ -117,6 +118,16 @@ def build_record(parts: RunParts, state: LoopState, status: str, message: str | 
                     if parts.profiler is not None and parts.profiler.steps else None),
         "curves": _curves(parts),
     }
+
+
+def _regularisation(cfg: Any, m: Any) -> dict[str, Any]:
+    """What regularised the run, each dropout site at the rate it ran with (DROPOUT's where
+    its own key was unset): runs that differ only here are otherwise indistinguishable."""
+    return {"embd_dropout": m.rate(m.embd_dropout), "attn_dropout": m.rate(m.attn_dropout),
+            "resid_dropout": m.rate(m.resid_dropout), "word_dropout": m.word_dropout,
+            "locked_dropout": m.locked_dropout, "random_offsets": cfg.random_offsets,
+            "label_smoothing": m.label_smoothing, "ema_decay": cfg.ema_decay,
+            "ema_start": cfg.ema_start, "average_last_k": cfg.average_last_k}
 
 
 def _per_word(parts: RunParts) -> dict[str, Any]:
