@@ -115,9 +115,9 @@ def test_a_layernorm_joins_the_residual_gradient_in_its_backward(device: str, dt
         ran: list[str] = []
         real = autograd.run_op
 
-        def record(name: str, *args: object) -> object:
+        def record(name: str, *args: object, **kwargs: object) -> object:
             ran.append(name)
-            return real(name, *args)
+            return real(name, *args, **kwargs)
 
         with monkeypatch.context() as m:
             m.setattr(autograd, "run_op", record)
