@@ -222,20 +222,27 @@ def test_training_with_and_without_jit_follows_the_same_losses() -> None:
     np.testing.assert_allclose(got, ref, rtol=1e-4)
 
 
-@needs_numba
-@pytest.mark.parametrize("dtype", [np.int32, np.int64])
-def test_warm_up_compiles_everything_a_training_step_needs(dtype: type) -> None:
-    """The trainer warms the kernels up before its first step, so compilation never lands
-    in a step or in the profile: a step afterwards must not compile anything new."""
+def _dispatchers() -> list[object]:
     import numba
 
     from rustyflow_py.engine.ops import cpu_jit as jit
     from rustyflow_py.engine.ops import jit_compile
 
+    return [f for module in (*jit.MODULES, jit_compile) for f in vars(module).values()
+            if isinstance(f, numba.core.dispatcher.Dispatcher)]
+
+
+@needs_numba
+@pytest.mark.parametrize("dtype", [np.int32, np.int64])
+def test_warm_up_compiles_everything_a_training_step_needs(dtype: type) -> None:
+    """The trainer warms the kernels up before its first step, so compilation never lands
+    in a step or in the profile: a step afterwards must not compile anything new."""
+
+    from rustyflow_py.engine.ops import cpu_jit as jit
+
     backend = cpu("on").backend
     jit.warm_up()
-    dispatchers = [f for module in (*jit.MODULES, jit_compile) for f in vars(module).values()
-                   if isinstance(f, numba.core.dispatcher.Dispatcher)]
+    dispatchers = _dispatchers()
     before = [len(f.signatures) for f in dispatchers]
     for heads, seq_len in ((2, 8), (4, 64)):  # attention keeps the probabilities / the lse
         model = GPT(GPTConfig(300, seq_len, 1, heads, 16), backend, seed=1)
@@ -244,6 +251,30 @@ def test_warm_up_compiles_everything_a_training_step_needs(dtype: type) -> None:
         model(x, x).backward()
         opt.step()
     assert [len(f.signatures) for f in dispatchers] == before
+
+
+@needs_numba
+def test_warm_up_compiles_everything_generation_needs() -> None:
+    """The warm-up (a training run's) compiles generation's kernels too, so a later generate
+    or chat finds them in numba's cache: a prompt's prefill and the tokens drawn afterwards,
+    greedy and nucleus, at batch 1 and more, must not compile anything new."""
+    from rustyflow_py.data import Vocab
+    from rustyflow_py.engine.ops import cpu_jit as jit
+    from rustyflow_py.model.generate import Session
+    from rustyflow_py.model.sampling import Sampling
+
+    backend = cpu("on").backend
+    jit.warm_up()
+    before = [len(f.signatures) for f in _dispatchers()]
+    model = GPT(GPTConfig(300, 16, 2, 2, 16), backend, seed=1)
+    model.training = False
+    words = Vocab([f"w{i}" for i in range(300)])
+    for sampling in (Sampling(0.0), Sampling(1.0, top_p=0.9)):
+        for batch in (1, 3):
+            session = Session(model, words, sampling, 5, batch=batch)
+            drawn = list(session.tokens([3, 4, 5], 6))
+            assert len(drawn) == 6
+    assert [len(f.signatures) for f in _dispatchers()] == before
 
 
 def test_cpu_jit_on_without_numba_names_the_fix(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -57,7 +57,10 @@ def layernorm_backward(g: Any, x: Any, w: Any, mean: Any, rstd: Any, dx: Any, dw
 
 
 def warm_up() -> None:
-    """Compile these kernels for the array types training and generation pass."""
+    """Compile these kernels for the array types training and generation pass: generation's
+    forward also takes strided rows (the last position of each prompt of a batch, a view into
+    the prefill's (B, T, E))."""
     x, row, col = np.zeros((2, 4), f32), np.zeros(4, f32), np.zeros((2, 1), f32)
     layernorm_forward(x, row, row, 1e-5, x, col, col)
+    layernorm_forward(np.zeros((2, 8), f32)[:, 4:], row, row, 1e-5, x, col, col)
     layernorm_backward(x, x, row, col, col, x, row, row)
