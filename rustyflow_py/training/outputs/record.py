@@ -20,9 +20,11 @@ import numpy as np
 
 from ...engine import peaks
 from ...engine.backend import Backend
+from ...model.gpt import GPTConfig
 from ...reporting.curves import MAX_POINTS, evenly_spaced, sample
 from ...reporting.record_schema import RunRecord
 from ...reporting.text import plural
+from ..config.config import Config
 from ..config.optimizers import settings as optimizer_settings
 from ..evaluation.evaluate import protocol
 from ..run.parts import RunParts
@@ -120,7 +122,7 @@ def build_record(parts: RunParts, state: LoopState, status: str, message: str | 
     }
 
 
-def _regularisation(cfg: Any, m: Any) -> dict[str, Any]:
+def _regularisation(cfg: Config, m: GPTConfig) -> dict[str, Any]:
     """What regularised the run, each dropout site at the rate it ran with (DROPOUT's where
     its own key was unset): runs that differ only here are otherwise indistinguishable."""
     return {"embd_dropout": m.rate(m.embd_dropout), "attn_dropout": m.rate(m.attn_dropout),
