@@ -53,11 +53,16 @@ class Peak:
     source: str
 
 
+PEER = {"fp8": "bf16"}  # a precision timed against another's peak and PyTorch rows
+
+
 def peak_for(device_name: str, precision: str) -> Peak | None:
     """The published dense peak of GPU `device_name` for the GEMMs of `precision`; None for a
     device the table does not know (no MFU is better than a guessed one)."""
     known = peaks.lookup(device_name)  # an NVL part is not in it: no guessed peak
-    compute = precision  # the GEMMs' input type: mixed precision multiplies 16-bit copies
+    # the GEMMs' input type: mixed precision multiplies 16-bit copies; fp8 is held to the bf16
+    # peak, so that its MFU and bf16's count the same FLOPs against the same figure
+    compute = PEER.get(precision, precision)
     if known is None or compute not in known["tflops"]:
         return None
     return Peak(known["tflops"][compute], compute, f"{device_name}: {known['source']}")

@@ -94,9 +94,11 @@ DEFAULT_STEPS = {  # (warm-up, timed) steps per shape: a 2-core CPU takes ~10 s 
             "gpt2-b32": (5, 20)},
 }
 MiB, GiB = 2**20, 2**30
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
-GPU_ONLY = ("tf32", "bf16", "fp16")  # TF32 is a GPU GEMM mode; the 16-bit paths are GPU-only
-CURVE_BOUNDS = {"fp32": 0.01, "bf16": 0.02, "fp16": 0.02}  # max relative loss difference
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+GPU_ONLY = ("tf32", "bf16", "fp16", "fp8")  # TF32 is a GPU GEMM mode; the rest GPU-only
+# max relative loss difference; fp8 is held to PyTorch's bf16 (mfu.PEER: PyTorch trains no
+# GEMM in FP8 without Transformer Engine or torchao), with bf16's bound
+CURVE_BOUNDS = {"fp32": 0.01, "bf16": 0.02, "fp16": 0.02, "fp8": 0.02}
 # PyTorch's fp32-matmul mode under autocast: TF32 allowed, as in the tf32 rows. Autocast runs
 # every GEMM of this model (Linear, attention, the tied head) in 16 bits, so none is left.
 AUTOCAST_MATMUL = "high"
@@ -296,6 +298,11 @@ def pytorch_step_fn(model: Any, optimizer: Any, mode: str, precision: str = "fp3
         return loss
 
     return step
+
+
+def peer(precision: str) -> str:
+    """The precision PyTorch's rows and curves run for RustyFlow's `precision`."""
+    return mfu.PEER.get(precision, precision)
 
 
 def autocast_dtype(precision: str) -> Any:
@@ -518,7 +525,7 @@ def loss_curves(device: str, shape: str, cfg: GPTConfig, batches: Batches,
                                        RunPolicy(Precision.of(precision), threads=threads))
     if device == "gpu":
         free_gpu_memory()
-    theirs, their_scaler = pytorch_curve(device, cfg, batches, precision)
+    theirs, their_scaler = pytorch_curve(device, cfg, batches, peer(precision))
     rel = [abs(a - b) / abs(b) if math.isfinite(a) and math.isfinite(b) else math.inf
            for a, b in zip(ours, theirs, strict=True)]  # a NaN loss never passes
     worst = int(np.argmax(rel))
@@ -667,6 +674,7 @@ def render(args: argparse.Namespace, rows: list[tuple[Job, dict[str, Any]]],
         counts = dict.fromkeys((j.shape, j.warmup, j.steps, j.windows) for j, _ in rows)
         lines += ["", "Warm-up / timed steps / windows: " + "; ".join(
             f"{s} {w} / {n} / {k}" for s, w, n, k in counts) + "."]
+    lines += fp8_lines(rows)
     scaled = [f"{describe_shape(j.shape)} {j.label()}: {r['scaler']}"
               for j, r in rows if r.get("scaler")]
     if scaled:
@@ -690,7 +698,7 @@ def table_row(job: Job, res: dict[str, Any], refs: list[Reference], peak: mfu.Pe
     t = res["times"]
     ms = statistics.median(t) * 1e3
     cfg, batch = gpt_config(job.shape)
-    key = (job.shape, job.precision)
+    key = (job.shape, peer(job.precision))
     ratios = [f"{ms / (times[key] * 1e3):.2f}" if key in times else "—" for times, _ in refs]
     names = ("PyTorch eager", "compile")
     mem_ratios = [f"{res['peak_bytes'] / mem[key]:.2f}x {name}"
@@ -702,6 +710,18 @@ def table_row(job: Job, res: dict[str, Any], refs: list[Reference], peak: mfu.Pe
     return (f"{head} {ms:.1f} ({min(t) * 1e3:.1f}–{max(t) * 1e3:.1f}) | "
             f"{batch * cfg.seq_len / (ms / 1e3):,.0f} | " + "".join(f"{u} | " for u in util)
             + f"{' | '.join(ratios)} | {mem} |")
+
+
+def fp8_lines(rows: list[tuple[Job, dict[str, Any]]]) -> list[str]:
+    """Each fp8 row's speed-up over RustyFlow's bf16 row of the same shape and mode (bf16's
+    step time over fp8's: above 1 is faster)."""
+    ok = {(j.shape, j.precision, j.label()): statistics.median(r["times"])
+          for j, r in rows if j.framework == "rustyflow" and r["status"] == "ok"}
+    out = [f"{describe_shape(shape)} {label}: fp8 {ok[(shape, 'bf16', label)] / t:.3f}x "
+           f"bf16's tokens/s" for (shape, precision, label), t in ok.items()
+           if precision == "fp8" and (shape, "bf16", label) in ok]
+    return ["", "fp8 against RustyFlow's bf16 (same shape and mode, one process): "
+            + "; ".join(out) + "."] if out else []
 
 
 def compile_note(rows: list[tuple[Job, dict[str, Any]]]) -> str:
@@ -732,6 +752,13 @@ def precision_notes(names: set[str]) -> list[str]:
             "`unscale_` before the clip; fp32 matmul mode under autocast: "
             f"`set_float32_matmul_precision(\"{AUTOCAST_MATMUL}\")` ({tf32}, as in the "
             "tf32 rows; autocast runs every GEMM of this model in 16 bits)")
+    if "fp8" in names:
+        notes.append(
+            "- fp8: RustyFlow `Precision.of(\"fp8\")`: bf16 with every GEMM of a Linear layer "
+            "and of the tied LM head on FP8 tensor cores (cuBLASLt; e4m3 activations and "
+            "weights, e5m2 gradients, per-tensor current scaling, fp32 accumulation); "
+            "attention stays bf16. Its ratios and loss curve are against PyTorch's bf16 rows "
+            "(PyTorch has no FP8 training of its own), its MFU against the bf16 peak")
     return notes
 
 
@@ -882,11 +909,12 @@ def plan(args: argparse.Namespace) -> list[Job]:
         steps = args.steps if args.steps is not None else steps
         warmup = args.warmup if args.warmup is not None else warmup
         compiles = [("pytorch", "compile", m) for m in compile_modes(args, shape)]
-        for precision in args.precisions:
+        for precision in args.precisions:  # PyTorch's rows of fp8 are its peer's (bf16)
             jobs += [Job(args.device, shape, precision, fw, mode, warmup, steps,
                          max(1, min(args.windows, steps)), args.threads, compile_mode,
                          attention)
                      for fw, mode, compile_mode in [(*m, "") for m in modes] + compiles
+                     if fw == "rustyflow" or peer(precision) == precision
                      for attention in (args.attention if fw == "rustyflow" else ["auto"])]
     return jobs
 

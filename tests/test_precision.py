@@ -52,7 +52,7 @@ def test_policies() -> None:
     assert (fp16.storage, fp16.compute, fp16.accumulate, fp16.matmul_compute) == \
         (F32, F16, F32, "fp32")
     assert fp16.mixed and fp16.loss_scaling and not fp32.mixed and not tf32.loss_scaling
-    with pytest.raises(ValueError, match="'bf32'.*fp32, tf32, bf16, fp16, fp64"):
+    with pytest.raises(ValueError, match="'bf32'.*fp32, tf32, bf16, fp16, fp8, fp64"):
         Precision.of("bf32")
 
 

@@ -121,6 +121,27 @@ def test_gpu_plan_at_gpt2_compiles_in_default_mode_unless_told() -> None:
     assert {(j.warmup, j.steps) for j in jobs} == {vs.DEFAULT_STEPS["gpu"]["gpt2-b32"]}
 
 
+def test_fp8_rows_are_held_to_pytorch_bf16_and_to_rustyflow_bf16() -> None:
+    """PyTorch trains no GEMM in FP8 by itself: fp8 has RustyFlow rows only, its ratios are
+    against PyTorch's bf16 rows, its MFU against the bf16 peak, and a line gives its speed-up
+    over RustyFlow's bf16 row of the same shape and mode."""
+    args = vs.parse_args(["--device", "gpu", "--shapes", "gpt2-b16", "--precisions",
+                          "bf16,fp8", "--skip-eager"])
+    jobs = vs.plan(args)
+    assert [(j.precision, j.label()) for j in jobs] == [
+        ("bf16", "rustyflow graph"), ("bf16", "pytorch eager"),
+        ("bf16", "pytorch compile (default)"), ("fp8", "rustyflow graph")]
+    times = {"bf16": [0.032] * 3, "fp8": [0.025] * 3}
+    rows = [(j, {"status": "ok", "times": times[j.precision] if j.framework == "rustyflow"
+                 else [0.040] * 3, "memory": "-", "loss": 1.0}) for j in jobs]
+    refs = [vs.reference(rows, "eager"), vs.reference(rows, "compile")]
+    peak = mfu.peak_for("NVIDIA H100 80GB HBM3", "fp8")
+    assert peak is not None and (peak.compute, peak.tflops) == ("bf16", 989.4)
+    fp8_row = vs.table_row(jobs[-1], rows[-1][1], refs, peak, True)
+    assert "| 0.62 | 0.62 |" in fp8_row  # 25 ms against PyTorch bf16's 40
+    assert vs.fp8_lines(rows)[1].endswith("rustyflow graph: fp8 1.280x bf16's tokens/s.")
+
+
 def test_attention_rows_and_skip_eager() -> None:
     """--attention repeats RustyFlow's rows per ATTENTION value, labelled; --skip-eager keeps
     its graph rows and PyTorch's."""

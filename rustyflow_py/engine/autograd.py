@@ -186,17 +186,18 @@ class Function:
         self.released = True
 
     def matmul(self, a: Any, b: Any, phase: str, *, transpose_b: bool = False,
-               out: Any = None, accumulate: bool = False) -> Any:
+               out: Any = None, accumulate: bool = False, gradient: str | None = None) -> Any:
         """a @ b by the backend's kernel (b's last two axes swapped with transpose_b; into
-        `out` when given, added to it with `accumulate`): every op's matrix product goes
-        through here. Inside a fused op it is timed as its own 'matmul' entry; a matmul op
-        (category 'matmul') is timed as one already, so its product is not recorded twice."""
+        `out` when given, added to it with `accumulate`; `gradient`, "a" or "b", names the
+        operand that is a gradient): every op's matrix product goes through here. Inside a
+        fused op it is timed as its own 'matmul' entry; a matmul op (category 'matmul') is
+        timed as one already, so its product is not recorded twice."""
         mm = self.kernels.matmul
         if self.category == "matmul":
             return count_gemm(a, mm(a, b, transpose_b=transpose_b, out=out,
-                                    accumulate=accumulate))
+                                    accumulate=accumulate, gradient=gradient))
         return self.gemm(phase)(mm, a, b, transpose_b=transpose_b, out=out,
-                                accumulate=accumulate)
+                                accumulate=accumulate, gradient=gradient)
 
     def gemm(self, phase: str) -> Callable[..., Any]:
         """A runner `run(fn, *args, **kwargs)` for a backend GEMM inside this op (a plain one,

@@ -15,14 +15,17 @@ import numpy as np
 # name fragment -> (dense TFLOP/s by compute type, memory GB/s); the first match wins, so the
 # more specific fragments come first
 KNOWN_GPUS: tuple[tuple[str, dict[str, float], float], ...] = (
-    ("H200", {"fp64": 67.0, "fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}, 4800.0),
-    ("H100 PCIe", {"fp64": 51.0, "fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0},
-     2000.0),
-    ("H100", {"fp64": 67.0, "fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4}, 3350.0),
+    ("H200", {"fp64": 67.0, "fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4,
+              "fp8": 1978.9}, 4800.0),
+    ("H100 PCIe", {"fp64": 51.0, "fp32": 51.0, "tf32": 378.0, "bf16": 756.0, "fp16": 756.0,
+                   "fp8": 1513.0}, 2000.0),
+    ("H100", {"fp64": 67.0, "fp32": 67.0, "tf32": 494.7, "bf16": 989.4, "fp16": 989.4,
+              "fp8": 1978.9}, 3350.0),
     ("A100-SXM4-80GB", {"fp64": 19.5, "fp32": 19.5, "tf32": 156.0, "bf16": 312.0,
                         "fp16": 312.0}, 2039.0),
     ("A100", {"fp64": 19.5, "fp32": 19.5, "tf32": 156.0, "bf16": 312.0, "fp16": 312.0}, 1555.0),
-    ("L4", {"fp64": 0.5, "fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0}, 300.0),
+    ("L4", {"fp64": 0.5, "fp32": 30.3, "tf32": 60.0, "bf16": 121.0, "fp16": 121.0,
+            "fp8": 242.5}, 300.0),
 )
 
 _COMPUTE = {"bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
@@ -30,7 +33,10 @@ _COMPUTE = {"bfloat16": "bf16", "float16": "fp16", "float64": "fp64"}
 
 def compute_type(dtype: str, precision: str) -> str:
     """The peak a GEMM with inputs of `dtype` is held to: float32 GEMMs run on TF32 tensor
-    cores when the run's PRECISION is tf32, else on the float32 units."""
+    cores when the run's PRECISION is tf32, else on the float32 units; bfloat16 GEMMs run in
+    FP8 when it is fp8 (the few FP8 cannot take are held to the FP8 peak too)."""
+    if dtype == "bfloat16" and precision == "fp8":
+        return "fp8"
     if dtype in _COMPUTE:
         return _COMPUTE[dtype]
     return "tf32" if precision == "tf32" else "fp32"

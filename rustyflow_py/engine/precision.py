@@ -15,6 +15,9 @@ are mixed precision (PyTorch autocast's split): parameters, gradients and optimi
 float32 and the forward runs on a 16-bit copy of the parameters refreshed once per step, so
 activations and GEMM inputs are 16-bit while GEMMs and reductions accumulate in float32. fp16's
 narrow exponent range needs loss scaling (`loss_scaling`); bfloat16 has float32's range.
+fp8 is bf16 with the Linear layers' GEMMs (and the tied LM head's) on FP8 tensor cores: their
+operands cast to FP8 under per-tensor scaling (e4m3 for activations and weights, e5m2 for
+gradients) just before each GEMM, accumulating in fp32 (engine/ops/gemm/fp8.py).
 """
 
 from __future__ import annotations
@@ -25,9 +28,9 @@ from typing import Any, Literal
 
 import numpy as np
 
-from ..errors import install_command
+from ..errors import ConfigError, install_command
 
-MatmulCompute = Literal["fp32", "tf32", "fp64"]
+MatmulCompute = Literal["fp32", "tf32", "fp64", "fp8"]
 
 _F32, _F64 = np.dtype(np.float32), np.dtype(np.float64)
 
@@ -38,7 +41,7 @@ class Precision:
 
     `matmul_compute` applies to GEMMs of `compute`-typed operands: "tf32" lets float32 GEMMs
     use TF32 tensor cores; float64 operands always run in fp64 and 16-bit ones accumulate in
-    fp32 whatever it says.
+    fp32 whatever it says; "fp8" runs bfloat16 operands' 2-D GEMMs in FP8.
     """
 
     name: str
@@ -50,8 +53,9 @@ class Precision:
     @classmethod
     def of(cls, name: str) -> Precision:
         """The policy PRECISION=`name` selects."""
-        if name == "bf16":
-            return cls("bf16", _F32, bfloat16(), "fp32", _F32)
+        if name in ("bf16", "fp8"):
+            return cls(name, _F32, bfloat16(f"PRECISION={name}"),
+                       "fp8" if name == "fp8" else "fp32", _F32)
         try:
             return _POLICIES[name]
         except KeyError:
@@ -75,8 +79,19 @@ _POLICIES = {
     "fp64": Precision("fp64", _F64, _F64, "fp64", _F64),
     "fp16": Precision("fp16", _F32, np.dtype(np.float16), "fp32", _F32),
 }
-NAMES = ("fp32", "tf32", "bf16", "fp16", "fp64")
-GPU_ONLY = ("bf16", "fp16")  # mixed precision: the CPU kernels have no 16-bit GEMMs worth it
+NAMES = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp64")
+GPU_ONLY = ("bf16", "fp16", "fp8")  # mixed precision: the CPU kernels have no 16-bit GEMMs
+FP8_CAPABILITY = (8, 9)  # the first compute capability with FP8 tensor cores (Ada, Hopper)
+
+
+def check_fp8_gemms(gpu: str, capability: tuple[int, int]) -> None:
+    """PRECISION=fp8 on a GPU without FP8 tensor cores: a ConfigError naming the GPU and what
+    to train with instead."""
+    if capability < FP8_CAPABILITY:
+        major, minor = capability
+        raise ConfigError(f"PRECISION=fp8 needs FP8 tensor cores (compute capability 8.9 or "
+                         f"later: Ada, Hopper, Blackwell), and this GPU, {gpu}, is {major}."
+                         f"{minor}: train with PRECISION=bf16")
 
 
 def bfloat16(needed_by: str = "PRECISION=bf16") -> np.dtype:

@@ -19,10 +19,12 @@ from typing import Any
 import numpy as np
 
 from ..policy import RunPolicy
+from ..precision import check_fp8_gemms
 from . import kernel_table  # noqa: F401  (enters every op folder into the table)
 from .attention import cudnn
 from .gemm.cublas import Cublas, in_compute
 from .gemm.cublaslt import CublasLt, CublasLtUnsupported
+from .gemm.fp8 import Fp8Gemms
 from .table import KernelSet
 
 
@@ -33,8 +35,9 @@ class CudaKernels(KernelSet):
 
     kind = "gpu"
     # what its families may take (Family.uses): the policy's GEMM compute mode and
-    # epilogues, the cuBLAS and cuBLASLt handles, the ones vectors and the device 1.0
-    offers = (*KernelSet.offers, "cublas", "epilogues", "_lt", "_ones", "_one")
+    # epilogues, its FP8 GEMMs (PRECISION=fp8; else None), the cuBLAS and cuBLASLt handles,
+    # the ones vectors and the device 1.0
+    offers = (*KernelSet.offers, "cublas", "epilogues", "fp8", "_lt", "_ones", "_one")
 
     def __init__(self, backend: Any) -> None:
         self._device_cublas = Cublas(backend.xp, backend.stream)  # shared by the views
@@ -49,6 +52,11 @@ class CudaKernels(KernelSet):
         super()._read_policy(policy)
         if policy.attention == "cudnn":
             cudnn.load()  # ATTENTION=cudnn without cuDNN: the error now, not in a step
+        self.fp8 = None
+        if policy.matmul_compute == "fp8":  # on a GPU without FP8 GEMMs: the error now
+            capability = self.xp.cuda.Device(self.backend.index).compute_capability  # "90"
+            check_fp8_gemms(self.backend.hardware(), divmod(int(capability), 10))
+            self.fp8 = Fp8Gemms(self._lt)
         self.epilogues = policy.epilogues
         self.cublas = in_compute(self._device_cublas, policy.matmul_compute)
         self._cublaslt: CublasLt | None = None  # this view's, on first use

@@ -174,7 +174,7 @@ class _Rules:
         head = self.embed_dim // self.num_heads
         p = self.attn_dropout if self.attn_dropout >= 0 else self.dropout
         asked = f"ATTENTION=cudnn ({where['ATTENTION']}) runs cuDNN's fused attention"
-        if self.precision not in ("bf16", "fp16"):
+        if self.precision not in ("bf16", "fp16", "fp8"):
             raise ConfigError(f"{asked}, which takes 16-bit inputs, but PRECISION="
                               f"{self.precision} ({where['PRECISION']}): set PRECISION=bf16 or "
                               "fp16, or ATTENTION=auto")
@@ -357,8 +357,9 @@ class Config(_Rules):
     seed: int = key(1337, "random seed for initialisation, dropout and sampling", lo=0,
         hi=2**32 - 1)
     precision: str = key("fp32", "fp32, tf32 (GPU matmuls only), bf16 or fp16 (GPU "
-        "mixed precision; fp16 with dynamic loss scaling) or fp64",
-        choices=("fp32", "tf32", "bf16", "fp16", "fp64"))
+        "mixed precision; fp16 with dynamic loss scaling), fp8 (bf16 with the Linear layers' "
+        "GEMMs in FP8; GPUs of compute capability 8.9+) or fp64",
+        choices=("fp32", "tf32", "bf16", "fp16", "fp8", "fp64"))
     attention: str = key("auto", "GPU attention: own (the fused flash-style kernel for "
         "tf32, bf16 and fp16 runs), cudnn (cuDNN's fused SDPA: bf16/fp16 without attention "
         "dropout; the cudnn extra), auto (cudnn where installed and it applies and the step "

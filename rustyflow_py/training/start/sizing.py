@@ -29,7 +29,7 @@ _STATE_COPIES = {"adamw": 2, "adam": 2, "lamb": 2, "adadelta": 2, "muon": 2, "ad
 # replay reserved little more than eager), which the estimate exceeds by under a fifth.
 _PER_LAYER = 14
 _GRAPH_SHARE = 10
-_ITEMSIZE = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
+_ITEMSIZE = {"fp64": 8, "fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2, "fp8": 2}
 GiB = 2**30
 
 
@@ -74,7 +74,8 @@ def estimate(cfg: Config, vocab: int, gpu: bool, training: bool = True,
     if compute != store:
         parts["compute copy"] = p * compute
     b, t, e, h = cfg.batch_size, cfg.seq_len, cfg.embed_dim, cfg.num_heads
-    flash = gpu and cfg.attention != "materialized" and cfg.precision in ("tf32", "bf16", "fp16")
+    flash = (gpu and cfg.attention != "materialized"
+             and cfg.precision in ("tf32", "bf16", "fp16", "fp8"))
     # one layer's T x T scores and probabilities at a time (the fp32 peak measured no
     # higher than tf32's fused attention), or none
     scores = 0 if flash else 2 * h * t
@@ -91,6 +92,8 @@ def estimate(cfg: Config, vocab: int, gpu: bool, training: bool = True,
         parts["activations"] = activations
         if gpu and cfg.graph != "off":
             parts["CUDA graph pool"] = activations // _GRAPH_SHARE
+        if gpu and cfg.precision == "fp8":  # the largest GEMM's operand codes, both layouts
+            parts["FP8 codes"] = 2 * b * t * max(vocab, 4 * e)
     else:
         parts["activations"] = activations // max(cfg.num_layers, 1)  # no backward: one layer
     return Estimate(p, parts)

@@ -19,6 +19,8 @@ _CAST = cuda_build.source(__file__, "fp8_cast.cu",
                           cuda_build.dtype_defines(np.float32) + ("-DRF_E4M3=1",))
 STORAGE = ("float32", "bfloat16", "float16", "float64")  # the dtypes fp8_cast.cu is built for
 THREADS = 256
+TILE, TILE_ROWS = 32, 8  # fp8_quantize_t's tile and block: fp8_cast.cu's TILE, TILE_ROWS
+VEC_TILE = 64  # fp8_quantize_t_vec's tile (fp8_cast.cu's TV): blocks of THREADS
 MAX_BLOCKS = 1024  # grid-stride beyond: 8 blocks of 256 threads per SM of an H100 and more
 
 
@@ -45,18 +47,50 @@ def _amax_into(x: Any, amax: Any) -> Any:
     return amax
 
 
+def _check_storage(x: Any) -> None:
+    if x.dtype.name not in STORAGE:
+        raise TypeError(f"FP8 casts take {', '.join(STORAGE)} tensors, not {x.dtype}: cast "
+                        f"it to one of them first")
+
+
 def quantize(x: Any, fmt: Fp8Format = E4M3) -> Fp8Tensor:
     """x (float32, bfloat16, float16 or float64, any shape) in FP8 under current scaling
     (formats.py), with its amax as `.amax`."""
     import cupy
 
-    if x.dtype.name not in STORAGE:
-        raise TypeError(f"FP8 casts take {', '.join(STORAGE)} tensors, not {x.dtype}: cast "
-                        f"it to one of them first")
+    _check_storage(x)
     x = cupy.ascontiguousarray(x)
     amax = _amax_into(x, cupy.empty(1, np.float32))
     codes = cupy.empty(x.shape, np.uint8)
     scale_inv = cupy.empty(1, np.float32)
     kernel, items = _kernel("fp8_quantize", x, fmt)
     kernel(_grid(items), (THREADS,), (x, np.int64(items), amax, codes, scale_inv))
+    return Fp8Tensor(codes, scale_inv, fmt, amax)
+
+
+def quantize_t(x: Any, fmt: Fp8Format = E4M3) -> Fp8Tensor:
+    """x.T in FP8 for a 2-D x (rows, cols), as C-contiguous codes (cols, rows): the layout an
+    FP8 GEMM takes for an operand whose reduced axis is x's rows (a weight gradient's x and
+    dy), written by one transposing cast after the amax pass, not a cast and a copy: over
+    16-byte vectors where rows is a multiple of 16 and cols of a vector, else a value at a
+    time."""
+    import cupy
+
+    _check_storage(x)
+    if x.ndim != 2:
+        raise ValueError(f"quantize_t takes a 2-D array, not shape {x.shape}")
+    x = cupy.ascontiguousarray(x)
+    rows, cols = x.shape
+    amax = _amax_into(x, cupy.empty(1, np.float32))
+    codes = cupy.empty((cols, rows), np.uint8)
+    scale_inv = cupy.empty(1, np.float32)
+    defines = (f"-DRF_E4M3={int(fmt is E4M3)}",)
+    per = cuda_build.per_vector(x.dtype)
+    if per and rows % 16 == 0 and cols % per == 0 and x.data.ptr % cuda_build.VEC_BYTES == 0:
+        kernel = _CAST.typed("fp8_quantize_t_vec", x.dtype, x, defines=defines)
+        grid, block = (-(-cols // VEC_TILE), -(-rows // VEC_TILE)), (THREADS,)
+    else:
+        kernel = _CAST.typed("fp8_quantize_t", x.dtype, x, defines=defines)
+        grid, block = (-(-cols // TILE), -(-rows // TILE)), (TILE, TILE_ROWS)
+    kernel(grid, block, (x, np.int32(rows), np.int32(cols), amax, codes, scale_inv))
     return Fp8Tensor(codes, scale_inv, fmt, amax)

@@ -112,3 +112,67 @@ extern "C" __global__ void fp8_quantize_vec(const rf_vec* __restrict__ x, long l
         q[i] = c;
     }
 }
+
+// q (cols x rows) = fp8(x^T * scale) for x (rows x cols) row-major: the codes of the transpose,
+// which an FP8 GEMM needs where the reduced axis is x's rows (a weight gradient). Tiles of
+// TILE x TILE go through shared memory, so that the reads of x and the writes of q both run
+// along a row; a block is (TILE, TILE_ROWS) threads.
+#define TILE 32
+#define TILE_ROWS 8
+extern "C" __global__ void fp8_quantize_t(const real* __restrict__ x, int rows, int cols,
+                                          const float* __restrict__ amax,
+                                          unsigned char* __restrict__ q,
+                                          float* __restrict__ scale_inv) {
+    __shared__ unsigned char tile[TILE][TILE + 4];  // + 4: rows land on distinct banks
+    float scale = scale_of(amax);
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0)
+        *scale_inv = 1.0f / scale;
+    int c0 = blockIdx.x * TILE, r0 = blockIdx.y * TILE;
+    for (int i = threadIdx.y; i < TILE; i += TILE_ROWS) {
+        int r = r0 + i, c = c0 + threadIdx.x;
+        if (r < rows && c < cols) tile[i][threadIdx.x] = to_fp8(x[(long long)r * cols + c], scale);
+    }
+    __syncthreads();
+    for (int i = threadIdx.y; i < TILE; i += TILE_ROWS) {
+        int c = c0 + i, r = r0 + threadIdx.x;
+        if (r < rows && c < cols) q[(long long)c * rows + r] = tile[threadIdx.x][i];
+    }
+}
+
+// fp8_quantize_t over 16-byte vectors, for rows % 16 == 0 and cols a whole number of vectors,
+// both arrays 16-byte aligned: a block of 256 threads casts a tile of TV x TV values, each
+// thread reading whole vectors of x along a row and writing 16 codes of q at a time (a
+// value-at-a-time kernel moved a third of the bandwidth: each access was 1 or 2 bytes).
+// The tile sits in shared memory transposed, TV + 4 bytes a row (rows of 4-byte words on
+// distinct banks for the vectors' scattered byte stores, and 16 codes read as 4 words).
+#define TV 64
+#define TV_PITCH (TV + 4)
+extern "C" __global__ void fp8_quantize_t_vec(const rf_vec* __restrict__ x, int rows, int cols,
+                                              const float* __restrict__ amax,
+                                              unsigned char* __restrict__ q,
+                                              float* __restrict__ scale_inv) {
+    __shared__ __align__(16) unsigned char tile[TV * TV_PITCH];  // [x's column][x's row]
+    float scale = scale_of(amax);
+    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = 1.0f / scale;
+    const int c0 = blockIdx.x * TV, r0 = blockIdx.y * TV;
+    const int row_vecs = cols / RF_VEC, tile_vecs = TV / RF_VEC;
+    for (int v = threadIdx.x; v < TV * tile_vecs; v += blockDim.x) {
+        int r = v / tile_vecs, cv = v % tile_vecs;
+        int c = c0 + cv * RF_VEC;
+        if (r0 + r < rows && c < cols) {
+            rf_vec in = x[(long long)(r0 + r) * row_vecs + c / RF_VEC];
+#pragma unroll
+            for (int j = 0; j < RF_VEC; j++)
+                tile[(cv * RF_VEC + j) * TV_PITCH + r] = to_fp8(in.v[j], scale);
+        }
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < TV * (TV / 16); t += blockDim.x) {
+        int oc = t / (TV / 16), part = t % (TV / 16);  // q's row (x's column), 16-code chunk
+        int c = c0 + oc, r = r0 + part * 16;
+        if (c < cols && r < rows) {
+            const unsigned int* from = (const unsigned int*)&tile[oc * TV_PITCH + part * 16];
+            *(uint4*)&q[(long long)c * rows + r] = make_uint4(from[0], from[1], from[2], from[3]);
+        }
+    }
+}

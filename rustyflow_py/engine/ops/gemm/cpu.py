@@ -25,7 +25,7 @@ class CpuGemm(GemmReference):
     uses = ("threads", "split_gemms", "_parallel", "blas_threaded")
 
     def matmul(self, a: Any, b: Any, *, transpose_b: bool = False, out: Any = None,
-               accumulate: bool = False) -> Any:
+               accumulate: bool = False, gradient: str | None = None) -> Any:
         """a @ b (into `out` if given, added to it with `accumulate`), a large product spread
         over the pool."""
         if accumulate:

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import functools
 import math
 from collections.abc import Callable
 from typing import Any
@@ -255,7 +256,8 @@ class CublasLt:
         self._one, self._zero, self._count = map(ctypes.addressof, self._host)
         self._plans: dict[tuple[Any, ...], _Plan] = {}
         self._refused: dict[tuple[Any, ...], str] = {}
-        self.clock: Callable[[Callable[[], None]], float] = self._device_time
+        self.clock: Callable[[Callable[[], None]], float] = functools.partial(
+            device_time, xp, stream)
 
     # ---- public GEMMs ---------------------------------------------------------------------
     def matmul_bias(self, x: Any, w: Any, bias: Any, *, gelu: bool = False, out: Any = None,
@@ -307,16 +309,19 @@ class CublasLt:
         _check_out(out, (a.shape[0], b.shape[1]), dtype, "matmul_into", "out")
         return self._gemm(a, b, out, self.epilogue_default, accumulate=accumulate)
 
-    def matmul_fp8(self, a: Fp8Tensor, b: Fp8Tensor, out: Any, *,
-                   fast_accum: bool = False) -> Any:
+    def matmul_fp8(self, a: Fp8Tensor, b: Fp8Tensor, out: Any, *, fast_accum: bool = False,
+                   accumulate: bool = False, bias: Any = None, gelu: bool = False,
+                   pre_gelu_out: Any = None, residual: Any = None) -> Any:
         """out (M, N) = a (M, K) @ b (N, K)^T on FP8 tensor cores (compute capability 8.9+):
         each operand is read back as codes * scale_inv, products accumulate in fp32 (with
         `fast_accum`, without the periodic promotion that keeps them exact: faster, looser).
         Both operands' codes are row-major with K contiguous, the "TN" layout FP8 GEMMs
-        take; out is C-contiguous bfloat16 or float32. A problem's first call times each
-        algorithm the heuristic offers (`clock`) and its plan keeps the fastest: for FP8 the
-        heuristic's first is often not it, for the other problems it nearly always is
-        (benchmarks/results/gemm-algos-h100.md)."""
+        take; out is C-contiguous bfloat16 or float32. `accumulate` adds the product into
+        out (beta = 1: a float32 weight gradient). With bfloat16 out, the epilogues of
+        matmul_bias: a `bias` (N,), gelu (with `pre_gelu_out`) or a `residual` (M, N), all
+        bfloat16. A problem's first call times each algorithm the heuristic offers (`clock`)
+        and its plan keeps the fastest: for FP8 the heuristic's first is often not it, for
+        the other problems it nearly always is (benchmarks/results/gemm-algos-h100.md)."""
         if (a.codes.ndim != 2 or b.codes.ndim != 2 or a.codes.shape[1] != b.codes.shape[1]
                 or a.codes.dtype != np.uint8 or b.codes.dtype != np.uint8):
             raise CublasLtUnsupported(f"matmul_fp8: codes a {a.codes.shape} {a.codes.dtype} "
@@ -325,33 +330,16 @@ class CublasLt:
         if dtype_name(out.dtype) not in ("bfloat16", "float32"):
             raise CublasLtUnsupported(f"matmul_fp8: out is {out.dtype}, not bfloat16 or "
                                       f"float32")
-        _check_out(out, (a.codes.shape[0], b.codes.shape[0]), out.dtype, "matmul_fp8", "out")
+        shape = (a.codes.shape[0], b.codes.shape[0])
+        _check_out(out, shape, out.dtype, "matmul_fp8", "out")
+        epilogue = _fp8_epilogue(self, out, bias, gelu, pre_gelu_out, residual, accumulate)
+        for name, extra in (("pre_gelu_out", pre_gelu_out), ("residual", residual)):
+            _check_out(extra, shape, out.dtype, "matmul_fp8", name)
         types = self.api.types
         fp8 = Fp8Operands(types[a.fmt.name], types[b.fmt.name], a.scale_inv.data.ptr,
                           b.scale_inv.data.ptr, fast_accum)
-        return self._gemm(a.codes, b.codes.T, out, self.epilogue_default, fp8=fp8)
-
-    def _timed(self, run: Callable[[int], None]) -> Callable[[int], float]:
-        """An algorithm's time per call of `run`, infinite for one that fails to run (nvmath's
-        cuBLASLtError: it is never chosen; if none runs, the real call raises)."""
-        def time(algo: int) -> float:
-            try:
-                return self.clock(lambda: run(algo))
-            except Exception:  # noqa: BLE001 - any failure rules the candidate out
-                return math.inf
-        return time
-
-    def _device_time(self, call: Callable[[], None], reps: int = 5) -> float:
-        """Milliseconds per call of `call` on the stream, after one untimed call (CUDA
-        events; the host waits for them, which only a plan's first, eager call does)."""
-        call()
-        start, stop = self.xp.cuda.Event(), self.xp.cuda.Event()
-        start.record(self.stream)
-        for _ in range(reps):
-            call()
-        stop.record(self.stream)
-        stop.synchronize()
-        return self.xp.cuda.get_elapsed_time(start, stop) / reps
+        return self._gemm(a.codes, b.codes.T, out, epilogue, bias=bias, aux=pre_gelu_out,
+                          accumulate=accumulate, c=residual, fp8=fp8)
 
     def close(self) -> None:
         """Destroy the plans, the preference and the handle (the object is unusable after)."""
@@ -428,15 +416,18 @@ class CublasLt:
         # beta = 0: C (= D) is not read; beta = 1: the product is added to C, out or `c`
         beta = self._one if accumulate or c is not None else self._zero
 
-        def run(algo: int) -> None:
+        def run(algo: int, d: Any = out) -> None:
             self.lib.matmul(
                 self.handle, plan.desc, self._one, lt_a.data.ptr, plan.layout_a,
-                lt_b.data.ptr, plan.layout_b, beta, (out if c is None else c).data.ptr,
-                plan.layout_d, out.data.ptr, plan.layout_d, algo, self.workspace.data.ptr,
+                lt_b.data.ptr, plan.layout_b, beta, (d if c is None else c).data.ptr,
+                plan.layout_d, d.data.ptr, plan.layout_d, algo, self.workspace.data.ptr,
                 WORKSPACE_BYTES, self.stream.ptr)
 
-        if fresh and fp8 is not None and len(plan.usable) > 1:  # beta = 0: runs change nothing
-            plan.algo = min((plan.results[i].ptr for i in plan.usable), key=self._timed(run))
+        if fresh and fp8 is not None and len(plan.usable) > 1:
+            # the candidates run several times each: an added product (C = D) goes to scratch
+            d = self.xp.empty_like(out) if accumulate else out
+            plan.algo = min((plan.results[i].ptr for i in plan.usable),
+                            key=_timed(self.clock, functools.partial(run, d=d)))
         run(plan.algo)
         return out
 
@@ -459,6 +450,54 @@ class CublasLt:
         self.lib.matmul_desc_destroy(plan.desc)
         for layout in (plan.layout_a, plan.layout_b, plan.layout_d):
             self.lib.matrix_layout_destroy(layout)
+
+
+def device_time(xp: Any, stream: Any, call: Callable[[], None], reps: int = 5) -> float:
+    """Milliseconds per call of `call` on `stream`, after one untimed call (CUDA events; the
+    host waits for them, which only a plan's first, eager call does)."""
+    call()
+    start, stop = xp.cuda.Event(), xp.cuda.Event()
+    start.record(stream)
+    for _ in range(reps):
+        call()
+    stop.record(stream)
+    stop.synchronize()
+    return xp.cuda.get_elapsed_time(start, stop) / reps
+
+
+def _timed(clock: Callable[[Callable[[], None]], float],
+           run: Callable[[int], None]) -> Callable[[int], float]:
+    """An algorithm's time per call of `run` by `clock`, infinite for one that fails to run
+    (nvmath's cuBLASLtError: it is never chosen; if none runs, the real call raises)."""
+    def time(algo: int) -> float:
+        try:
+            return clock(lambda: run(algo))
+        except Exception:  # noqa: BLE001 - any failure rules the candidate out
+            return math.inf
+    return time
+
+
+def _fp8_epilogue(lt: CublasLt, out: Any, bias: Any, gelu: bool, pre_gelu_out: Any,
+                  residual: Any, accumulate: bool) -> int:
+    """matmul_fp8's epilogue, or CublasLtUnsupported for a combination it cannot take."""
+    if bias is None:
+        if gelu or pre_gelu_out is not None or residual is not None:
+            raise CublasLtUnsupported("matmul_fp8: GELU and a residual come with a bias")
+        return lt.epilogue_default
+    n = out.shape[1]
+    if (dtype_name(out.dtype) != "bfloat16" or bias.dtype != out.dtype
+            or bias.shape != (n,) or accumulate):
+        raise CublasLtUnsupported(f"matmul_fp8: a bias ({bias.shape} {bias.dtype}) takes "
+                                  f"bfloat16 out ({out.dtype}) of its columns, not added")
+    if residual is not None and gelu:
+        raise CublasLtUnsupported("matmul_fp8: a residual is added after the bias, not "
+                                  "under a GELU")
+    if pre_gelu_out is None:
+        return lt.epilogue_gelu_bias if gelu else lt.epilogue_bias
+    if not gelu or n % AUX_LD_MULTIPLE:
+        raise CublasLtUnsupported(f"matmul_fp8: pre_gelu_out needs gelu and N % "
+                                  f"{AUX_LD_MULTIPLE} == 0 (N = {n})")
+    return lt.epilogue_gelu_aux_bias
 
 
 def _make_plan(lt: CublasLt, key: tuple[Any, ...], bias_ptr: int, aux_ptr: int) -> _Plan:

@@ -25,13 +25,20 @@ _SUM_DIRECT_ROWS = 2048  # up to this many rows of acc, sum_rows.cu sums them
 class CudaGemm(GemmReference):
     """The GEMM family on the GPU (the handles are the kernel set's: cuda_set.py)."""
 
-    uses = ("cublas", "epilogues", "_lt", "_ones")  # _ones: sum_rows' vectors, by (n, dtype)
+    # _ones: sum_rows' vectors, by (n, dtype); fp8: the FP8 GEMMs of a PRECISION=fp8 run
+    uses = ("cublas", "epilogues", "fp8", "_lt", "_ones")
 
     def matmul(self, a: Any, b: Any, *, transpose_b: bool = False, out: Any = None,
-               accumulate: bool = False) -> Any:
+               accumulate: bool = False, gradient: str | None = None) -> Any:
         """cuBLAS takes the swapped view as op=T: no copy. A 2-D product added into `out`, or
-        written into a float32 `out` from 16-bit inputs, is one cuBLASLt GEMM (beta = 1)."""
+        written into a float32 `out` from 16-bit inputs, is one cuBLASLt GEMM (beta = 1). In
+        a PRECISION=fp8 run, a bfloat16 product whose b is 2-D runs in FP8 (gemm/fp8.py)."""
         b = self.xp.swapaxes(b, -1, -2) if transpose_b else b
+        if self.fp8 is not None:
+            try:
+                return self.fp8.matmul(a, b, out=out, accumulate=accumulate, gradient=gradient)
+            except CublasLtUnsupported:
+                pass
         if not accumulate and (out is None or out.dtype == a.dtype):
             return self.cublas.matmul(a, b, out=out)
         if self.epilogues and a.ndim == b.ndim == 2:
@@ -99,14 +106,16 @@ class CudaGemm(GemmReference):
         the GELU kernel."""
         exact = x.dtype == np.float32 and self.cublas.matmul_compute != "tf32"
         if self.epilogues and not (gelu and exact):
-            try:
-                if not gelu:
-                    return gemm(self._lt().matmul_bias, x, w, b, residual=residual), None
-                pre = self.xp.empty((*x.shape[:-1], w.shape[1]), dtype=x.dtype)  # (..., N)
-                y = gemm(self._lt().matmul_bias, x, w, b, gelu=True, pre_gelu_out=pre)
-                return y, (pre, None)
-            except CublasLtUnsupported:
-                pass
+            for in_fp8 in (True, False) if self.fp8 is not None else (False,):
+                try:  # FP8 first in a PRECISION=fp8 run
+                    kernel = self.fp8.linear if in_fp8 else self._lt().matmul_bias
+                    if not gelu:
+                        return gemm(kernel, x, w, b, residual=residual), None
+                    pre = self.xp.empty((*x.shape[:-1], w.shape[1]), dtype=x.dtype)  # (..., N)
+                    y = gemm(kernel, x, w, b, gelu=True, pre_gelu_out=pre)
+                    return y, (pre, None)
+                except CublasLtUnsupported:
+                    pass
         return super().linear(x, w, b, gelu, gemm, residual)
 
     def linear_grads(self, x: Any, g: Any, gemm: Callable[..., Any],
@@ -119,7 +128,7 @@ class CudaGemm(GemmReference):
         xt = x.reshape(-1, x.shape[-1]).T  # (K, rows)
         acc, (dw_into, db_into) = accumulate_dtype(g.dtype), into
         dw = self.xp.empty((xt.shape[0], g2.shape[1]), dtype=acc) if dw_into is None else dw_into
-        gemm(self.matmul, xt, g2, out=dw, accumulate=dw_into is not None)
+        gemm(self.matmul, xt, g2, out=dw, accumulate=dw_into is not None, gradient="b")
         if not bias:
             return (dw if dw_into is None else None), None
         db = self.xp.zeros(g2.shape[1], dtype=acc) if db_into is None else db_into

@@ -31,14 +31,15 @@ class MatMul(Function):
         bt = xp.swapaxes(b, -1, -2) if self.transpose_b else b  # the (K, N) operand multiplied
         da = db = None
         if self.needs_input_grad[0]:
-            da = unbroadcast(mm(grad, bt, transpose_b=True), a.shape)
+            da = unbroadcast(mm(grad, bt, transpose_b=True, gradient="a"), a.shape)
         if self.needs_input_grad[1]:
             if bt.ndim == 2 and a.ndim > 2:  # fold the batch into the rows: one GEMM
                 a2 = a.reshape(-1, a.shape[-1])
                 g2 = grad.reshape(-1, grad.shape[-1])
-                db = mm(g2.T, a2) if self.transpose_b else mm(a2.T, g2)
+                db = (mm(g2.T, a2, gradient="a") if self.transpose_b
+                      else mm(a2.T, g2, gradient="b"))
             else:
-                dbt = unbroadcast(mm(xp.swapaxes(a, -1, -2), grad), bt.shape)
+                dbt = unbroadcast(mm(xp.swapaxes(a, -1, -2), grad, gradient="b"), bt.shape)
                 db = xp.swapaxes(dbt, -1, -2) if self.transpose_b else dbt
         return da, db
 
@@ -58,7 +59,7 @@ class Linear(Function):
         return self.kernels.linear(x, w, b, False, self.gemm("forward"), residual)[0]
 
     def backward(self, grad: Any) -> Sequence[Any]:
-        dx = self.matmul(grad, self.w, "backward", transpose_b=True)
+        dx = self.matmul(grad, self.w, "backward", transpose_b=True, gradient="a")
         dw, db = self.kernels.linear_grads(self.x, grad, self.gemm("backward"),
                                            self.grad_buffers(1, 2))
         return (dx, dw, db, grad)[: len(self.parents)]
@@ -91,7 +92,7 @@ class MLP(Function):
         dpre = self.kernels.linear_dgelu(grad, self.w2, self.state, gemm, b1_into)  # (..., 4E)
         dw1, db1 = self.kernels.linear_grads(self.x, dpre, gemm, (w1_into, None),
                                              bias=b1_into is None)
-        dx = self.matmul(dpre, self.w1, "backward", transpose_b=True)  # (..., E)
+        dx = self.matmul(dpre, self.w1, "backward", transpose_b=True, gradient="a")  # (..., E)
         return (dx, dw1, db1, dw2, db2, grad)[: len(self.parents)]
 
 

@@ -7,15 +7,16 @@ table.py's common ones); tests/test_kernel_contract.py holds each to the referen
 **kwargs) and times it as a matmul (Function.gemm); a kernel runs each of its GEMMs (plain or
 with a fused epilogue) through it.
 
-    matmul(a, b, *, transpose_b: bool = False, out: Any = None, accumulate: bool = False)
-        -> Any
+    matmul(a, b, *, transpose_b: bool = False, out: Any = None, accumulate: bool = False,
+           gradient: str | None = None) -> Any
         a @ b: (M, K) @ (K, N) -> (M, N); batched (..., M, K) @ (..., K, N) with equal batch
         shapes; or (..., M, K) @ (K, N). transpose_b=True multiplies by b with its last two
         axes swapped, b of (..., N, K), without copying it (the tied LM head). `out`, a
         C-contiguous array of the result's shape and dtype (or the accumulation dtype: a
         float32 gradient from 16-bit inputs), receives the product and is returned;
         otherwise the result is a fresh array. With `accumulate` the product is added into
-        `out` (required).
+        `out` (required). `gradient`, "a" or "b", names the operand that is a gradient
+        (a PRECISION=fp8 run stores it in FP8's wide format, e5m2); the value is the same.
 
     sum_rows(x, into=None) -> Any
         Column sums (C,) of x (N, C): bias gradients; added into `into` (None returned)

@@ -16,7 +16,7 @@ class GemmReference(Family):
     calls = ("gelu_forward", "gelu_backward")  # the Linear layers' GELU
 
     def matmul(self, a: Any, b: Any, *, transpose_b: bool = False, out: Any = None,
-               accumulate: bool = False) -> Any:
+               accumulate: bool = False, gradient: str | None = None) -> Any:
         b = self.xp.swapaxes(b, -1, -2) if transpose_b else b
         if accumulate:
             out += self.xp.matmul(a, b)
@@ -47,13 +47,13 @@ class GemmReference(Family):
         xt = x.reshape(-1, x.shape[-1]).T  # (K, rows)
         dw = None
         if into[0] is None:
-            dw = gemm(self.matmul, xt, g2)
+            dw = gemm(self.matmul, xt, g2, gradient="b")
         else:
-            gemm(self.matmul, xt, g2, out=into[0], accumulate=True)
+            gemm(self.matmul, xt, g2, out=into[0], accumulate=True, gradient="b")
         return dw, self.sum_rows(g2, into[1]) if bias else None
 
     def linear_dgelu(self, g: Any, w: Any, state: Any, gemm: Callable[..., Any],
                      db_into: Any = None) -> Any:
         pre, bias = state  # bias None: pre already has it (a fused backend's state)
-        return self.gelu_backward(gemm(self.matmul, g, w, transpose_b=True), pre, bias,
-                                  db_into)
+        return self.gelu_backward(gemm(self.matmul, g, w, transpose_b=True, gradient="a"), pre,
+                                  bias, db_into)

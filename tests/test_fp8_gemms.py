@@ -1,0 +1,225 @@
+"""PRECISION=fp8: the policy and its refusals (CPU), and on a GPU with FP8 tensor cores the
+transposing cast bit for bit against the NumPy recipe, the FP8 GEMMs of gemm/fp8.py against
+a float64 product of the same quantised operands in every layout a step uses, and the ops
+(Linear, MLP, the tied LM head) running their GEMMs in FP8 inside a training step."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from rustyflow_py.engine import peaks
+from rustyflow_py.engine.backend import gpu_unavailable_reason
+from rustyflow_py.engine.ops.fp8.formats import E4M3, E5M2, FORMATS, decode, quantize
+from rustyflow_py.engine.precision import Precision, check_fp8_gemms
+from rustyflow_py.errors import ConfigError
+
+F32 = np.dtype(np.float32)
+
+
+def bf16() -> np.dtype:
+    return np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+
+
+# ---- the policy (CPU) -------------------------------------------------------------------------
+def test_fp8_is_bf16_with_fp8_gemms() -> None:
+    p = Precision.of("fp8")
+    assert (p.storage, p.compute, p.accumulate, p.matmul_compute) == (F32, bf16(), F32, "fp8")
+    assert p.mixed and not p.loss_scaling
+
+
+@pytest.mark.parametrize("gpu, capability", [("NVIDIA A100-SXM4-80GB", (8, 0)),
+                                             ("Tesla V100-SXM2-16GB", (7, 0)),
+                                             ("NVIDIA GeForce RTX 3090", (8, 6))])
+def test_fp8_is_refused_before_fp8_tensor_cores(gpu: str, capability: tuple[int, int]) -> None:
+    major, minor = capability
+    with pytest.raises(ConfigError, match=f"PRECISION=fp8 needs FP8 tensor cores.*{gpu}, is "
+                                          f"{major}.{minor}: train with PRECISION=bf16"):
+        check_fp8_gemms(gpu, capability)
+
+
+@pytest.mark.parametrize("capability", [(8, 9), (9, 0), (10, 0), (12, 0)])
+def test_fp8_is_taken_from_ada_on(capability: tuple[int, int]) -> None:
+    check_fp8_gemms("a GPU", capability)  # no error
+
+
+def test_fp8_gemms_are_held_to_the_fp8_peak() -> None:
+    assert peaks.compute_type("bfloat16", "fp8") == "fp8"
+    assert peaks.compute_type("bfloat16", "bf16") == "bf16"
+    assert peaks.compute_type("float32", "fp8") == "fp32"  # the optimizer's float32 GEMMs
+    h100 = peaks.lookup("NVIDIA H100 80GB HBM3")
+    assert h100 is not None
+    assert h100["tflops"]["fp8"] == pytest.approx(2 * h100["tflops"]["bf16"], rel=1e-3)
+
+
+# ---- on a GPU with FP8 tensor cores -----------------------------------------------------------
+@pytest.fixture(scope="module")
+def fp8_backend() -> Any:
+    """The GPU backend of a PRECISION=fp8 run (skips without a GPU of compute capability
+    8.9 or later)."""
+    reason = gpu_unavailable_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    import cupy
+
+    if int(cupy.cuda.Device().compute_capability) < 89:
+        pytest.skip("FP8 GEMMs need compute capability 8.9 or later")
+    from rustyflow_py.engine.library import get_backend
+    from rustyflow_py.engine.policy import RunPolicy
+
+    backend = get_backend("gpu", RunPolicy(Precision.of("fp8")))
+    backend.stream.use()
+    return backend
+
+
+def fp8_of(host: np.ndarray, fmt: Any) -> np.ndarray:
+    """The float64 values a GEMM reads for `host` cast to `fmt` under current scaling."""
+    codes, scale_inv = quantize(host.astype(np.float32), fmt)
+    return decode(codes, fmt) * float(scale_inv)
+
+
+def rel_max(got: Any, ref: np.ndarray) -> float:
+    return float(np.abs(np.asarray(got, np.float64) - ref).max() / np.abs(ref).max())
+
+
+@pytest.mark.gpu
+# by value (333 x 517, 1 x 40), and by vector with partial tiles both ways (272 x 200)
+@pytest.mark.parametrize("shape", [(333, 517), (272, 200), (256, 96), (1, 40)])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=sorted(FORMATS))
+def test_the_transposing_cast_matches_the_recipe_bit_for_bit(
+        fp8_backend: Any, shape: tuple[int, int], dtype: str, fmt: Any) -> None:
+    from rustyflow_py.engine.ops.fp8 import cuda
+
+    rng = np.random.default_rng(5)
+    host = rng.standard_normal(shape).astype(bf16() if dtype == "bfloat16" else np.float32)
+    host[0, -1] = 900.0  # the amax, in the last column of the first row
+    got = cuda.quantize_t(fp8_backend.xp.asarray(host), fmt)
+    codes, scale_inv = quantize(host.astype(np.float32).T, fmt)
+    assert got.codes.shape == shape[::-1] and got.codes.flags.c_contiguous
+    assert got.scale_inv.get()[0] == scale_inv
+    np.testing.assert_array_equal(got.codes.get(), codes)
+
+
+def gemms(backend: Any) -> Any:
+    """The FP8 GEMMs of the backend's kernel set."""
+    fp8 = backend.kernels.fp8
+    assert fp8 is not None
+    return fp8
+
+
+# (a's layout, b's layout, which operand is a gradient): the products a step takes
+LAYOUTS = [("rows", "rows", None),  # x @ W (the reference formulation of a Linear)
+           ("rows", "transposed", "a"),  # dy @ W^T (a Linear's input gradient)
+           ("transposed", "rows", "b"),  # x^T @ dy (its weight gradient)
+           ("transposed", "rows", "a")]  # dy^T @ h (the tied head's weight gradient)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("a_layout, b_layout, gradient", LAYOUTS)
+def test_fp8_matmul_equals_the_product_of_its_quantised_operands(
+        fp8_backend: Any, a_layout: str, b_layout: str, gradient: str | None) -> None:
+    xp, rng = fp8_backend.xp, np.random.default_rng(6)
+    m, k, n = 96, 160, 224
+    a = rng.standard_normal((m, k)).astype(bf16())
+    b = (rng.standard_normal((k, n)) * 1e-3).astype(bf16())
+    # a transposed view of a C-contiguous array, as the ops pass them
+    da = xp.asarray(a) if a_layout == "rows" else xp.ascontiguousarray(xp.asarray(a).T).T
+    db = xp.asarray(b) if b_layout == "rows" else xp.ascontiguousarray(xp.asarray(b).T).T
+    got = gemms(fp8_backend).matmul(da, db, gradient=gradient)
+    fmt_a, fmt_b = (E5M2 if gradient == "a" else E4M3), (E5M2 if gradient == "b" else E4M3)
+    ref = fp8_of(a, fmt_a) @ fp8_of(b.T, fmt_b).T
+    assert got.dtype == bf16() and rel_max(got.get(), ref) < 1e-2  # bf16 out
+    into = xp.ones((m, n), np.float32)
+    gemms(fp8_backend).matmul(da, db, out=into, accumulate=True, gradient=gradient)
+    assert rel_max(into.get() - 1.0, ref) < 2e-3  # fp32 out, added (beta = 1)
+
+
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x**3)))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("epilogue", ["bias", "gelu", "residual"])
+def test_fp8_linear_runs_its_epilogue_on_the_quantised_product(fp8_backend: Any,
+                                                               epilogue: str) -> None:
+    xp, rng = fp8_backend.xp, np.random.default_rng(7)
+    x = rng.standard_normal((2, 48, 128)).astype(bf16())
+    w = (rng.standard_normal((128, 256)) * 0.05).astype(bf16())
+    b = (rng.standard_normal(256) * 0.1).astype(bf16())
+    r = rng.standard_normal((2, 48, 256)).astype(bf16())
+    pre = xp.empty((2, 48, 256), bf16()) if epilogue == "gelu" else None
+    y = gemms(fp8_backend).linear(xp.asarray(x), xp.asarray(w), xp.asarray(b),
+                                  gelu=epilogue == "gelu", pre_gelu_out=pre,
+                                  residual=xp.asarray(r) if epilogue == "residual" else None)
+    z = (fp8_of(x.reshape(-1, 128), E4M3) @ fp8_of(w.T, E4M3).T).reshape(2, 48, 256)
+    z += b.astype(np.float64)
+    if epilogue == "gelu":
+        assert rel_max(pre.get(), z) < 1e-2
+        z = gelu_tanh(z)
+    elif epilogue == "residual":
+        z += r.astype(np.float64)
+    assert y.shape == (2, 48, 256) and rel_max(y.get(), z) < 1e-2
+
+
+@pytest.mark.gpu
+def test_a_shape_fp8_cannot_take_runs_in_bf16(fp8_backend: Any) -> None:
+    """K = 20 is no multiple of 16 bytes of FP8 codes: cuBLASLt has no FP8 algorithm, and
+    the kernel set's matmul gives the bf16 product instead (and remembers the refusal)."""
+    xp, rng = fp8_backend.xp, np.random.default_rng(8)
+    a, b = (rng.standard_normal(s).astype(bf16()) for s in ((64, 20), (20, 48)))
+    got = fp8_backend.kernels.matmul(xp.asarray(a), xp.asarray(b))
+    ref = a.astype(np.float64) @ b.astype(np.float64)
+    assert rel_max(got.get(), ref) < 1e-2
+    assert gemms(fp8_backend)._refused  # the next call goes to bf16 at once
+
+
+@pytest.mark.gpu
+def test_an_amax_spike_keeps_the_product_finite(fp8_backend: Any) -> None:
+    """One activation 10^4 times the rest (a diverging unit): current scaling fits it to
+    e4m3's largest value, the rest lose precision but nothing overflows."""
+    xp, rng = fp8_backend.xp, np.random.default_rng(9)
+    a = rng.standard_normal((64, 128)).astype(bf16())
+    a[3, 5] = 3.0e4
+    b = rng.standard_normal((128, 32)).astype(bf16())
+    got = gemms(fp8_backend).matmul(xp.asarray(a), xp.asarray(b)).get().astype(np.float64)
+    assert np.isfinite(got).all()
+    assert rel_max(got[3], fp8_of(a, E4M3)[3] @ fp8_of(b.T, E4M3).T) < 1e-2
+
+
+@pytest.mark.gpu
+def test_a_gpt_step_runs_every_linear_gemm_in_fp8(fp8_backend: Any,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Forward and backward of a small GPT: the block's Linear and MLP GEMMs and the tied LM
+    head (forward, input and weight gradients) all go through the FP8 GEMMs."""
+    from rustyflow_py.engine.ops.gemm.fp8 import Fp8Gemms
+    from rustyflow_py.engine.tensor import Tensor
+    from rustyflow_py.model.gpt import GPT, GPTConfig
+
+    calls: list[str] = []
+    for name in ("matmul", "linear"):
+        real = getattr(Fp8Gemms, name)
+
+        def spy(self: Any, *args: Any, _real: Any = real, _name: str = name,
+                **kwargs: Any) -> Any:
+            out = _real(self, *args, **kwargs)
+            calls.append(f"{_name}:{kwargs.get('gradient')}")
+            return out
+
+        monkeypatch.setattr(Fp8Gemms, name, spy)
+    cfg = GPTConfig(vocab_size=64, seq_len=16, n_layer=2, n_head=2, n_embd=32)
+    model = GPT(cfg, fp8_backend, seed=3, compute=bf16())
+    tokens = np.random.default_rng(0).integers(0, 64, (4, 17)).astype(np.int32)
+    loss = model(Tensor(tokens[:, :-1], device=fp8_backend),
+                 Tensor(tokens[:, 1:], device=fp8_backend))
+    loss.backward()
+    # per block: qkv and proj Linears and the MLP's two in forward (4 linear calls); in
+    # backward each of the 4 has an input gradient (gradient "a") and a weight gradient
+    # ("b"); the head: forward, input and weight gradient
+    assert calls.count("linear:None") == 4 * cfg.n_layer
+    assert calls.count("matmul:a") == 4 * cfg.n_layer + 2
+    assert calls.count("matmul:b") == 4 * cfg.n_layer
+    assert calls.count("matmul:None") == 1
+    assert np.isfinite(fp8_backend.to_host(model.buffer.grad)).all()
