@@ -126,12 +126,12 @@ class CudaCrossEntropy(CrossEntropyReference):
             g = self.xp.ascontiguousarray(g, dtype=accumulate_dtype(h.dtype))
             if need_w:
                 h = self._scaled(h, g, self.xp.empty_like(h))
-        dh = mm(padded, wp) if need_h else None  # (N, E)
+        dh = mm(padded, wp, gradient="a") if need_h else None  # (N, E)
         if dh is not None and g is not None:
             self._scaled(dh, g, dh)
         dw = None
         if need_w and w_into is not None:
-            mm(padded[:, :v].T, h, out=w_into, accumulate=True)  # (V, E)
+            mm(padded[:, :v].T, h, out=w_into, accumulate=True, gradient="a")  # (V, E)
         elif need_w:
-            dw = mm(padded.T, h)[:v]  # (V, E)
+            dw = mm(padded.T, h, gradient="a")[:v]  # (V, E)
         return dh, dw

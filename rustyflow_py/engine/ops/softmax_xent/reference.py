@@ -58,6 +58,6 @@ class CrossEntropyReference(Family):
     ) -> tuple[Any, Any]:
         xent, h, w = state
         dlogits = self.cross_entropy_backward(xent, g)
-        dh = mm(dlogits, w) if need_h else None
-        dw = mm(dlogits.T, h) if need_w else None
+        dh = mm(dlogits, w, gradient="a") if need_h else None
+        dw = mm(dlogits.T, h, gradient="a") if need_w else None
         return dh, add_into(w_into, dw)
