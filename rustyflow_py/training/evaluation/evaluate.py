@@ -14,9 +14,11 @@ import numpy as np
 
 from ... import data
 from ...data import Vocab
+from ...engine.backend import parse_device
+from ...engine.devices import gpu_properties
 from ...engine.library import get_backend
 from ...engine.policy import DEFAULT, RunPolicy
-from ...engine.precision import Precision
+from ...engine.precision import FP8_CAPABILITY, Precision
 from ...engine.tensor import Tensor, no_grad
 from ...errors import DataError
 from ...model.generate import Sampling, Session
@@ -38,7 +40,7 @@ def load_model(path: str, device: str, threads: int = 0) -> tuple[GPT, Checkpoin
     except ConfigError as exc:
         raise CheckpointError(f"{path}: its stored configuration is invalid ({exc})") from None
     vocab = len(ckpt.vocab)
-    backend = get_backend(device, load_policy(cfg, threads))
+    backend = get_backend(device, load_policy(cfg, threads, device))
     sizing.check_fits(cfg, vocab, backend, "evaluation")
     precision = backend.policy.precision  # mixed precision is GPU-only: fp32 on the CPU
     model = build_model(cfg, vocab, backend, precision.storage,
@@ -53,13 +55,20 @@ def load_model(path: str, device: str, threads: int = 0) -> tuple[GPT, Checkpoin
     return model, ckpt, cfg
 
 
-def load_policy(cfg: Config, threads: int = 0) -> RunPolicy:
-    """How a loaded checkpoint computes: as it trained (its PRECISION and ATTENTION), with
-    this machine's own CPU kernels and `threads` threads (0: all; THREADS and CPU_JIT were
-    the training machine's). ATTENTION=cudnn becomes auto: the same attention, from cuDNN
-    where this machine has it."""
+def load_policy(cfg: Config, threads: int = 0, device: str = "cpu") -> RunPolicy:
+    """How a loaded checkpoint computes on `device`: as it trained (its PRECISION and
+    ATTENTION), with this machine's own CPU kernels and `threads` threads (0: all; THREADS
+    and CPU_JIT were the training machine's). ATTENTION=cudnn becomes auto: the same
+    attention, from cuDNN where this machine has it. PRECISION=fp8 becomes bf16 on a GPU
+    without FP8 tensor cores: the same weights, their GEMMs in bf16."""
     attention = "auto" if cfg.attention == "cudnn" else cfg.attention
-    return dataclasses.replace(DEFAULT, precision=Precision.of(cfg.precision),
+    precision = cfg.precision
+    kind, index = parse_device(device)
+    if precision == "fp8" and kind == "gpu":
+        major, minor = gpu_properties(index)["compute_capability"].split(".")
+        if (int(major), int(minor)) < FP8_CAPABILITY:
+            precision = "bf16"
+    return dataclasses.replace(DEFAULT, precision=Precision.of(precision),
                                attention=attention, threads=threads)
 
 

@@ -118,13 +118,15 @@ class CausalSelfAttention(Function):
         b, h, t, d = q.shape
         gy = xp.ascontiguousarray(grad.reshape(b, t, h, d).transpose(0, 2, 1, 3))  # (B,H,T,D)
         dqkv = xp.empty((b, t, 3, h, d), dtype=grad.dtype)
-        dqkv[:, :, 2] = self.matmul(xp.swapaxes(used, -1, -2), gy, phase).transpose(0, 2, 1, 3)
-        dused = self.matmul(gy, xp.swapaxes(v, -1, -2), phase)  # (B, H, T, T)
+        dqkv[:, :, 2] = self.matmul(xp.swapaxes(used, -1, -2), gy, phase,
+                                    gradient="b").transpose(0, 2, 1, 3)
+        dused = self.matmul(gy, xp.swapaxes(v, -1, -2), phase, gradient="a")  # (B, H, T, T)
         if self.dropped:
             dused = self._drop(dused)
         datt = self.kernels.causal_softmax_backward(dused, probs, self.scale)
-        dqkv[:, :, 0] = self.matmul(datt, k, phase).transpose(0, 2, 1, 3)
-        dqkv[:, :, 1] = self.matmul(xp.swapaxes(datt, -1, -2), q, phase).transpose(0, 2, 1, 3)
+        dqkv[:, :, 0] = self.matmul(datt, k, phase, gradient="a").transpose(0, 2, 1, 3)
+        dqkv[:, :, 1] = self.matmul(xp.swapaxes(datt, -1, -2), q, phase,
+                                    gradient="a").transpose(0, 2, 1, 3)
         return (dqkv.reshape(b, t, 3 * h * d),)
 
 

@@ -127,11 +127,11 @@ class CpuCrossEntropy(CrossEntropyReference):
         row_scale = (np.asarray(g, e.dtype) / (sums * n))[:, None]  # (N, 1)
         dh = dw = None
         if need_h:
-            dh = mm(e, w)
+            dh = mm(e, w, gradient="a")
             dh *= row_scale
         if need_w and w_into is not None:
-            mm(e.T, h * row_scale, out=w_into, accumulate=True)
+            mm(e.T, h * row_scale, out=w_into, accumulate=True, gradient="a")
         elif need_w:
-            dw = mm(e.T, h * row_scale)
+            dw = mm(e.T, h * row_scale, gradient="a")
         self._give_back(e)
         return dh, dw
