@@ -277,3 +277,25 @@ def assert_intact(before: dict[str, bytes], after: dict[str, bytes],
             assert after[name].startswith(data), f"{name} was rewritten, not appended to"
         else:
             assert after[name] == data, f"{name} was changed"
+
+
+def spy_fp8_gemms(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Record every FP8 GEMM a PRECISION=fp8 backend runs from here on, as
+    "kind:gradient:when": kind linear or matmul, gradient the operand named as one (None
+    for a forward product), when "captured" (inside a CUDA graph capture) or "eager". A call
+    that fell back to bf16 raised and is not recorded."""
+    from rustyflow_py.engine.ops.gemm.fp8 import Fp8Gemms
+
+    calls: list[str] = []
+    for name in ("matmul", "linear"):
+        real = getattr(Fp8Gemms, name)
+
+        def spy(self: Any, *args: Any, _real: Any = real, _name: str = name,
+                **kwargs: Any) -> Any:
+            out = _real(self, *args, **kwargs)
+            when = "captured" if self._lt().stream.is_capturing() else "eager"
+            calls.append(f"{_name}:{kwargs.get('gradient')}:{when}")
+            return out
+
+        monkeypatch.setattr(Fp8Gemms, name, spy)
+    return calls

@@ -225,27 +225,19 @@ def test_a_gpt_step_runs_every_linear_gemm_in_fp8(fp8_backend: Any,
                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     """Forward and backward of a small GPT: the block's Linear and MLP GEMMs and the tied LM
     head (forward, input and weight gradients) all go through the FP8 GEMMs."""
-    from rustyflow_py.engine.ops.gemm.fp8 import Fp8Gemms
+    from helpers import spy_fp8_gemms
+
     from rustyflow_py.engine.tensor import Tensor
     from rustyflow_py.model.gpt import GPT, GPTConfig
 
-    calls: list[str] = []
-    for name in ("matmul", "linear"):
-        real = getattr(Fp8Gemms, name)
-
-        def spy(self: Any, *args: Any, _real: Any = real, _name: str = name,
-                **kwargs: Any) -> Any:
-            out = _real(self, *args, **kwargs)
-            calls.append(f"{_name}:{kwargs.get('gradient')}")
-            return out
-
-        monkeypatch.setattr(Fp8Gemms, name, spy)
+    recorded = spy_fp8_gemms(monkeypatch)
     cfg = GPTConfig(vocab_size=64, seq_len=16, n_layer=2, n_head=2, n_embd=32)
     model = GPT(cfg, fp8_backend, seed=3, compute=bf16())
     tokens = np.random.default_rng(0).integers(0, 64, (4, 17)).astype(np.int32)
     loss = model(Tensor(tokens[:, :-1], device=fp8_backend),
                  Tensor(tokens[:, 1:], device=fp8_backend))
     loss.backward()
+    calls = [call.rpartition(":")[0] for call in recorded]  # "kind:gradient"
     # per block: qkv and proj Linears and the MLP's two in forward (4 linear calls); in
     # backward each of the 4 has an input gradient (gradient "a") and a weight gradient
     # ("b"); the head: forward, input and weight gradient

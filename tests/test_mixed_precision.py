@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from helpers import log_records, make_cfg, quiet
+from helpers import log_records, make_cfg, quiet, spy_fp8_gemms
 
 from rustyflow_py.engine.backend import gpu_unavailable_reason
 from rustyflow_py.engine.library import get_backend
@@ -205,14 +205,21 @@ def test_fp16_scaled_gradients_equal_the_unscaled_ones_after_unscaling() -> None
 @GPU
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["bf16", "fp16", "fp8"])
-def test_training_in_16_bit_with_graph_replay(name: str) -> None:
+def test_training_in_16_bit_with_graph_replay(name: str,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """fp8 also runs its Linear layers' GEMMs and the head's in FP8 inside the captured step
+    (forward, input and weight gradients): none of them fell back to bf16 there."""
     if name == "fp8":
         fp8_tensor_cores()
+    fp8_calls = spy_fp8_gemms(monkeypatch)
     cfg = make_cfg(DEVICE="gpu", PRECISION=name, NUM_EPOCHS=3, GRAPH="on", PROFILE=True,
                    PROFILE_STEPS=2)
     trainer = Trainer(cfg, quiet)
     record = trainer.run()
     assert record["status"] == "completed" and record["graph"] and record["precision"] == name
+    captured = {call for call in fp8_calls if call.endswith(":captured")}
+    assert captured == ({"linear:None:captured", "matmul:None:captured", "matmul:a:captured",
+                         "matmul:b:captured"} if name == "fp8" else set())
     losses = trainer.losses
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
     assert math.isfinite(record["val_ppl"]) and math.isfinite(record["test_ppl"])
