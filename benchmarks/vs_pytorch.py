@@ -95,6 +95,7 @@ DEFAULT_STEPS = {  # (warm-up, timed) steps per shape: a 2-core CPU takes ~10 s 
 }
 MiB, GiB = 2**20, 2**30
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+GPU_DEFAULT = PRECISIONS[:4]  # fp8 only when asked for: its rows need bf16's beside them
 GPU_ONLY = ("tf32", "bf16", "fp16", "fp8")  # TF32 is a GPU GEMM mode; the rest GPU-only
 # max relative loss difference; fp8 is held to PyTorch's bf16 (mfu.PEER: PyTorch trains no
 # GEMM in FP8 without Transformer Engine or torchao), with bf16's bound
@@ -818,8 +819,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--shapes", help="comma-separated: seed,small,medium,gpt2-b16,gpt2-b32 "
                    "(the gpt2 shapes are GPU-only; cpu default: seed,small; gpu: seed,small,"
                    "medium)")
-    p.add_argument("--precisions", help="comma-separated: fp32,tf32,bf16,fp16 (tf32, bf16 "
-                   "and fp16 are GPU-only; cpu default: fp32; gpu: all four)")
+    p.add_argument("--precisions", help="comma-separated: fp32,tf32,bf16,fp16,fp8 (all but "
+                   "fp32 GPU-only; fp8 with bf16 beside it; cpu default: fp32; gpu: the first "
+                   "four)")
     p.add_argument("--steps", type=int, help="timed steps per run (default per shape)")
     p.add_argument("--warmup", type=int, help="untimed steps first (default per shape)")
     p.add_argument("--windows", type=int, default=5, help="timed windows (median reported)")
@@ -855,7 +857,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     gpu = args.device == "gpu"
     args.shapes = (args.shapes or ("seed,small,medium" if gpu else "seed,small")).split(",")
-    args.precisions = (args.precisions or (",".join(PRECISIONS) if gpu else "fp32")).split(",")
+    args.precisions = (args.precisions or (",".join(GPU_DEFAULT) if gpu else "fp32")).split(",")
     args.curve_precisions = (args.curve_precisions
                              or ("fp32,bf16" if gpu else "fp32")).split(",")
     if args.compile is None:
@@ -892,6 +894,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                 p.error(f"{flag}: unknown precision {name!r}: expected {', '.join(known)}")
             if name in GPU_ONLY and not gpu:
                 p.error(f"{flag}: {name} is GPU-only (use --device gpu); the CPU runs fp32")
+    for name in args.precisions:
+        if name in mfu.PEER and mfu.PEER[name] not in args.precisions:
+            p.error(f"--precisions: {name}'s rows are held to {mfu.PEER[name]}'s (PyTorch has no "
+                    f"{name} training of its own): add {mfu.PEER[name]}, e.g. --precisions "
+                    f"{mfu.PEER[name]},{name}")
     if args.plot is None and args.out is not None:
         args.plot = args.out.with_suffix(".png")
     return args

@@ -154,6 +154,7 @@ def test_attention_rows_and_skip_eager() -> None:
 
 @pytest.mark.parametrize(("argv", "message"), [
     (["--device", "gpu", "--attention", "flash"], "unknown value 'flash'"),
+    (["--device", "gpu", "--precisions", "fp8"], "fp8's rows are held to bf16's"),
     (["--skip-eager"], "need --device gpu"),
     (["--shapes", "gpt2-b16"], "GPU-only"),
     (["--device", "gpu", "--compile-modes", "fastest"], "unknown mode 'fastest'"),
