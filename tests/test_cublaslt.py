@@ -610,3 +610,32 @@ def test_gpu_rejects_unsupported(cublaslt: SimpleNamespace) -> None:
     x, w, b = (up(cublaslt, host(rng, d64, *s)) for s in ((8, 16), (16, 8), (8,)))
     with pytest.raises(ValueError):
         cublaslt.lt.matmul_bias(x, w, b)
+
+
+def test_the_bias_epilogues_are_chosen_once_for_bf16_and_fp8_gemms() -> None:
+    """matmul_bias and matmul_fp8 pick their epilogue by one rule (_bias_epilogue): BIAS (a
+    residual added as C), GELU_BIAS, GELU_AUX_BIAS with a pre-activation; FP8 adds that a
+    bias takes bfloat16 out, not added into."""
+    lt = SimpleNamespace(epilogue_default=1, epilogue_bias=4, epilogue_gelu_bias=36,
+                         epilogue_gelu_aux_bias=164)
+    pre, res = object(), object()
+    pick = lt_mod._bias_epilogue
+    assert pick(lt, "f", 64, False, None, None) == 4
+    assert pick(lt, "f", 64, False, None, res) == 4
+    assert pick(lt, "f", 64, True, None, None) == 36
+    assert pick(lt, "f", 64, True, pre, None) == 164
+    for gelu, aux, residual, message in ((False, pre, None, "needs gelu"),
+                                         (True, pre, None, "N % 8"),
+                                         (True, None, res, "not under a GELU")):
+        with pytest.raises(CublasLtUnsupported, match=message):
+            pick(lt, "f", 60 if message == "N % 8" else 64, gelu, aux, residual)
+    bf16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    out = np.empty((2, 64), bf16)
+    bias = np.zeros(64, bf16)
+    fp8 = lt_mod._fp8_epilogue
+    assert fp8(lt, out, None, False, None, None, True) == 1  # a weight gradient, added
+    assert fp8(lt, out, bias, True, pre, None, False) == 164
+    with pytest.raises(CublasLtUnsupported, match="come with a bias"):
+        fp8(lt, out, None, True, None, None, False)
+    with pytest.raises(CublasLtUnsupported, match="not added"):
+        fp8(lt, np.empty((2, 64), np.float32), bias, False, None, None, False)

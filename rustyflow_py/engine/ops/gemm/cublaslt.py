@@ -276,21 +276,11 @@ class CublasLt:
         dtype = self._dtype("matmul_bias", x, w, bias)
         if bias.shape != (n,):
             raise CublasLtUnsupported(f"matmul_bias: bias {bias.shape}, expected ({n},)")
-        if pre_gelu_out is not None and not gelu:
-            raise CublasLtUnsupported("matmul_bias: pre_gelu_out needs gelu=True")
-        if pre_gelu_out is not None and n % AUX_LD_MULTIPLE:
-            raise CublasLtUnsupported(f"matmul_bias: GELU_AUX_BIAS needs N % 8 == 0, N = {n}")
-        if residual is not None and gelu:
-            raise CublasLtUnsupported("matmul_bias: a residual is added after the bias, not "
-                                      "under a GELU")
+        epilogue = _bias_epilogue(self, "matmul_bias", n, gelu, pre_gelu_out, residual)
         shape = (*x.shape[:-1], n)
         _check_out(out, shape, dtype, "matmul_bias", "out")
         _check_out(residual, shape, dtype, "matmul_bias", "residual")
         _check_out(pre_gelu_out, shape, dtype, "matmul_bias", "pre_gelu_out")
-        if pre_gelu_out is not None:
-            epilogue = self.epilogue_gelu_aux_bias
-        else:
-            epilogue = self.epilogue_gelu_bias if gelu else self.epilogue_bias
         aux = None if pre_gelu_out is None else pre_gelu_out.reshape(-1, n)
         y = self._gemm(x2, w, _Alloc((x2.shape[0], n), dtype) if out is None
                        else out.reshape(-1, n), epilogue, bias=bias, aux=aux,
@@ -477,9 +467,28 @@ def _timed(clock: Callable[[Callable[[], None]], float],
     return time
 
 
+def _bias_epilogue(lt: CublasLt, what: str, n: int, gelu: bool, pre_gelu_out: Any,
+                   residual: Any) -> int:
+    """The epilogue of a GEMM with a bias over N columns: BIAS (a residual added as C),
+    GELU_BIAS, or GELU_AUX_BIAS writing `pre_gelu_out`; CublasLtUnsupported for a combination
+    cuBLASLt cannot take."""
+    if pre_gelu_out is not None and not gelu:
+        raise CublasLtUnsupported(f"{what}: pre_gelu_out needs gelu=True")
+    if pre_gelu_out is not None and n % AUX_LD_MULTIPLE:
+        raise CublasLtUnsupported(f"{what}: GELU_AUX_BIAS needs N % {AUX_LD_MULTIPLE} == 0, "
+                                  f"N = {n}")
+    if residual is not None and gelu:
+        raise CublasLtUnsupported(f"{what}: a residual is added after the bias, not under a "
+                                  "GELU")
+    if pre_gelu_out is not None:
+        return lt.epilogue_gelu_aux_bias
+    return lt.epilogue_gelu_bias if gelu else lt.epilogue_bias
+
+
 def _fp8_epilogue(lt: CublasLt, out: Any, bias: Any, gelu: bool, pre_gelu_out: Any,
                   residual: Any, accumulate: bool) -> int:
-    """matmul_fp8's epilogue, or CublasLtUnsupported for a combination it cannot take."""
+    """matmul_fp8's epilogue (_bias_epilogue's with a bias, into bfloat16, not added), or
+    CublasLtUnsupported for a combination it cannot take."""
     if bias is None:
         if gelu or pre_gelu_out is not None or residual is not None:
             raise CublasLtUnsupported("matmul_fp8: GELU and a residual come with a bias")
@@ -489,15 +498,7 @@ def _fp8_epilogue(lt: CublasLt, out: Any, bias: Any, gelu: bool, pre_gelu_out: A
             or bias.shape != (n,) or accumulate):
         raise CublasLtUnsupported(f"matmul_fp8: a bias ({bias.shape} {bias.dtype}) takes "
                                   f"bfloat16 out ({out.dtype}) of its columns, not added")
-    if residual is not None and gelu:
-        raise CublasLtUnsupported("matmul_fp8: a residual is added after the bias, not "
-                                  "under a GELU")
-    if pre_gelu_out is None:
-        return lt.epilogue_gelu_bias if gelu else lt.epilogue_bias
-    if not gelu or n % AUX_LD_MULTIPLE:
-        raise CublasLtUnsupported(f"matmul_fp8: pre_gelu_out needs gelu and N % "
-                                  f"{AUX_LD_MULTIPLE} == 0 (N = {n})")
-    return lt.epilogue_gelu_aux_bias
+    return _bias_epilogue(lt, "matmul_fp8", n, gelu, pre_gelu_out, residual)
 
 
 def _make_plan(lt: CublasLt, key: tuple[Any, ...], bias_ptr: int, aux_ptr: int) -> _Plan:
