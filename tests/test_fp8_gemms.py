@@ -13,7 +13,7 @@ import pytest
 from rustyflow_py.engine import peaks
 from rustyflow_py.engine.backend import gpu_unavailable_reason
 from rustyflow_py.engine.ops.fp8.formats import E4M3, E5M2, FORMATS, decode, quantize
-from rustyflow_py.engine.precision import Precision, check_fp8_gemms
+from rustyflow_py.engine.precision import Precision, check_fp8_gemms, has_fp8_gemms
 from rustyflow_py.errors import ConfigError
 
 F32 = np.dtype(np.float32)
@@ -47,10 +47,10 @@ def test_fp8_is_taken_from_ada_on(capability: tuple[int, int]) -> None:
 
 @pytest.mark.usefixtures("tiny_dir")
 @pytest.mark.parametrize("device, capability, runs", [
-    ("gpu", "8.0", "bf16"), ("gpu:1", "8.6", "bf16"), ("gpu", "8.9", "fp8"),
-    ("gpu", "9.0", "fp8"), ("cpu", None, "fp8")])
+    ("gpu", (8, 0), "bf16"), ("gpu:1", (8, 6), "bf16"), ("gpu", (8, 9), "fp8"),
+    ("gpu", (9, 0), "fp8"), ("cpu", None, "fp8")])
 def test_an_fp8_checkpoint_evaluates_in_bf16_where_fp8_is_missing(
-        monkeypatch: pytest.MonkeyPatch, device: str, capability: str | None,
+        monkeypatch: pytest.MonkeyPatch, device: str, capability: tuple[int, int] | None,
         runs: str) -> None:
     """Evaluation and generation load a checkpoint with its PRECISION: a model trained in
     fp8 still loads on a GPU without FP8 tensor cores, its GEMMs in bf16 (the CPU runs
@@ -62,12 +62,12 @@ def test_an_fp8_checkpoint_evaluates_in_bf16_where_fp8_is_missing(
 
     asked: list[int | None] = []
 
-    def properties(index: int | None = None) -> dict[str, str]:
+    def gpu_capability(index: int | None = None) -> tuple[int, int]:
         asked.append(index)
-        assert capability is not None, "the CPU has no GPU properties to read"
-        return {"compute_capability": capability}
+        assert capability is not None, "the CPU has no GPU capability to read"
+        return capability
 
-    monkeypatch.setattr(evaluate, "gpu_properties", properties)
+    monkeypatch.setattr(evaluate, "gpu_capability", gpu_capability)
     policy = evaluate.load_policy(make_cfg(PRECISION="fp8"), 0, device)
     assert policy.precision.name == runs
     assert asked == ([] if device == "cpu" else [int(device.partition(":")[2] or 0)])
@@ -92,9 +92,9 @@ def fp8_backend() -> Any:
     reason = gpu_unavailable_reason()
     if reason is not None:
         pytest.skip(reason)
-    import cupy
+    from rustyflow_py.engine.devices import gpu_capability
 
-    if int(cupy.cuda.Device().compute_capability) < 89:
+    if not has_fp8_gemms(gpu_capability()):
         pytest.skip("FP8 GEMMs need compute capability 8.9 or later")
     from rustyflow_py.engine.library import get_backend
     from rustyflow_py.engine.policy import RunPolicy

@@ -51,9 +51,10 @@ def loss_and_grad(model: GPT, seed: Any = None) -> tuple[float, np.ndarray]:
 
 def fp8_tensor_cores() -> None:
     """Skip on a GPU without FP8 tensor cores (compute capability below 8.9)."""
-    import cupy
+    from rustyflow_py.engine.devices import gpu_capability
+    from rustyflow_py.engine.precision import has_fp8_gemms
 
-    if int(cupy.cuda.Device().compute_capability) < 89:
+    if not has_fp8_gemms(gpu_capability()):
         pytest.skip("PRECISION=fp8 needs compute capability 8.9 or later")
 
 

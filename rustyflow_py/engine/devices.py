@@ -52,6 +52,14 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def gpu_capability(index: int | None = None) -> tuple[int, int]:
+    """GPU `index`'s compute capability (major, minor); default: the current GPU."""
+    import cupy
+
+    props = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device(index).id)
+    return int(props["major"]), int(props["minor"])
+
+
 def gpu_properties(index: int | None = None) -> dict[str, Any]:
     """GPU `index` (default: the current one): name, CUDA versions, memory, capability."""
     import cupy
@@ -69,7 +77,7 @@ def gpu_properties(index: int | None = None) -> dict[str, Any]:
         "cupy": cupy.__version__,
         "memory_total": total,
         "memory_free": free,
-        "compute_capability": f"{props['major']}.{props['minor']}",
+        "compute_capability": ".".join(map(str, gpu_capability(dev.id))),
     }
 
 

@@ -84,10 +84,15 @@ GPU_ONLY = ("bf16", "fp16", "fp8")  # mixed precision: the CPU kernels have no 1
 FP8_CAPABILITY = (8, 9)  # the first compute capability with FP8 tensor cores (Ada, Hopper)
 
 
+def has_fp8_gemms(capability: tuple[int, int]) -> bool:
+    """Whether a GPU of this compute capability has FP8 tensor cores."""
+    return capability >= FP8_CAPABILITY
+
+
 def check_fp8_gemms(gpu: str, capability: tuple[int, int]) -> None:
     """PRECISION=fp8 on a GPU without FP8 tensor cores: a ConfigError naming the GPU and what
     to train with instead."""
-    if capability < FP8_CAPABILITY:
+    if not has_fp8_gemms(capability):
         major, minor = capability
         raise ConfigError(f"PRECISION=fp8 needs FP8 tensor cores (compute capability 8.9 or "
                          f"later: Ada, Hopper, Blackwell), and this GPU, {gpu}, is {major}."

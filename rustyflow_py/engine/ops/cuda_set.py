@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from ..devices import gpu_capability
 from ..policy import RunPolicy
 from ..precision import check_fp8_gemms
 from . import kernel_table  # noqa: F401  (enters every op folder into the table)
@@ -54,8 +55,7 @@ class CudaKernels(KernelSet):
             cudnn.load()  # ATTENTION=cudnn without cuDNN: the error now, not in a step
         self.fp8 = None
         if policy.matmul_compute == "fp8":  # on a GPU without FP8 GEMMs: the error now
-            capability = self.xp.cuda.Device(self.backend.index).compute_capability  # "90"
-            check_fp8_gemms(self.backend.hardware(), divmod(int(capability), 10))
+            check_fp8_gemms(self.backend.hardware(), gpu_capability(self.backend.index))
             self.fp8 = Fp8Gemms(self._lt)
         self.epilogues = policy.epilogues
         self.cublas = in_compute(self._device_cublas, policy.matmul_compute)

@@ -15,10 +15,10 @@ import numpy as np
 from ... import data
 from ...data import Vocab
 from ...engine.backend import parse_device
-from ...engine.devices import gpu_properties
+from ...engine.devices import gpu_capability
 from ...engine.library import get_backend
 from ...engine.policy import DEFAULT, RunPolicy
-from ...engine.precision import FP8_CAPABILITY, Precision
+from ...engine.precision import Precision, has_fp8_gemms
 from ...engine.tensor import Tensor, no_grad
 from ...errors import DataError
 from ...model.generate import Sampling, Session
@@ -64,10 +64,8 @@ def load_policy(cfg: Config, threads: int = 0, device: str = "cpu") -> RunPolicy
     attention = "auto" if cfg.attention == "cudnn" else cfg.attention
     precision = cfg.precision
     kind, index = parse_device(device)
-    if precision == "fp8" and kind == "gpu":
-        major, minor = gpu_properties(index)["compute_capability"].split(".")
-        if (int(major), int(minor)) < FP8_CAPABILITY:
-            precision = "bf16"
+    if precision == "fp8" and kind == "gpu" and not has_fp8_gemms(gpu_capability(index)):
+        precision = "bf16"
     return dataclasses.replace(DEFAULT, precision=Precision.of(precision),
                                attention=attention, threads=threads)
 
