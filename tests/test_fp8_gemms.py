@@ -5,6 +5,7 @@ a float64 product of the same quantised operands in every layout a step uses, an
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Any
 
 import numpy as np
@@ -133,6 +134,133 @@ def test_the_transposing_cast_matches_the_recipe_bit_for_bit(
     np.testing.assert_array_equal(got.codes.get(), codes)
 
 
+@pytest.mark.gpu
+# by vector (256 x 96, 272 x 200 with partial tiles) and by value (333 x 517, 1 x 40)
+@pytest.mark.parametrize("shape", [(256, 96), (272, 200), (333, 517), (1, 40)])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=sorted(FORMATS))
+def test_the_two_layout_cast_gives_both_casts_bit_for_bit(
+        fp8_backend: Any, shape: tuple[int, int], dtype: str, fmt: Any) -> None:
+    """quantize_both: the codes of x and of x^T from one kernel, with one amax and scale."""
+    from rustyflow_py.engine.ops.fp8 import cuda
+
+    rng = np.random.default_rng(11)
+    host = rng.standard_normal(shape).astype(bf16() if dtype == "bfloat16" else np.float32)
+    host[-1, 0] = -700.0
+    rows, transposed = cuda.quantize_both(fp8_backend.xp.asarray(host), fmt)
+    codes, scale_inv = quantize(host.astype(np.float32), fmt)
+    assert rows.scale_inv is transposed.scale_inv and rows.scale_inv.get()[0] == scale_inv
+    assert rows.codes.flags.c_contiguous and transposed.codes.flags.c_contiguous
+    np.testing.assert_array_equal(rows.codes.get(), codes)
+    np.testing.assert_array_equal(transposed.codes.get(), codes.T)
+
+
+def direct(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """The kernels' `gemm` runner, untimed."""
+    return fn(*args, **kwargs)
+
+
+def spy_casts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any, tuple[int, ...]]]:
+    """Record each cast the FP8 GEMMs make from here on: (kind, format, source shape)."""
+    from rustyflow_py.engine.ops.fp8 import cuda
+
+    made: list[tuple[str, Any, tuple[int, ...]]] = []
+    for name in ("quantize", "quantize_t", "quantize_both"):
+        real = getattr(cuda, name)
+
+        def spy(x: Any, fmt: Any, _real: Any = real, _name: str = name) -> Any:
+            made.append((_name, fmt, tuple(x.shape)))
+            return _real(x, fmt)
+
+        monkeypatch.setattr(cuda, name, spy)
+    return made
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gelu", [False, True], ids=["linear", "gelu"])
+def test_a_linear_keeps_the_fp8_codes_its_backward_reads(fp8_backend: Any,
+                                                         monkeypatch: pytest.MonkeyPatch,
+                                                         gelu: bool) -> None:
+    """After an FP8 linear(x, w), kept_for_backward gives x^T's and w's codes from the
+    forward's casts: the backward GEMMs from them cast nothing of x or w again and equal,
+    bit for bit, those from x and w; and their dense values are the quantised ones."""
+    from rustyflow_py.engine.ops.gemm.fp8 import Fp8Operand
+
+    xp, rng, kernels = fp8_backend.xp, np.random.default_rng(13), fp8_backend.kernels
+    host_x = rng.standard_normal((2, 48, 160)).astype(bf16())
+    host_w = (rng.standard_normal((160, 224)) * 0.05).astype(bf16())
+    x, w = xp.asarray(host_x), xp.asarray(host_w)
+    b = xp.zeros(224, bf16())
+    g = xp.asarray((rng.standard_normal((2, 48, 224)) * 1e-3).astype(bf16()))
+
+    def grads(x: Any, w: Any) -> list[np.ndarray]:
+        dx = kernels.matmul(g, w, transpose_b=True, gradient="a")
+        dw = xp.zeros((160, 224), np.float32)
+        kernels.linear_grads(x, g, direct, (dw, None), bias=False)
+        return [dx.get(), dw.get()]
+
+    alone = grads(x, w)
+    made = spy_casts(monkeypatch)
+    kernels.linear(x, w, b, gelu, direct)
+    kx, kw = kernels.kept_for_backward(x, w)
+    assert isinstance(kx, Fp8Operand) and isinstance(kw, Fp8Operand)
+    assert kx.shape == (96, 160) and kw.shape == (160, 224)
+    forward = len(made)
+    for got, want in zip(grads(kx, kw), alone, strict=True):
+        np.testing.assert_array_equal(got, want)
+    assert [fmt for _, fmt, _ in made[forward:]] == [E5M2, E5M2]  # only g, once a GEMM
+    assert [kind for kind, _, _ in made[:forward]] == ["quantize_both"] * 2
+    # the fallback's bf16 values: the quantised ones, rounded to bf16
+    np.testing.assert_allclose(kx.dense(xp).get().astype(np.float64),
+                               fp8_of(host_x.reshape(96, 160), E4M3), rtol=2.0**-8)
+    np.testing.assert_allclose(kw.dense(xp).get().astype(np.float64), fp8_of(host_w, E4M3),
+                               rtol=2.0**-8)
+    # where the FP8 GEMM is refused, the kernel set's bf16 GEMM takes the kept values
+    from rustyflow_py.engine.ops.gemm.cublaslt import CublasLtUnsupported
+    from rustyflow_py.engine.ops.gemm.fp8 import Fp8Gemms
+
+    def refuse(*args: Any, **kwargs: Any) -> Any:
+        raise CublasLtUnsupported("refused by the test")
+
+    monkeypatch.setattr(Fp8Gemms, "matmul", refuse)
+    for got, want in zip(grads(kx, kw), alone, strict=True):
+        assert rel_max(got, want.astype(np.float64)) < 0.1  # bf16 of other roundings
+    # asked about arrays the last linear did not take, it gives them back as they are
+    other = xp.asarray(host_x)
+    assert kernels.kept_for_backward(other, w) == (other, w)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("gradient_shape", [(96, 224), (2, 48, 224)])
+def test_a_shared_gradient_is_cast_once_for_both_of_its_gemms(
+        fp8_backend: Any, monkeypatch: pytest.MonkeyPatch,
+        gradient_shape: tuple[int, ...]) -> None:
+    """A Linear's backward inside shared_gradient(g): the input gradient (g @ W^T) and the
+    weight gradient (x^T @ g) read g from one two-layout cast, and equal, bit for bit, the
+    same GEMMs with g cast once per GEMM."""
+    xp, rng, kernels = fp8_backend.xp, np.random.default_rng(12), fp8_backend.kernels
+    x = xp.asarray(rng.standard_normal((*gradient_shape[:-1], 160)).astype(bf16()))
+    w = xp.asarray((rng.standard_normal((160, 224)) * 0.05).astype(bf16()))
+    g = xp.asarray((rng.standard_normal(gradient_shape) * 1e-3).astype(bf16()))
+
+    def grads() -> tuple[np.ndarray, np.ndarray]:
+        dx = kernels.matmul(g, w, transpose_b=True, gradient="a")
+        dw = xp.zeros((160, 224), np.float32)
+        kernels.linear_grads(x, g, direct, (dw, None), bias=False)
+        return dx.get(), dw.get()
+
+    alone = grads()
+    made = spy_casts(monkeypatch)
+    with kernels.shared_gradient(g):
+        shared = grads()
+    for got, want in zip(shared, alone, strict=True):
+        np.testing.assert_array_equal(got, want)
+    of_g = [kind for kind, fmt, _ in made if fmt is E5M2]
+    assert of_g == ["quantize_both"]  # g: one cast, both layouts
+    assert sorted(kind for kind, fmt, _ in made if fmt is E4M3) == ["quantize", "quantize_t"]
+    assert not gemms(fp8_backend)._shared  # dropped when the block ends
+
+
 def gemms(backend: Any) -> Any:
     """The FP8 GEMMs of the backend's kernel set."""
     fp8 = backend.kernels.fp8
@@ -230,7 +358,7 @@ def test_a_gpt_step_runs_every_linear_gemm_in_fp8(fp8_backend: Any,
     from rustyflow_py.engine.tensor import Tensor
     from rustyflow_py.model.gpt import GPT, GPTConfig
 
-    recorded = spy_fp8_gemms(monkeypatch)
+    recorded, made = spy_fp8_gemms(monkeypatch), spy_casts(monkeypatch)
     cfg = GPTConfig(vocab_size=64, seq_len=16, n_layer=2, n_head=2, n_embd=32)
     model = GPT(cfg, fp8_backend, seed=3, compute=bf16())
     tokens = np.random.default_rng(0).integers(0, 64, (4, 17)).astype(np.int32)
@@ -246,3 +374,10 @@ def test_a_gpt_step_runs_every_linear_gemm_in_fp8(fp8_backend: Any,
     assert calls.count("matmul:b") == 4 * cfg.n_layer
     assert calls.count("matmul:None") == 1
     assert np.isfinite(fp8_backend.to_host(model.buffer.grad)).all()
+    # every gradient a GEMM reads (the 4 per block, the logits') is cast once, both layouts
+    gradient_casts = [kind for kind, fmt, _ in made if fmt is E5M2]
+    assert gradient_casts == ["quantize_both"] * (4 * cfg.n_layer + 1)
+    # each Linear's x and w: one cast into both layouts in forward, none in backward; the
+    # head's h and weight are cast per GEMM (forward, then its two gradients)
+    casts = Counter(kind for kind, fmt, _ in made if fmt is E4M3)
+    assert casts == {"quantize_both": 8 * cfg.n_layer, "quantize": 2, "quantize_t": 2}

@@ -298,6 +298,28 @@ def test_linear_grads(pair: Pair, dtype: Any, into: tuple[bool, bool]) -> None:
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+def test_kept_operands_and_a_shared_gradient_give_the_same_values(pair: Pair,
+                                                                   dtype: Any) -> None:
+    """A Linear's backward GEMMs from what kept_for_backward gave after its forward, with g
+    inside shared_gradient(g), and from x, w and g as they are: the same values."""
+    x, g = pair.randn(3, 50, 16, dtype=dtype), pair.randn(3, 50, 24, dtype=dtype)
+    w, b = pair.randn(16, 24, dtype=dtype), pair.randn(24, dtype=dtype)
+    k, run = pair.mine, (lambda fn, *a, **kw: fn(*a, **kw))
+
+    def grads(x: Any, w: Any) -> list[Any]:
+        dx = k.matmul(g, w, transpose_b=True, gradient="a")
+        return [dx, *k.linear_grads(x, g, run)]
+
+    alone = grads(x, w)
+    k.linear(x, w, b, False, run)
+    kept = k.kept_for_backward(x, w)
+    with k.shared_gradient(g):
+        shared = grads(*kept)
+    for got, want in zip(shared, alone, strict=True):
+        pair.close(got, want, dtype, tol=0.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("rows", "width"), [(15, 48), (2100, 200), (33, 41), (37, 1100)],
                          ids=["small", "many-rows", "odd-width", "wide"])
 def test_layernorm(pair: Pair, dtype: Any, rows: int, width: int) -> None:

@@ -74,23 +74,39 @@ def quantize_t(x: Any, fmt: Fp8Format = E4M3) -> Fp8Tensor:
     dy), written by one transposing cast after the amax pass, not a cast and a copy: over
     16-byte vectors where rows is a multiple of 16 and cols of a vector, else a value at a
     time."""
+    return _quantize_t(x, fmt, rows=False)[1]
+
+
+def quantize_both(x: Any, fmt: Fp8Format = E4M3) -> tuple[Fp8Tensor, Fp8Tensor]:
+    """(x, x.T) in FP8 for a 2-D x (rows, cols): codes (rows, cols) and (cols, rows), one amax
+    and one scale, from a single read of x: quantize_t's kernel also writing the codes in x's
+    own layout. For a gradient that one layer reads both ways."""
+    both = _quantize_t(x, fmt, rows=True)
+    return both[0], both[1]
+
+
+def _quantize_t(x: Any, fmt: Fp8Format, rows: bool) -> tuple[Fp8Tensor | None, Fp8Tensor]:
     import cupy
 
     _check_storage(x)
     if x.ndim != 2:
         raise ValueError(f"quantize_t takes a 2-D array, not shape {x.shape}")
     x = cupy.ascontiguousarray(x)
-    rows, cols = x.shape
+    n, cols = x.shape
     amax = _amax_into(x, cupy.empty(1, np.float32))
-    codes = cupy.empty((cols, rows), np.uint8)
+    codes = cupy.empty((cols, n), np.uint8)
     scale_inv = cupy.empty(1, np.float32)
+    codes_rows = cupy.empty((n, cols), np.uint8) if rows else None
     defines = (f"-DRF_E4M3={int(fmt is E4M3)}",)
     per = cuda_build.per_vector(x.dtype)
-    if per and rows % 16 == 0 and cols % per == 0 and x.data.ptr % cuda_build.VEC_BYTES == 0:
+    if per and n % 16 == 0 and cols % per == 0 and x.data.ptr % cuda_build.VEC_BYTES == 0:
         kernel = _CAST.typed("fp8_quantize_t_vec", x.dtype, x, defines=defines)
-        grid, block = (-(-cols // VEC_TILE), -(-rows // VEC_TILE)), (THREADS,)
+        grid, block = (-(-cols // VEC_TILE), -(-n // VEC_TILE)), (THREADS,)
     else:
         kernel = _CAST.typed("fp8_quantize_t", x.dtype, x, defines=defines)
-        grid, block = (-(-cols // TILE), -(-rows // TILE)), (TILE, TILE_ROWS)
-    kernel(grid, block, (x, np.int32(rows), np.int32(cols), amax, codes, scale_inv))
-    return Fp8Tensor(codes, scale_inv, fmt, amax)
+        grid, block = (-(-cols // TILE), -(-n // TILE)), (TILE, TILE_ROWS)
+    kernel(grid, block, (x, np.int32(n), np.int32(cols), amax, codes, scale_inv,
+                         np.uint64(0) if codes_rows is None else codes_rows))
+    transposed = Fp8Tensor(codes, scale_inv, fmt, amax)
+    return (None if codes_rows is None else Fp8Tensor(codes_rows, scale_inv, fmt, amax),
+            transposed)

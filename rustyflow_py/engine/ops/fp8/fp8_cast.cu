@@ -116,13 +116,16 @@ extern "C" __global__ void fp8_quantize_vec(const rf_vec* __restrict__ x, long l
 // q (cols x rows) = fp8(x^T * scale) for x (rows x cols) row-major: the codes of the transpose,
 // which an FP8 GEMM needs where the reduced axis is x's rows (a weight gradient). Tiles of
 // TILE x TILE go through shared memory, so that the reads of x and the writes of q both run
-// along a row; a block is (TILE, TILE_ROWS) threads.
+// along a row; a block is (TILE, TILE_ROWS) threads. Where q_rows is not null, the codes go
+// there in x's own layout (rows x cols) as well: a gradient that a layer reads both ways
+// (its input gradient's GEMM and its weight gradient's) is read and scaled once.
 #define TILE 32
 #define TILE_ROWS 8
 extern "C" __global__ void fp8_quantize_t(const real* __restrict__ x, int rows, int cols,
                                           const float* __restrict__ amax,
                                           unsigned char* __restrict__ q,
-                                          float* __restrict__ scale_inv) {
+                                          float* __restrict__ scale_inv,
+                                          unsigned char* __restrict__ q_rows) {
     __shared__ unsigned char tile[TILE][TILE + 4];  // + 4: rows land on distinct banks
     float scale = scale_of(amax);
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0)
@@ -130,7 +133,11 @@ extern "C" __global__ void fp8_quantize_t(const real* __restrict__ x, int rows, 
     int c0 = blockIdx.x * TILE, r0 = blockIdx.y * TILE;
     for (int i = threadIdx.y; i < TILE; i += TILE_ROWS) {
         int r = r0 + i, c = c0 + threadIdx.x;
-        if (r < rows && c < cols) tile[i][threadIdx.x] = to_fp8(x[(long long)r * cols + c], scale);
+        if (r < rows && c < cols) {
+            unsigned char code = to_fp8(x[(long long)r * cols + c], scale);
+            tile[i][threadIdx.x] = code;
+            if (q_rows) q_rows[(long long)r * cols + c] = code;
+        }
     }
     __syncthreads();
     for (int i = threadIdx.y; i < TILE; i += TILE_ROWS) {
@@ -145,12 +152,14 @@ extern "C" __global__ void fp8_quantize_t(const real* __restrict__ x, int rows, 
 // value-at-a-time kernel moved a third of the bandwidth: each access was 1 or 2 bytes).
 // The tile sits in shared memory transposed, TV + 4 bytes a row (rows of 4-byte words on
 // distinct banks for the vectors' scattered byte stores, and 16 codes read as 4 words).
+// q_rows as fp8_quantize_t's, a vector's codes stored as one access.
 #define TV 64
 #define TV_PITCH (TV + 4)
 extern "C" __global__ void fp8_quantize_t_vec(const rf_vec* __restrict__ x, int rows, int cols,
                                               const float* __restrict__ amax,
                                               unsigned char* __restrict__ q,
-                                              float* __restrict__ scale_inv) {
+                                              float* __restrict__ scale_inv,
+                                              rf_codes* __restrict__ q_rows) {
     __shared__ __align__(16) unsigned char tile[TV * TV_PITCH];  // [x's column][x's row]
     float scale = scale_of(amax);
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = 1.0f / scale;
@@ -160,10 +169,15 @@ extern "C" __global__ void fp8_quantize_t_vec(const rf_vec* __restrict__ x, int 
         int r = v / tile_vecs, cv = v % tile_vecs;
         int c = c0 + cv * RF_VEC;
         if (r0 + r < rows && c < cols) {
-            rf_vec in = x[(long long)(r0 + r) * row_vecs + c / RF_VEC];
+            long long at = (long long)(r0 + r) * row_vecs + c / RF_VEC;
+            rf_vec in = x[at];
+            rf_codes codes;
 #pragma unroll
-            for (int j = 0; j < RF_VEC; j++)
-                tile[(cv * RF_VEC + j) * TV_PITCH + r] = to_fp8(in.v[j], scale);
+            for (int j = 0; j < RF_VEC; j++) {
+                codes.b[j] = to_fp8(in.v[j], scale);
+                tile[(cv * RF_VEC + j) * TV_PITCH + r] = codes.b[j];
+            }
+            if (q_rows) q_rows[at] = codes;
         }
     }
     __syncthreads();

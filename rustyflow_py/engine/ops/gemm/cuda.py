@@ -6,6 +6,7 @@ then gelu_backward): see MLP's docstring for why."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -15,6 +16,7 @@ from ...precision import accumulate_dtype
 from .. import cuda_build
 from ..table import add_into
 from .cublaslt import CublasLtUnsupported
+from .fp8 import Fp8Operand, dense
 from .reference import GemmReference
 
 _SUM = cuda_build.source(__file__, "sum_rows.cu", cuda_build.dtype_defines(np.float32))
@@ -32,13 +34,15 @@ class CudaGemm(GemmReference):
                accumulate: bool = False, gradient: str | None = None) -> Any:
         """cuBLAS takes the swapped view as op=T: no copy. A 2-D product added into `out`, or
         written into a float32 `out` from 16-bit inputs, is one cuBLASLt GEMM (beta = 1). In
-        a PRECISION=fp8 run, a bfloat16 product whose b is 2-D runs in FP8 (gemm/fp8.py)."""
-        b = self.xp.swapaxes(b, -1, -2) if transpose_b else b
+        a PRECISION=fp8 run, a bfloat16 product whose b is 2-D runs in FP8 (gemm/fp8.py),
+        and either operand may be what kept_for_backward gave (an Fp8Operand)."""
+        if transpose_b:
+            b = b.T if isinstance(b, Fp8Operand) else self.xp.swapaxes(b, -1, -2)
         if self.fp8 is not None:
             try:
                 return self.fp8.matmul(a, b, out=out, accumulate=accumulate, gradient=gradient)
-            except CublasLtUnsupported:
-                pass
+            except CublasLtUnsupported:  # bf16, from the values of operands kept in FP8
+                a, b = dense(a, self.xp), dense(b, self.xp)
         if not accumulate and (out is None or out.dtype == a.dtype):
             return self.cublas.matmul(a, b, out=out)
         if self.epilogues and a.ndim == b.ndim == 2:
@@ -52,6 +56,14 @@ class CudaGemm(GemmReference):
         else:
             out[...] = product
         return out
+
+    def kept_for_backward(self, x: Any, w: Any) -> tuple[Any, Any]:
+        """In a PRECISION=fp8 run, the FP8 codes the forward cast (Fp8Gemms.kept)."""
+        return (x, w) if self.fp8 is None else self.fp8.kept(x, w)
+
+    def shared_gradient(self, g: Any) -> contextlib.AbstractContextManager[None]:
+        """In a PRECISION=fp8 run, g's two layouts come from one cast (Fp8Gemms.shared)."""
+        return super().shared_gradient(g) if self.fp8 is None else self.fp8.shared(g)
 
     def sum_rows(self, x: Any, into: Any = None) -> Any:
         """Column sums as ones(1, N) @ x, one bandwidth-bound GEMM: for 16-bit x a cuBLASLt
@@ -125,7 +137,7 @@ class CudaGemm(GemmReference):
         = 1); db by sum_rows, likewise. (The bias gradient is not the GEMM's BGRADA epilogue:
         see sum_rows.)"""
         g2 = g.reshape(-1, g.shape[-1])  # (rows, N)
-        xt = x.reshape(-1, x.shape[-1]).T  # (K, rows)
+        xt = x.T if isinstance(x, Fp8Operand) else x.reshape(-1, x.shape[-1]).T  # (K, rows)
         acc, (dw_into, db_into) = accumulate_dtype(g.dtype), into
         dw = self.xp.empty((xt.shape[0], g2.shape[1]), dtype=acc) if dw_into is None else dw_into
         gemm(self.matmul, xt, g2, out=dw, accumulate=dw_into is not None, gradient="b")

@@ -16,23 +16,89 @@ batched product) raises CublasLtUnsupported, and the caller runs its bf16 GEMM i
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import dataclasses
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ...precision import dtype_name
 from ..fp8 import cuda as casts
-from ..fp8.formats import E4M3, E5M2, Fp8Format, Fp8Tensor
+from ..fp8.formats import E4M3, E5M2, Fp8Format, Fp8Tensor, decode_table
 from .cublaslt import CublasLt, CublasLtUnsupported
+
+
+@dataclasses.dataclass(frozen=True)
+class Fp8Operand:
+    """A 2-D bfloat16 operand of a backward GEMM, kept from forward as FP8 codes only
+    (Fp8Gemms.kept): `q` holds the codes of this (R, C) array, or of its transpose where
+    `stored_t`. It has what the GEMM path reads of an array (shape, dtype, nbytes, T), so
+    that the profile counts its FLOPs and bytes; `dense` gives the array back (a fallback)."""
+
+    q: Fp8Tensor
+    stored_t: bool
+    dtype: Any  # the dtype it stands for
+    ndim = 2
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        rows, cols = self.q.codes.shape
+        return (cols, rows) if self.stored_t else (rows, cols)
+
+    @property
+    def nbytes(self) -> int:
+        return int(self.q.codes.nbytes)
+
+    @property
+    def T(self) -> Fp8Operand:  # noqa: N802 (an array's name for it)
+        return dataclasses.replace(self, stored_t=not self.stored_t)
+
+    def rows(self, fmt: Fp8Format) -> Fp8Tensor:
+        """The codes (R, C) in `fmt`, or CublasLtUnsupported where they are kept otherwise."""
+        if self.stored_t or self.q.fmt is not fmt:
+            raise CublasLtUnsupported(f"FP8 operand {self.shape} kept as {self.q.fmt.name}"
+                                      f"{' transposed' if self.stored_t else ''}, not "
+                                      f"{fmt.name} rows")
+        return self.q
+
+    def dense(self, xp: Any) -> Any:
+        """The values the codes stand for, as an array of `dtype` (when a GEMM cannot take
+        the codes: the bf16 product of the same quantised values)."""
+        values = xp.asarray(decode_table(self.q.fmt))[self.q.codes] * self.q.scale_inv
+        values = values.astype(self.dtype)
+        return values.T if self.stored_t else values
+
+
+def dense(x: Any, xp: Any) -> Any:
+    """x, or the array an Fp8Operand stands for."""
+    return x.dense(xp) if isinstance(x, Fp8Operand) else x
 
 
 def codes(x: Any, fmt: Fp8Format) -> Fp8Tensor:
     """The 2-D x (R, C) in FP8 as C-contiguous codes (R, C), whichever way x is stored: a
     transposed view of a C-contiguous array is cast by the transposing kernel, not copied."""
+    stored = _stored(x)
+    if stored is None:
+        return casts.quantize(x.copy(), fmt)
+    return casts.quantize_t(stored[0], fmt) if stored[1] else casts.quantize(x, fmt)
+
+
+def _stored(x: Any) -> tuple[Any, bool] | None:
+    """(the C-contiguous 2-D array x reads, whether x is its transpose), or None."""
     if x.flags.c_contiguous:
-        return casts.quantize(x, fmt)
+        return x, False
     if x.T.flags.c_contiguous:
-        return casts.quantize_t(x.T, fmt)
-    return casts.quantize(x.copy(), fmt)
+        return x.T, True
+    return None
+
+
+def _layout(x: Any) -> Any:
+    """How an operand is stored, for a refusal's key: an array's strides, or kept codes."""
+    return ("kept", x.stored_t) if isinstance(x, Fp8Operand) else x.strides
+
+
+def _key(x: Any) -> tuple[Any, ...]:
+    """Which memory a C-contiguous 2-D array is: its address, shape and dtype."""
+    return x.data.ptr, x.shape, x.dtype.str
 
 
 def _rows(x: Any, what: str) -> Any:
@@ -48,11 +114,51 @@ def _rows(x: Any, what: str) -> Any:
 class Fp8Gemms:
     """matmul and the Linear layer's GEMM in FP8, on the kernel set's cuBLASLt handle (`lt`,
     the set's maker of it: cuBLASLt is made on first use). A problem cuBLASLt refused is
-    remembered by its shapes, so later calls skip its casts and go to bf16 at once."""
+    remembered by its shapes, so later calls skip its casts and go to bf16 at once.
+
+    Inside `shared(g)`, the GEMMs read the gradient g in both layouts from one cast (see
+    there). A Linear's x and w are cast in forward into both layouts at once, and its
+    backward reads the layouts it needs from there (`kept`)."""
 
     def __init__(self, lt: Callable[[], CublasLt]) -> None:
         self._lt = lt
         self._refused: set[tuple[Any, ...]] = set()
+        # shared(g)'s arrays, by _key: None until first cast, then (format, rows, transposed)
+        self._shared: dict[tuple[Any, ...], tuple[Fp8Format, Fp8Tensor, Fp8Tensor] | None] = {}
+        self._kept: Any = None  # the last linear's (keys, x^T's codes, w's codes): kept()
+
+    @contextlib.contextmanager
+    def shared(self, g: Any) -> Iterator[None]:
+        """A block whose GEMMs read g (..., C) both as rows (an input gradient's GEMM) and
+        transposed (a weight gradient's): the first to need it casts it into both layouts by
+        one kernel (casts.quantize_both: one amax pass and one read of g instead of two
+        each), the other takes the codes made. g must not change inside the block; the codes
+        are dropped when it ends."""
+        rows = g.reshape(-1, g.shape[-1]) if g.ndim != 2 and g.flags.c_contiguous else g
+        if rows.ndim != 2 or not rows.flags.c_contiguous:
+            yield
+            return
+        key = _key(rows)
+        self._shared[key] = None
+        try:
+            yield
+        finally:
+            self._shared.pop(key, None)
+
+    def _codes(self, x: Any, fmt: Fp8Format) -> Fp8Tensor:
+        """codes(x, fmt), from the block's cast where x is a layout of a shared(g) gradient,
+        or the kept codes of an Fp8Operand."""
+        if isinstance(x, Fp8Operand):
+            return x.rows(fmt)
+        stored = _stored(x) if self._shared else None
+        key = None if stored is None else _key(stored[0])
+        if key is None or key not in self._shared:
+            return codes(x, fmt)
+        made = self._shared[key]
+        if made is None or made[0] is not fmt:
+            made = (fmt, *casts.quantize_both(stored[0], fmt))
+            self._shared[key] = made
+        return made[2] if stored[1] else made[1]
 
     def matmul(self, a: Any, b: Any, *, out: Any = None, accumulate: bool = False,
                gradient: str | None = None) -> Any:
@@ -62,13 +168,13 @@ class Fp8Gemms:
         self._check(a, b)
         a2 = _rows(a, "a")
         shape = (*a.shape[:-1], b.shape[1])
-        key = ("matmul", a2.shape, b.shape, a2.strides, b.strides, gradient,
+        key = ("matmul", a2.shape, b.shape, _layout(a2), _layout(b), gradient,
                None if out is None else dtype_name(out.dtype), accumulate)
         self._known(key)
         if out is not None and out.shape != shape:
             raise CublasLtUnsupported(f"FP8 GEMM: out {out.shape}, expected {shape}")
-        qa = codes(a2, E5M2 if gradient == "a" else E4M3)  # (M, K)
-        qb = codes(b.T, E5M2 if gradient == "b" else E4M3)  # (N, K)
+        qa = self._codes(a2, E5M2 if gradient == "a" else E4M3)  # (M, K)
+        qb = self._codes(b.T, E5M2 if gradient == "b" else E4M3)  # (N, K)
         result = a.dtype if out is None else out.dtype
         target = (self._new(shape, result) if out is None else out).reshape(-1, shape[-1])
         self._run(key, lambda: self._lt().matmul_fp8(qa, qb, target, accumulate=accumulate))
@@ -79,13 +185,14 @@ class Fp8Gemms:
         """y = x @ w + b, or gelu of it (the pre-activation into `pre_gelu_out`), plus a
         `residual`: CublasLt.matmul_bias's contract with x and w cast to e4m3, the bias,
         GELU and residual in the FP8 GEMM's epilogue."""
+        self._kept = None
         self._check(x, w)
         x2 = _rows(x, "x")
         shape = (*x.shape[:-1], w.shape[1])
         key = ("linear", x2.shape, w.shape, w.strides, gelu, pre_gelu_out is not None,
                residual is not None)
         self._known(key)
-        qx, qw = codes(x2, E4M3), codes(w.T, E4M3)  # (M, K), (N, K)
+        qx, qw, kept = self._forward_codes(x2, w)  # (M, K), (N, K)
         y = self._new(shape, x.dtype)
         n = shape[-1]
 
@@ -96,7 +203,30 @@ class Fp8Gemms:
                 residual=None if residual is None else residual.reshape(-1, n))
 
         self._run(key, run)
+        self._kept = kept
         return y
+
+    def kept(self, x: Any, w: Any) -> tuple[Any, Any]:
+        """(x, w) as the Linear's backward reads them, right after `linear(x, w, ...)`: the
+        FP8 codes its casts made in the layouts the backward GEMMs take (x^T for the weight
+        gradient, w for the input gradient), as Fp8Operands, or x and w themselves where
+        that call did not run in FP8."""
+        kept, self._kept = self._kept, None
+        x2 = x.reshape(-1, x.shape[-1]) if x.ndim != 2 and x.flags.c_contiguous else x
+        if kept is None or (_key(x2), _key(w)) != kept[0]:
+            return x, w
+        return kept[1], kept[2]
+
+    def _forward_codes(self, x2: Any, w: Any) -> tuple[Fp8Tensor, Fp8Tensor, Any]:
+        """x's and w^T's codes for the forward GEMM, and (keys, x^T's, w's) codes for its
+        backward from the same casts (quantize_both: one read of each, one amax)."""
+        if not (x2.flags.c_contiguous and w.flags.c_contiguous):
+            return codes(x2, E4M3), codes(w.T, E4M3), None
+        qx, qxt = casts.quantize_both(x2, E4M3)
+        qw, qwt = casts.quantize_both(w, E4M3)
+        kept = ((_key(x2), _key(w)), Fp8Operand(qxt, True, x2.dtype),
+                Fp8Operand(qw, False, w.dtype))
+        return qx, qwt, kept
 
     # ---- internals ------------------------------------------------------------------------
     def _check(self, a: Any, b: Any) -> None:

@@ -3,6 +3,7 @@ fuses their bias, GELU and bias gradients into the GEMMs."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Sequence
 from typing import Any
@@ -30,17 +31,20 @@ class MatMul(Function):
         mm = functools.partial(self.matmul, phase="backward")
         bt = xp.swapaxes(b, -1, -2) if self.transpose_b else b  # the (K, N) operand multiplied
         da = db = None
-        if self.needs_input_grad[0]:
-            da = unbroadcast(mm(grad, bt, transpose_b=True, gradient="a"), a.shape)
-        if self.needs_input_grad[1]:
-            if bt.ndim == 2 and a.ndim > 2:  # fold the batch into the rows: one GEMM
-                a2 = a.reshape(-1, a.shape[-1])
-                g2 = grad.reshape(-1, grad.shape[-1])
-                db = (mm(g2.T, a2, gradient="a") if self.transpose_b
-                      else mm(a2.T, g2, gradient="b"))
-            else:
-                dbt = unbroadcast(mm(xp.swapaxes(a, -1, -2), grad, gradient="b"), bt.shape)
-                db = xp.swapaxes(dbt, -1, -2) if self.transpose_b else dbt
+        both = self.needs_input_grad[0] and self.needs_input_grad[1] and bt.ndim == 2
+        with self.kernels.shared_gradient(grad) if both else contextlib.nullcontext():
+            if self.needs_input_grad[0]:
+                da = unbroadcast(mm(grad, bt, transpose_b=True, gradient="a"), a.shape)
+            if self.needs_input_grad[1]:
+                if bt.ndim == 2 and a.ndim > 2:  # fold the batch into the rows: one GEMM
+                    a2 = a.reshape(-1, a.shape[-1])
+                    g2 = grad.reshape(-1, grad.shape[-1])
+                    db = (mm(g2.T, a2, gradient="a") if self.transpose_b
+                          else mm(a2.T, g2, gradient="b"))
+                else:
+                    dbt = unbroadcast(mm(xp.swapaxes(a, -1, -2), grad, gradient="b"),
+                                      bt.shape)
+                    db = xp.swapaxes(dbt, -1, -2) if self.transpose_b else dbt
         return da, db
 
 
@@ -55,13 +59,15 @@ class Linear(Function):
     name = "linear"
 
     def forward(self, x: Any, w: Any, b: Any, residual: Any = None) -> Any:
-        self.x, self.w = x, w
-        return self.kernels.linear(x, w, b, False, self.gemm("forward"), residual)[0]
+        y = self.kernels.linear(x, w, b, False, self.gemm("forward"), residual)[0]
+        self.x, self.w = self.kernels.kept_for_backward(x, w)
+        return y
 
     def backward(self, grad: Any) -> Sequence[Any]:
-        dx = self.matmul(grad, self.w, "backward", transpose_b=True, gradient="a")
-        dw, db = self.kernels.linear_grads(self.x, grad, self.gemm("backward"),
-                                           self.grad_buffers(1, 2))
+        with self.kernels.shared_gradient(grad):  # read as rows for dx, transposed for dW
+            dx = self.matmul(grad, self.w, "backward", transpose_b=True, gradient="a")
+            dw, db = self.kernels.linear_grads(self.x, grad, self.gemm("backward"),
+                                               self.grad_buffers(1, 2))
         return (dx, dw, db, grad)[: len(self.parents)]
 
 
@@ -79,20 +85,25 @@ class MLP(Function):
 
     def forward(self, x: Any, w1: Any, b1: Any, w2: Any, b2: Any, residual: Any = None
                 ) -> Any:
-        gemm = self.gemm("forward")
-        f, self.state = self.kernels.linear(x, w1, b1, True, gemm)  # (..., 4E)
-        self.x, self.f, self.w1, self.w2 = x, f, w1, w2
-        return self.kernels.linear(f, w2, b2, False, gemm, residual)[0]  # (..., E)
+        gemm, kernels = self.gemm("forward"), self.kernels
+        f, self.state = kernels.linear(x, w1, b1, True, gemm)  # (..., 4E)
+        self.x, self.w1 = kernels.kept_for_backward(x, w1)
+        y = kernels.linear(f, w2, b2, False, gemm, residual)[0]  # (..., E)
+        self.f, self.w2 = kernels.kept_for_backward(f, w2)
+        return y
 
     def backward(self, grad: Any) -> Sequence[Any]:
-        gemm = self.gemm("backward")
-        dw2, db2 = self.kernels.linear_grads(self.f, grad, gemm, self.grad_buffers(3, 4))
+        gemm, kernels = self.gemm("backward"), self.kernels
         w1_into, b1_into = self.grad_buffers(1, 2)
-        # with a buffer for b1, its gradient comes out of the GELU backward's own pass
-        dpre = self.kernels.linear_dgelu(grad, self.w2, self.state, gemm, b1_into)  # (..., 4E)
-        dw1, db1 = self.kernels.linear_grads(self.x, dpre, gemm, (w1_into, None),
-                                             bias=b1_into is None)
-        dx = self.matmul(dpre, self.w1, "backward", transpose_b=True, gradient="a")  # (..., E)
+        with kernels.shared_gradient(grad):  # read transposed for dW2, as rows for dpre
+            dw2, db2 = kernels.linear_grads(self.f, grad, gemm, self.grad_buffers(3, 4))
+            # with a buffer for b1, its gradient comes out of the GELU backward's own pass
+            dpre = kernels.linear_dgelu(grad, self.w2, self.state, gemm, b1_into)  # (..., 4E)
+        with kernels.shared_gradient(dpre):
+            dw1, db1 = kernels.linear_grads(self.x, dpre, gemm, (w1_into, None),
+                                            bias=b1_into is None)
+            dx = self.matmul(dpre, self.w1, "backward", transpose_b=True,
+                             gradient="a")  # (..., E)
         return (dx, dw1, db1, dw2, db2, grad)[: len(self.parents)]
 
 

@@ -18,6 +18,20 @@ with a fused epilogue) through it.
         `out` (required). `gradient`, "a" or "b", names the operand that is a gradient
         (a PRECISION=fp8 run stores it in FP8's wide format, e5m2); the value is the same.
 
+    kept_for_backward(x, w) -> tuple[Any, Any]
+        What a layer keeps for its backward of the x (..., K) and w (K, N) that its
+        `linear` call just took (call it right after): x and w themselves, or stand-ins
+        that this set's matmul (for w, with transpose_b) and linear_grads (for x) take in
+        their place, with the same values. A PRECISION=fp8 run keeps the FP8 codes its
+        forward cast made, in the layouts the backward GEMMs read (x^T, w), so backward
+        neither reads nor casts them again, and the bf16 x is not kept alive for it.
+
+    shared_gradient(g) -> AbstractContextManager[None]
+        A block in which GEMMs read the gradient g (..., N) both as it is and transposed
+        (a layer's input gradient and its weight gradient): a backend may convert g once for
+        both (a PRECISION=fp8 run casts it into both FP8 layouts by one kernel). g must not
+        change inside the block. The values are those of the GEMMs without it.
+
     sum_rows(x, into=None) -> Any
         Column sums (C,) of x (N, C): bias gradients; added into `into` (None returned)
         when given.
@@ -49,5 +63,6 @@ from .cpu import CpuGemm
 from .cuda import CudaGemm
 from .reference import GemmReference
 
-declare(("matmul", "sum_rows", "linear", "linear_grads", "linear_dgelu"),
+declare(("matmul", "kept_for_backward", "shared_gradient", "sum_rows", "linear",
+         "linear_grads", "linear_dgelu"),
         reference={ANY: GemmReference}, cpu={FLOATS: CpuGemm}, gpu={FLOATS: CudaGemm})

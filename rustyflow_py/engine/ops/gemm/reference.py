@@ -3,6 +3,7 @@ Linear layers (the GEMM, then the bias, with GELU, as kernels of their own)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -11,7 +12,8 @@ from ..table import Family, add_into
 
 
 class GemmReference(Family):
-    """matmul, sum_rows, linear, linear_grads, linear_dgelu against `self.xp`."""
+    """matmul, sum_rows, linear, linear_grads, linear_dgelu, kept_for_backward,
+    shared_gradient against `self.xp`."""
 
     calls = ("gelu_forward", "gelu_backward")  # the Linear layers' GELU
 
@@ -22,6 +24,14 @@ class GemmReference(Family):
             out += self.xp.matmul(a, b)
             return out
         return self.xp.matmul(a, b, out=out)
+
+    def kept_for_backward(self, x: Any, w: Any) -> tuple[Any, Any]:
+        """Here the arrays themselves."""
+        return x, w
+
+    def shared_gradient(self, g: Any) -> contextlib.AbstractContextManager[None]:
+        """Here each GEMM reads g as it is: nothing to share."""
+        return contextlib.nullcontext()
 
     def sum_rows(self, x: Any, into: Any = None) -> Any:
         sums = x.sum(axis=0, dtype=accumulate_dtype(x.dtype))

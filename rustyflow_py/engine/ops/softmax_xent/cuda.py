@@ -3,6 +3,7 @@ the tied LM head with its logits' rows padded for the tensor cores."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from typing import Any
 
@@ -33,6 +34,8 @@ def _vec(x: Any) -> np.int32:
 
 
 class CudaCrossEntropy(CrossEntropyReference):
+    calls = ("shared_gradient",)  # the head's two backward GEMMs read d(logits) both ways
+
     def cross_entropy(
         self, logits: Any, targets: Any, need_grad: bool, inplace: bool
     ) -> tuple[Any, Any]:
@@ -126,12 +129,16 @@ class CudaCrossEntropy(CrossEntropyReference):
             g = self.xp.ascontiguousarray(g, dtype=accumulate_dtype(h.dtype))
             if need_w:
                 h = self._scaled(h, g, self.xp.empty_like(h))
-        dh = mm(padded, wp, gradient="a") if need_h else None  # (N, E)
+        # both GEMMs read the whole of d(logits), as rows and transposed, unless the weight
+        # gradient is added from its first V columns only (a view that is neither)
+        both = need_h and need_w and (w_into is None or padded.shape[1] == v)
+        with self.shared_gradient(padded) if both else contextlib.nullcontext():
+            dh = mm(padded, wp, gradient="a") if need_h else None  # (N, E)
+            dw = None
+            if need_w and w_into is not None:
+                mm(padded[:, :v].T, h, out=w_into, accumulate=True, gradient="a")  # (V, E)
+            elif need_w:
+                dw = mm(padded.T, h, gradient="a")[:v]  # (V, E)
         if dh is not None and g is not None:
             self._scaled(dh, g, dh)
-        dw = None
-        if need_w and w_into is not None:
-            mm(padded[:, :v].T, h, out=w_into, accumulate=True, gradient="a")  # (V, E)
-        elif need_w:
-            dw = mm(padded.T, h, gradient="a")[:v]  # (V, E)
         return dh, dw
