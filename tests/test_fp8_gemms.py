@@ -261,6 +261,62 @@ def test_a_shared_gradient_is_cast_once_for_both_of_its_gemms(
     assert not gemms(fp8_backend)._shared  # dropped when the block ends
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(64, 1024), (80, 208), (16, 16)])
+def test_the_codes_transpose_is_exact(fp8_backend: Any, shape: tuple[int, int]) -> None:
+    from rustyflow_py.engine.ops.fp8 import cuda
+    from rustyflow_py.engine.ops.fp8.formats import Fp8Tensor
+
+    host = np.random.default_rng(14).integers(0, 256, shape).astype(np.uint8)
+    q = Fp8Tensor(fp8_backend.xp.asarray(host), fp8_backend.xp.ones(1, np.float32), E5M2)
+    got = cuda.transpose_codes(q)
+    assert got.scale_inv is q.scale_inv and got.fmt is E5M2
+    np.testing.assert_array_equal(got.codes.get(), host.T)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("vocab", [1000, 1024], ids=["padded", "whole"])
+@pytest.mark.parametrize("w_into", [False, True], ids=["fresh", "into"])
+def test_the_head_writes_its_gradient_in_e5m2_scaled_by_its_bound(
+        fp8_backend: Any, vocab: int, w_into: bool) -> None:
+    """The tied head of a PRECISION=fp8 run: the cross-entropy kernel writes d(logits) as
+    e5m2 codes of (softmax - onehot) * 57344, read back by 1 / (57344 N), the pad columns
+    zero; the bf16 logits are not kept; dh and dW come from those codes in FP8, without a
+    cast of the gradient."""
+    from rustyflow_py.engine.ops.gemm.fp8 import Fp8Operand
+
+    xp, rng, kernels = fp8_backend.xp, np.random.default_rng(15), fp8_backend.kernels
+    n, e = 64, 96
+    h = rng.standard_normal((n, e)).astype(bf16())
+    w = (rng.standard_normal((vocab, e)) * 0.3).astype(bf16())
+    targets = rng.integers(0, vocab, n).astype(np.int32)
+    loss, state = kernels.lm_head_xent(xp.asarray(h), xp.asarray(w), xp.asarray(targets),
+                                       True, kernels.matmul)
+    codes = state[3]
+    assert isinstance(codes, Fp8Operand) and codes.shape == (n, -(-vocab // 64) * 64)
+    # the logits the GEMM made, to bf16's rounding: the quantised product
+    logits = (fp8_of(h, E4M3) @ fp8_of(w, E4M3).T).astype(bf16()).astype(np.float64)
+    shifted = logits - logits.max(axis=1, keepdims=True)
+    p = np.exp(shifted) / np.exp(shifted).sum(axis=1, keepdims=True)
+    assert abs(float(loss) + np.log(p[np.arange(n), targets]).mean()) < 2e-2
+    grad = p.copy()
+    grad[np.arange(n), targets] -= 1
+    got = decode(codes.q.codes.get(), E5M2)
+    assert float(codes.q.scale_inv.get()[0]) == np.float32(1 / (57344 * n))
+    assert (codes.q.codes.get()[:, vocab:] == 0).all()  # the pad
+    np.testing.assert_allclose(got[:, :vocab], grad * 57344, rtol=0.13, atol=0.5)
+    into = xp.zeros((vocab, e), np.float32) if w_into else None
+    dh, dw = kernels.lm_head_xent_backward(state, xp.asarray(np.float32(1.0)), True, True,
+                                           kernels.matmul, into)
+    dlogits = got * float(codes.q.scale_inv.get()[0])  # the values the GEMMs read
+    wp = np.zeros((codes.shape[1], e), np.float64)
+    wp[:vocab] = w.astype(np.float64)
+    assert rel_max(dh.get(), dlogits @ fp8_of(wp.astype(bf16()), E4M3)) < 1e-2
+    dw = into if w_into else dw
+    assert dw.shape == (vocab, e)
+    assert rel_max(dw.get(), dlogits[:, :vocab].T @ fp8_of(h, E4M3)) < 1e-2
+
+
 def gemms(backend: Any) -> Any:
     """The FP8 GEMMs of the backend's kernel set."""
     fp8 = backend.kernels.fp8
@@ -374,9 +430,10 @@ def test_a_gpt_step_runs_every_linear_gemm_in_fp8(fp8_backend: Any,
     assert calls.count("matmul:b") == 4 * cfg.n_layer
     assert calls.count("matmul:None") == 1
     assert np.isfinite(fp8_backend.to_host(model.buffer.grad)).all()
-    # every gradient a GEMM reads (the 4 per block, the logits') is cast once, both layouts
+    # every gradient a block's GEMMs read is cast once, both layouts; the logits' gradient
+    # not at all (the cross-entropy kernel writes it in e5m2)
     gradient_casts = [kind for kind, fmt, _ in made if fmt is E5M2]
-    assert gradient_casts == ["quantize_both"] * (4 * cfg.n_layer + 1)
+    assert gradient_casts == ["quantize_both"] * (4 * cfg.n_layer)
     # each Linear's x and w: one cast into both layouts in forward, none in backward; the
     # head's h and weight are cast per GEMM (forward, then its two gradients)
     casts = Counter(kind for kind, fmt, _ in made if fmt is E4M3)

@@ -110,3 +110,20 @@ def _quantize_t(x: Any, fmt: Fp8Format, rows: bool) -> tuple[Fp8Tensor | None, F
     transposed = Fp8Tensor(codes, scale_inv, fmt, amax)
     return (None if codes_rows is None else Fp8Tensor(codes_rows, scale_inv, fmt, amax),
             transposed)
+
+
+def transpose_codes(q: Fp8Tensor) -> Fp8Tensor:
+    """q^T's codes (cols, rows), same factor and format, for FP8 codes q (rows, cols) that a
+    kernel wrote without their other layout (the cross-entropy's e5m2 gradient): a byte
+    transpose through shared tiles, 16 codes an access. rows and cols: multiples of 16."""
+    import cupy
+
+    rows, cols = q.codes.shape
+    if rows % 16 or cols % 16 or not q.codes.flags.c_contiguous:
+        raise ValueError(f"transpose_codes takes C-contiguous codes whose sides are multiples "
+                         f"of 16, not {q.codes.shape}")
+    out = cupy.empty((cols, rows), np.uint8)
+    _CAST.typed("fp8_transpose_codes", np.dtype(np.float32))(
+        (-(-cols // VEC_TILE), -(-rows // VEC_TILE)), (THREADS,),
+        (q.codes, np.int32(rows), np.int32(cols), out))
+    return Fp8Tensor(out, q.scale_inv, q.fmt, q.amax)

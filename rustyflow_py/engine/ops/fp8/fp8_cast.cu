@@ -190,3 +190,33 @@ extern "C" __global__ void fp8_quantize_t_vec(const rf_vec* __restrict__ x, int 
         }
     }
 }
+
+// q_t (cols x rows) = q^T for FP8 codes q (rows x cols) made elsewhere (the cross-entropy's
+// gradient, xent.cu): tiles of TV x TV codes, each thread reading 16 codes of a row of q and
+// writing 16 of a row of q_t, through the tile in shared memory as fp8_quantize_t_vec's. For
+// rows and cols multiples of 16, both arrays 16-byte aligned.
+extern "C" __global__ void fp8_transpose_codes(const uint4* __restrict__ q, int rows, int cols,
+                                               unsigned char* __restrict__ q_t) {
+    __shared__ __align__(16) unsigned char tile[TV * TV_PITCH];  // [q's column][q's row]
+    const int c0 = blockIdx.x * TV, r0 = blockIdx.y * TV;
+    const int row_vecs = cols / 16;
+    for (int v = threadIdx.x; v < TV * (TV / 16); v += blockDim.x) {
+        int r = v / (TV / 16), cv = v % (TV / 16);
+        int c = c0 + cv * 16;
+        if (r0 + r < rows && c < cols) {
+            uint4 in = q[(long long)(r0 + r) * row_vecs + c / 16];
+            const unsigned char* codes = (const unsigned char*)&in;
+#pragma unroll
+            for (int j = 0; j < 16; j++) tile[(cv * 16 + j) * TV_PITCH + r] = codes[j];
+        }
+    }
+    __syncthreads();
+    for (int t = threadIdx.x; t < TV * (TV / 16); t += blockDim.x) {
+        int oc = t / (TV / 16), part = t % (TV / 16);  // q_t's row (q's column), 16-code chunk
+        int c = c0 + oc, r = r0 + part * 16;
+        if (c < cols && r < rows) {
+            const unsigned int* from = (const unsigned int*)&tile[oc * TV_PITCH + part * 16];
+            *(uint4*)&q_t[(long long)c * rows + r] = make_uint4(from[0], from[1], from[2], from[3]);
+        }
+    }
+}

@@ -21,6 +21,8 @@ import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
+import numpy as np
+
 from ...precision import dtype_name
 from ..fp8 import cuda as casts
 from ..fp8.formats import E4M3, E5M2, Fp8Format, Fp8Tensor, decode_table
@@ -63,8 +65,8 @@ class Fp8Operand:
     def dense(self, xp: Any) -> Any:
         """The values the codes stand for, as an array of `dtype` (when a GEMM cannot take
         the codes: the bf16 product of the same quantised values)."""
-        values = xp.asarray(decode_table(self.q.fmt))[self.q.codes] * self.q.scale_inv
-        values = values.astype(self.dtype)
+        table = xp.asarray(decode_table(self.q.fmt), np.float32)  # exact: FP8 fits float32
+        values = (table[self.q.codes] * self.q.scale_inv).astype(self.dtype)
         return values.T if self.stored_t else values
 
 

@@ -9,8 +9,11 @@ from typing import Any
 
 import numpy as np
 
-from ...precision import accumulate_dtype
+from ...precision import accumulate_dtype, dtype_name
 from .. import cuda_build
+from ..fp8 import cuda as casts
+from ..fp8.formats import E5M2, Fp8Tensor
+from ..gemm.fp8 import Fp8Operand
 from .reference import CrossEntropyReference
 
 _XENT = cuda_build.source(__file__, "xent.cu", cuda_build.dtype_defines(np.float32))
@@ -35,6 +38,7 @@ def _vec(x: Any) -> np.int32:
 
 class CudaCrossEntropy(CrossEntropyReference):
     calls = ("shared_gradient",)  # the head's two backward GEMMs read d(logits) both ways
+    uses = ("fp8",)  # a PRECISION=fp8 run's GEMMs (else None): the head's gradient in e5m2
 
     def cross_entropy(
         self, logits: Any, targets: Any, need_grad: bool, inplace: bool
@@ -85,6 +89,11 @@ class CudaCrossEntropy(CrossEntropyReference):
             wp[:v] = w
             wp[v:] = 0
         padded = mm(h, wp, transpose_b=True)  # (N, Vp)
+        if (need_grad and self.fp8 is not None and dtype_name(padded.dtype) == "bfloat16"
+                and padded.shape[0] % 16 == 0):
+            # the head's FP8 GEMMs read the gradient as codes: the bf16 logits are not kept
+            loss, codes = self._loss_and_codes(padded, targets, v)
+            return loss, (None, h, wp, codes, v)
         if need_grad and padded.dtype != np.float16:
             # the loss and (softmax - onehot) / N in one pass; backward scales by g on the
             # (N, E) side. Not float16: its gradients are loss-scaled, and (softmax -
@@ -104,6 +113,50 @@ class CudaCrossEntropy(CrossEntropyReference):
             (n,), (_FUSED_THREADS,), (logits, targets, lse, nll, np.int32(n), np.int32(v),
                            np.int32(_row_stride(logits)), _vec(logits)))
         return nll.mean()
+
+    def _loss_and_codes(self, padded: Any, targets: Any, v: int) -> tuple[Any, Fp8Operand]:
+        """_loss_and_grad for a PRECISION=fp8 run: the gradient (N, Vp) as e5m2 codes scaled
+        by its bound 1 / N (xent_fwd_grad_e5m2), the pad columns zero. It needs no amax pass
+        and no cast, and the bf16 gradient is never written: the codes are a quarter of the
+        logits' write and read, and half their memory."""
+        xp = self.xp
+        targets = xp.ascontiguousarray(targets, dtype=np.int32)
+        n, vp = padded.shape
+        lse = xp.empty(n, dtype=np.float32)
+        nll = xp.empty_like(lse)
+        codes = xp.empty((n, vp), np.uint8)
+        _XENT.typed("xent_fwd_grad_e5m2", padded.dtype)(
+            (n,), (_FUSED_THREADS,), (padded, targets, lse, nll, codes, np.int32(v),
+                                      np.int32(_row_stride(padded)), np.int32(vp),
+                                      _vec(padded)))
+        scale_inv = xp.full(1, 1.0 / (E5M2.max * n), np.float32)
+        return nll.mean(), Fp8Operand(Fp8Tensor(codes, scale_inv, E5M2), False, padded.dtype)
+
+    def _head_grads(self, padded: Any, wp: Any, h: Any, v: int, need_h: bool, need_w: bool,
+                    mm: Callable[..., Any], w_into: Any) -> tuple[Any, Any]:
+        """dh = d(logits) @ Wp and dW = d(logits)[:, :V]^T @ h from the bf16 d(logits). Both
+        GEMMs read all of it, as rows and transposed, unless dW is added from its first V
+        columns only (a view that is neither): then it is not a shared gradient."""
+        both = need_h and need_w and (w_into is None or padded.shape[1] == v)
+        with self.shared_gradient(padded) if both else contextlib.nullcontext():
+            dh = mm(padded, wp, gradient="a") if need_h else None  # (N, E)
+            if need_w and w_into is not None:
+                mm(padded[:, :v].T, h, out=w_into, accumulate=True, gradient="a")  # (V, E)
+                return dh, None
+            return dh, (mm(padded.T, h, gradient="a")[:v] if need_w else None)  # (V, E)
+
+    def _head_grads_e5m2(self, codes: Fp8Operand, wp: Any, h: Any, v: int, need_h: bool,
+                         need_w: bool, mm: Callable[..., Any], w_into: Any
+                         ) -> tuple[Any, Any]:
+        """dh = d(logits) @ Wp and dW = d(logits)[:, :V]^T @ h from the forward's e5m2 codes:
+        their transpose's first V rows (V, N) for dW, by one byte transpose."""
+        dh = mm(codes, wp, gradient="a") if need_h else None  # (N, E)
+        if not need_w:
+            return dh, None
+        t = casts.transpose_codes(codes.q)  # (Vp, N)
+        cols = Fp8Operand(Fp8Tensor(t.codes[:v], t.scale_inv, E5M2), False, codes.dtype)
+        dw = mm(cols, h, out=w_into, accumulate=w_into is not None, gradient="a")  # (V, E)
+        return dh, (dw if w_into is None else None)
 
     def _scaled(self, x: Any, g: Any, out: Any) -> Any:
         """out = x * g (a 0-d acc array), over 16-byte vectors where x and out allow."""
@@ -129,16 +182,10 @@ class CudaCrossEntropy(CrossEntropyReference):
             g = self.xp.ascontiguousarray(g, dtype=accumulate_dtype(h.dtype))
             if need_w:
                 h = self._scaled(h, g, self.xp.empty_like(h))
-        # both GEMMs read the whole of d(logits), as rows and transposed, unless the weight
-        # gradient is added from its first V columns only (a view that is neither)
-        both = need_h and need_w and (w_into is None or padded.shape[1] == v)
-        with self.shared_gradient(padded) if both else contextlib.nullcontext():
-            dh = mm(padded, wp, gradient="a") if need_h else None  # (N, E)
-            dw = None
-            if need_w and w_into is not None:
-                mm(padded[:, :v].T, h, out=w_into, accumulate=True, gradient="a")  # (V, E)
-            elif need_w:
-                dw = mm(padded.T, h, gradient="a")[:v]  # (V, E)
+        if isinstance(padded, Fp8Operand):  # e5m2 codes from the forward
+            dh, dw = self._head_grads_e5m2(padded, wp, h, v, need_h, need_w, mm, w_into)
+        else:
+            dh, dw = self._head_grads(padded, wp, h, v, need_h, need_w, mm, w_into)
         if dh is not None and g is not None:
             self._scaled(dh, g, dh)
         return dh, dw

@@ -5,6 +5,7 @@
 #include "types.cuh"
 #include "vec.cuh"
 #include "warp_reduce.cuh"
+#include <cuda_fp8.h>
 
 // exp in acc: the SFU's __expf for float (the loss and its gradient are in 16 bits or float,
 // where its few-ulp error never shows), the exact exp for the double checks.
@@ -104,6 +105,48 @@ extern "C" __global__ void __launch_bounds__(1024) xent_fwd_grad(real* logits, c
     }
     __syncthreads();  // the target's logit is read before the row is overwritten
     row_grad(xr, xr, t, l, (acc)1 / n, v, vec);
+}
+
+// The codes of a row's d(logits) in e5m2, for a PRECISION=fp8 run's LM head: (softmax -
+// onehot(t)) * 57344 (e5m2's largest value), so that their read-back factor is
+// 1 / (57344 N) for the gradient (softmax - onehot) / N, whose magnitude is at most 1 / N:
+// scaled by that bound, no amax pass is needed. Columns v to ldq (the pad) get zero codes.
+// q's rows are ldq codes apart, a multiple of 8 (its vectors of RF_VEC codes stay aligned).
+struct __align__(RF_VEC) rf_codes8 {
+    unsigned char b[RF_VEC];
+};
+
+__device__ __forceinline__ unsigned char e5m2_of(acc x) {
+    return __nv_cvt_float_to_fp8((float)x * 57344.0f, __NV_SATFINITE, __NV_E5M2);
+}
+
+__device__ void row_grad_e5m2(const real* xr, unsigned char* q, int t, acc l, int v, int ldq,
+                              int vec) {
+    int head = vec ? v / RF_VEC * RF_VEC : 0;
+    for (int i = threadIdx.x; i < head / RF_VEC; i += blockDim.x) {
+        rf_vec a = ((const rf_vec*)xr)[i];
+        rf_codes8 d;
+#pragma unroll
+        for (int k = 0; k < RF_VEC; ++k)
+            d.b[k] = e5m2_of(rf_exp((acc)a.v[k] - l) - (i * RF_VEC + k == t ? 1 : 0));
+        ((rf_codes8*)q)[i] = d;
+    }
+    for (int i = head + threadIdx.x; i < ldq; i += blockDim.x)
+        q[i] = i < v ? e5m2_of(rf_exp((acc)xr[i] - l) - (i == t ? 1 : 0)) : 0;
+}
+
+// xent_fwd_grad with the gradient as e5m2 codes into q (N x ldq) instead of over the logits.
+extern "C" __global__ void __launch_bounds__(1024) xent_fwd_grad_e5m2(
+        const real* logits, const int* targets, acc* lse, acc* nll, unsigned char* q, int v,
+        int ld, int ldq, int vec) {
+    int row = blockIdx.x, t = targets[row];
+    const real* xr = logits + (long long)row * ld;
+    acc l = row_lse(xr, v, vec);
+    if (threadIdx.x == 0) {
+        lse[row] = l;
+        nll[row] = l - (acc)xr[t];
+    }
+    row_grad_e5m2(xr, q + (long long)row * ldq, t, l, v, ldq, vec);
 }
 
 // out = x * g[0] over 16-byte vectors (out may be x): the upstream gradient applied on the
