@@ -53,7 +53,8 @@ class Peak:
     source: str
 
 
-PEER = {"fp8": "bf16"}  # a precision timed against another's peak and PyTorch rows
+# a precision timed against another's peak and PyTorch rows
+PEER = {"fp8": "bf16", "fp8-delayed": "bf16"}
 
 
 def peak_for(device_name: str, precision: str) -> Peak | None:

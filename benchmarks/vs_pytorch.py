@@ -94,12 +94,13 @@ DEFAULT_STEPS = {  # (warm-up, timed) steps per shape: a 2-core CPU takes ~10 s 
             "gpt2-b32": (5, 20)},
 }
 MiB, GiB = 2**20, 2**30
-PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8")
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16", "fp8", "fp8-delayed")
 GPU_DEFAULT = PRECISIONS[:4]  # fp8 only when asked for: its rows need bf16's beside them
-GPU_ONLY = ("tf32", "bf16", "fp16", "fp8")  # TF32 is a GPU GEMM mode; the rest GPU-only
+# TF32 is a GPU GEMM mode; the rest GPU-only
+GPU_ONLY = ("tf32", "bf16", "fp16", "fp8", "fp8-delayed")
 # max relative loss difference; fp8 is held to PyTorch's bf16 (mfu.PEER: PyTorch trains no
 # GEMM in FP8 without Transformer Engine or torchao), with bf16's bound
-CURVE_BOUNDS = {"fp32": 0.01, "bf16": 0.02, "fp16": 0.02, "fp8": 0.02}
+CURVE_BOUNDS = {"fp32": 0.01, "bf16": 0.02, "fp16": 0.02, "fp8": 0.02, "fp8-delayed": 0.02}
 # PyTorch's fp32-matmul mode under autocast: TF32 allowed, as in the tf32 rows. Autocast runs
 # every GEMM of this model (Linear, attention, the tied head) in 16 bits, so none is left.
 AUTOCAST_MATMUL = "high"
@@ -383,11 +384,17 @@ def free_gpu_memory() -> None:
         torch.cuda.empty_cache()
 
 
+def policy_of(precision: str, **settings: Any) -> RunPolicy:
+    """The RunPolicy of a precision name: fp8-delayed is PRECISION=fp8, FP8_SCALING=delayed."""
+    base, _, scaling = precision.partition("-")
+    return RunPolicy(Precision.of(base), fp8_scaling=scaling or "current", **settings)
+
+
 def measure_rustyflow(job: Job, lister: KernelLister | None = None) -> dict[str, Any]:
     """RustyFlow's row; with a `lister`, a graph row also lists its step's kernels (sampled
     replays after the timed ones)."""
-    backend = get_backend(job.device, RunPolicy(
-        Precision.of(job.precision), attention=job.attention, threads=job.threads,
+    backend = get_backend(job.device, policy_of(
+        job.precision, attention=job.attention, threads=job.threads,
         graph="auto" if job.mode == "graph" else "off",
         cpu_jit="off" if job.mode == "numpy" else "auto"))
     base = rss_bytes()
@@ -523,7 +530,7 @@ def loss_curves(device: str, shape: str, cfg: GPTConfig, batches: Batches,
     """Train both from the same weights on the same batches with the same schedule at
     `precision` (PyTorch under autocast for bf16/fp16), and the worst relative gap."""
     ours, our_scaler = rustyflow_curve(device, cfg, batches,
-                                       RunPolicy(Precision.of(precision), threads=threads))
+                                       policy_of(precision, threads=threads))
     if device == "gpu":
         free_gpu_memory()
     theirs, their_scaler = pytorch_curve(device, cfg, batches, peer(precision))
@@ -718,9 +725,9 @@ def fp8_lines(rows: list[tuple[Job, dict[str, Any]]]) -> list[str]:
     step time over fp8's: above 1 is faster)."""
     ok = {(j.shape, j.precision, j.label()): statistics.median(r["times"])
           for j, r in rows if j.framework == "rustyflow" and r["status"] == "ok"}
-    out = [f"{describe_shape(shape)} {label}: fp8 {ok[(shape, 'bf16', label)] / t:.3f}x "
+    out = [f"{describe_shape(shape)} {label}: {precision} {ok[(shape, 'bf16', label)] / t:.3f}x "
            f"bf16's tokens/s" for (shape, precision, label), t in ok.items()
-           if precision == "fp8" and (shape, "bf16", label) in ok]
+           if precision.startswith("fp8") and (shape, "bf16", label) in ok]
     return ["", "fp8 against RustyFlow's bf16 (same shape and mode, one process): "
             + "; ".join(out) + "."] if out else []
 
@@ -760,6 +767,11 @@ def precision_notes(names: set[str]) -> list[str]:
             "weights, e5m2 gradients, per-tensor current scaling, fp32 accumulation); "
             "attention stays bf16. Its ratios and loss curve are against PyTorch's bf16 rows "
             "(PyTorch has no FP8 training of its own), its MFU against the bf16 peak")
+    if "fp8-delayed" in names:
+        notes.append(
+            "- fp8-delayed: fp8 with FP8_SCALING=delayed: in the replayed graph each cast is "
+            "scaled by the amax its tensor had in the step before (taken while casting), with "
+            "no amax pass; held to the same rows, peak and bound as fp8")
     return notes
 
 
@@ -819,9 +831,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--shapes", help="comma-separated: seed,small,medium,gpt2-b16,gpt2-b32 "
                    "(the gpt2 shapes are GPU-only; cpu default: seed,small; gpu: seed,small,"
                    "medium)")
-    p.add_argument("--precisions", help="comma-separated: fp32,tf32,bf16,fp16,fp8 (all but "
-                   "fp32 GPU-only; fp8 with bf16 beside it; cpu default: fp32; gpu: the first "
-                   "four)")
+    p.add_argument("--precisions", help="comma-separated: fp32,tf32,bf16,fp16,fp8,fp8-delayed "
+                   "(all but fp32 GPU-only; fp8 and fp8-delayed (FP8_SCALING=delayed) with "
+                   "bf16 beside them; cpu default: fp32; gpu: the first four)")
     p.add_argument("--steps", type=int, help="timed steps per run (default per shape)")
     p.add_argument("--warmup", type=int, help="untimed steps first (default per shape)")
     p.add_argument("--windows", type=int, default=5, help="timed windows (median reported)")

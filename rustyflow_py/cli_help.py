@@ -31,7 +31,7 @@ KEY_SECTIONS = {
                      "LOCKED_DROPOUT", "LABEL_SMOOTHING", "EMA_DECAY", "EMA_START",
                      "AVERAGE_LAST_K"), "Regularisation"),
     **dict.fromkeys(("EVAL_INTERVAL", "PATIENCE", "EVAL_STRIDE", "EVAL_TOKENS"), "Evaluation"),
-    "PRECISION": "Precision",
+    **dict.fromkeys(("PRECISION", "FP8_SCALING"), "Precision"),
     **dict.fromkeys(("DEVICE", "STRICT_DEVICE", "THREADS", "CPU_JIT"), "Device"),
     **dict.fromkeys(("GRAPH", "ATTENTION"), "GPU"),
     **dict.fromkeys(("NUM_GPUS", "GRAD_ACCUM_STEPS", "SHARD_OPTIMIZER", "BUCKET_MB",

@@ -85,6 +85,54 @@ def test_fp8_gemms_are_held_to_the_fp8_peak() -> None:
     assert h100["tflops"]["fp8"] == pytest.approx(2 * h100["tflops"]["bf16"], rel=1e-3)
 
 
+class FakeStream:
+    capturing = False
+
+    def is_capturing(self) -> bool:
+        return self.capturing
+
+
+def test_delayed_scaling_sites_follow_the_warm_up_steps_casts() -> None:
+    """FP8_SCALING=delayed: before the first capture each eager cast measures its amax into
+    the site row of its number; the capture's casts take the rows from 0 again, in the same
+    order, so each is seeded by the warm-up step's amax of the same cast; eager casts after
+    it are current; a later capture takes the rows after the first's."""
+    from types import SimpleNamespace
+
+    from rustyflow_py.engine.ops.fp8 import cuda
+    from rustyflow_py.engine.ops.gemm.fp8 import Fp8Gemms
+
+    stream = FakeStream()
+    lt = SimpleNamespace(stream=stream, xp=np)
+    gemms = Fp8Gemms(lambda: lt, delayed=True)
+    eager = [gemms._scaling() for _ in range(3)]  # the warm-up step's casts
+    assert all(s.site is None for s in eager)
+    for i, s in enumerate(eager):
+        s.amax[0] = 10.0 + i  # what each measured
+        assert np.shares_memory(s.amax, gemms._sites[i])
+    stream.capturing = True
+    captured = [gemms._scaling() for _ in range(3)]
+    assert [float(s.site[1]) for s in captured] == [10.0, 11.0, 12.0]  # seeded, in order
+    stream.capturing = False
+    assert gemms._scaling() is cuda.CURRENT  # eager after the capture
+    stream.capturing = True
+    assert np.shares_memory(gemms._scaling().site, gemms._sites[3])  # after the first's
+    assert Fp8Gemms(lambda: lt)._scaling() is cuda.CURRENT  # FP8_SCALING=current
+
+
+@pytest.mark.usefixtures("tiny_dir")
+def test_fp8_scaling_delayed_needs_fp8() -> None:
+    from helpers import make_cfg
+
+    from rustyflow_py.training.config.policy import run_policy
+
+    with pytest.raises(ConfigError, match="FP8_SCALING=delayed .* scales FP8 casts, but "
+                                          "PRECISION=bf16 .* set PRECISION=fp8"):
+        make_cfg(PRECISION="bf16", FP8_SCALING="delayed")
+    cfg = make_cfg(PRECISION="fp8", FP8_SCALING="delayed", DEVICE="gpu")
+    assert run_policy(cfg).fp8_scaling == "delayed"
+
+
 # ---- on a GPU with FP8 tensor cores -----------------------------------------------------------
 @pytest.fixture(scope="module")
 def fp8_backend() -> Any:
@@ -168,9 +216,9 @@ def spy_casts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any, tuple[int
     for name in ("quantize", "quantize_t", "quantize_both"):
         real = getattr(cuda, name)
 
-        def spy(x: Any, fmt: Any, _real: Any = real, _name: str = name) -> Any:
+        def spy(x: Any, fmt: Any, *scaling: Any, _real: Any = real, _name: str = name) -> Any:
             made.append((_name, fmt, tuple(x.shape)))
-            return _real(x, fmt)
+            return _real(x, fmt, *scaling)
 
         monkeypatch.setattr(cuda, name, spy)
     return made
@@ -315,6 +363,48 @@ def test_the_head_writes_its_gradient_in_e5m2_scaled_by_its_bound(
     dw = into if w_into else dw
     assert dw.shape == (vocab, e)
     assert rel_max(dw.get(), dlogits[:, :vocab].T @ fp8_of(h, E4M3)) < 1e-2
+
+
+def delayed_cast(kind: str, x: Any, fmt: Any, site: Any) -> list[Any]:
+    """The codes of a delayed cast of x at `site`, each layout it writes as a host array."""
+    from rustyflow_py.engine.ops.fp8 import cuda
+
+    out = getattr(cuda, kind)(x, fmt, cuda.Scaling(site=site))
+    made = out if isinstance(out, tuple) else (out,)
+    assert all(q.amax is None and q.scale_inv is made[0].scale_inv for q in made)
+    return [q.codes.get() for q in made] + [made[0].scale_inv.get()[0]]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("kind, shape", [
+    ("quantize", (256, 96)), ("quantize", (333, 517)),  # by vector, by value
+    ("quantize_t", (256, 96)), ("quantize_t", (333, 517)), ("quantize_both", (272, 200)),
+    ("quantize_both", (40, 24))])
+@pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=sorted(FORMATS))
+def test_a_delayed_cast_is_scaled_by_the_last_amax_and_keeps_its_own(
+        fp8_backend: Any, kind: str, shape: tuple[int, int], fmt: Any) -> None:
+    """Delayed scaling's site: a cast scales by the amax the site kept from the last replay
+    (seeded: 3.0), bit for bit as the NumPy recipe with that amax (values beyond it
+    saturate), keeps its own tensor's amax for the next one, and clears the slot it read;
+    the next cast at the site reads that amax."""
+    xp, rng = fp8_backend.xp, np.random.default_rng(16)
+    site = xp.zeros(4, np.float32)
+    site[1] = 3.0  # the last replay's amax: parity 0 reads amax[1]
+    for step, (last, size) in enumerate([(3.0, 1.0), (7.5, 0.01)]):
+        host = (rng.standard_normal(shape) * size).astype(bf16())
+        if step == 0:
+            host[0, -1] = 7.5  # beyond the last amax: saturates, and is this one's amax
+        *codes, scale_inv = delayed_cast(kind, xp.asarray(host), fmt, site)
+        want, want_inv = quantize(host.astype(np.float32), fmt, amax=last)
+        layouts = {"quantize": [want], "quantize_t": [want.T], "quantize_both": [want, want.T]}
+        for got, ref in zip(codes, layouts[kind], strict=True):
+            np.testing.assert_array_equal(got, ref)
+        assert scale_inv == want_inv
+        row = site.get()
+        amax = float(np.abs(host.astype(np.float32)).max())
+        parity = step ^ 1  # the slot the next cast fills
+        assert row[parity ^ 1] == amax and row[parity] == 0  # kept; the read slot cleared
+        assert list(row.view(np.uint32)[2:]) == [parity, 0]  # parity turned, no block left
 
 
 def gemms(backend: Any) -> Any:

@@ -205,22 +205,39 @@ def test_fp16_scaled_gradients_equal_the_unscaled_ones_after_unscaling() -> None
 
 @GPU
 @pytest.mark.gpu
-@pytest.mark.parametrize("name", ["bf16", "fp16", "fp8"])
+@pytest.mark.parametrize("name", ["bf16", "fp16", "fp8", "fp8-delayed"])
 def test_training_in_16_bit_with_graph_replay(name: str,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """fp8 also runs its Linear layers' GEMMs and the head's in FP8 inside the captured step
-    (forward, input and weight gradients): none of them fell back to bf16 there."""
-    if name == "fp8":
+    (forward, input and weight gradients): none of them fell back to bf16 there. With
+    FP8_SCALING=delayed every cast inside the captured step is scaled from its site."""
+    from rustyflow_py.engine.ops.gemm.fp8 import Fp8Gemms
+
+    precision, _, scaling = name.partition("-")
+    if precision == "fp8":
         fp8_tensor_cores()
     fp8_calls = spy_fp8_gemms(monkeypatch)
-    cfg = make_cfg(DEVICE="gpu", PRECISION=name, NUM_EPOCHS=3, GRAPH="on", PROFILE=True,
-                   PROFILE_STEPS=2)
+    scalings: list[tuple[bool, bool]] = []  # (in the capture, from a site)
+    real = Fp8Gemms._scaling
+
+    def spy(self: Any) -> Any:
+        chosen = real(self)
+        scalings.append((self._lt().stream.is_capturing(), chosen.site is not None))
+        return chosen
+
+    monkeypatch.setattr(Fp8Gemms, "_scaling", spy)
+    cfg = make_cfg(DEVICE="gpu", PRECISION=precision, NUM_EPOCHS=3, GRAPH="on", PROFILE=True,
+                   PROFILE_STEPS=2, FP8_SCALING=scaling or "current")
     trainer = Trainer(cfg, quiet)
     record = trainer.run()
-    assert record["status"] == "completed" and record["graph"] and record["precision"] == name
+    assert (record["status"] == "completed" and record["graph"]
+            and record["precision"] == precision)
+    assert record["fp8_scaling"] == ((scaling or "current") if precision == "fp8" else None)
     captured = {call for call in fp8_calls if call.endswith(":captured")}
     assert captured == ({"linear:None:captured", "matmul:None:captured", "matmul:a:captured",
-                         "matmul:b:captured"} if name == "fp8" else set())
+                         "matmul:b:captured"} if precision == "fp8" else set())
+    in_capture = {sited for capturing, sited in scalings if capturing}
+    assert in_capture == ({scaling == "delayed"} if precision == "fp8" else set())
     losses = trainer.losses
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
     assert math.isfinite(record["val_ppl"]) and math.isfinite(record["test_ppl"])

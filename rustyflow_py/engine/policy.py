@@ -23,6 +23,7 @@ from .precision import MatmulCompute, Precision
 
 Attention = Literal["auto", "own", "cudnn", "materialized"]
 Switch = Literal["auto", "on", "off"]
+Fp8Scaling = Literal["current", "delayed"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -38,7 +39,10 @@ class RunPolicy:
       cuBLASLt's GEMM epilogues (GPU; off only to compare with the unfused formulation);
     - `graph`: whether the GPU step is replayed as a CUDA graph (GRAPH);
     - `threads`: CPU threads for RustyFlow's kernel pool, 0 = every core (THREADS);
-    - `cpu_jit`: the CPU's numba kernels: auto, on (numba required) or off (CPU_JIT).
+    - `cpu_jit`: the CPU's numba kernels: auto, on (numba required) or off (CPU_JIT);
+    - `fp8_scaling`: how a PRECISION=fp8 run scales its casts (FP8_SCALING): "current" (an
+      amax pass over each tensor first) or "delayed" (in the replayed graph, by the amax the
+      same cast measured in the last replay), engine/ops/gemm/fp8.py.
     """
 
     precision: Precision = dataclasses.field(default_factory=lambda: Precision.of("fp32"))
@@ -47,6 +51,7 @@ class RunPolicy:
     graph: Switch = "auto"
     threads: int = 0
     cpu_jit: Switch = "auto"
+    fp8_scaling: Fp8Scaling = "current"
 
     @property
     def matmul_compute(self) -> MatmulCompute:

@@ -56,7 +56,7 @@ class CudaKernels(KernelSet):
         self.fp8 = None
         if policy.matmul_compute == "fp8":  # on a GPU without FP8 GEMMs: the error now
             check_fp8_gemms(self.backend.hardware(), gpu_capability(self.backend.index))
-            self.fp8 = Fp8Gemms(self._lt)
+            self.fp8 = Fp8Gemms(self._lt, delayed=policy.fp8_scaling == "delayed")
         self.epilogues = policy.epilogues
         self.cublas = in_compute(self._device_cublas, policy.matmul_compute)
         self._cublaslt: CublasLt | None = None  # this view's, on first use

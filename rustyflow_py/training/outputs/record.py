@@ -65,6 +65,7 @@ def build_record(parts: RunParts, state: LoopState, status: str, message: str | 
                   "seq_len": m.seq_len, "batch": cfg.batch_size, "vocab": m.vocab_size,
                   "params": parts.model.num_params()},
         "precision": cfg.precision,
+        "fp8_scaling": cfg.fp8_scaling if cfg.precision == "fp8" else None,
         "optimizer": cfg.optimizer,
         "optimizer_settings": optimizer_settings(cfg),
         "regularisation": _regularisation(cfg, m),

@@ -1,6 +1,7 @@
-"""FP8 per-tensor current scaling on the GPU (fp8_cast.cu): a tensor's amax, then its codes and
-read-back factor, two kernels on the current stream with the scale kept on the device, so
-the pair is graph-capturable and the host never waits.
+"""FP8 per-tensor scaling on the GPU (fp8_cast.cu). Current scaling: a tensor's amax, then its
+codes and read-back factor, two kernels on the current stream with the scale kept on the
+device, so the pair is graph-capturable and the host never waits. Delayed scaling: one
+kernel, scaled by the amax its site kept from the last replay (`Scaling`).
 
 Hand-written because neither CuPy (no float8 dtype) nor cuBLASLt (its FP8 GEMMs take codes
 already scaled) converts a bf16 or fp32 tensor to FP8 codes with a scale it computes itself.
@@ -8,6 +9,7 @@ already scaled) converts a bf16 or fp32 tensor to FP8 codes with a scale it comp
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import numpy as np
@@ -24,15 +26,33 @@ VEC_TILE = 64  # fp8_quantize_t_vec's tile (fp8_cast.cu's TV): blocks of THREADS
 MAX_BLOCKS = 1024  # grid-stride beyond: 8 blocks of 256 threads per SM of an H100 and more
 
 
+@dataclasses.dataclass(frozen=True)
+class Scaling:
+    """How a cast is scaled. Current (no `site`): an amax pass over the tensor first, into
+    `amax` (float32 (1,)) when given, else into a new buffer. Delayed: `site`, a float32 (4,)
+    row of fp8_cast.cu's rf_site, whose amax of the last replay scales this one and which
+    takes this one's (no amax pass; the result's `.amax` is None)."""
+
+    amax: Any = None
+    site: Any = None
+
+
+CURRENT = Scaling()
+
+
 def _grid(n: int) -> tuple[int]:
     return (max(1, min(MAX_BLOCKS, -(-n // THREADS))),)
 
 
-def _kernel(name: str, x: Any, fmt: Fp8Format) -> tuple[Any, int]:
-    """(kernel `name` for x's dtype and `fmt`, the items it takes): the form over 16-byte
-    vectors when x is whole aligned vectors, else the one a value at a time."""
+def _defines(fmt: Fp8Format, delayed: bool = False) -> tuple[str, ...]:
+    return (f"-DRF_E4M3={int(fmt is E4M3)}",) + (("-DRF_DELAYED=1",) if delayed else ())
+
+
+def _kernel(name: str, x: Any, fmt: Fp8Format, delayed: bool = False) -> tuple[Any, int]:
+    """(kernel `name` for x's dtype, `fmt` and scaling, the items it takes): the form over
+    16-byte vectors when x is whole aligned vectors, else the one a value at a time."""
     vecs = cuda_build.vectors(x)
-    defines = (f"-DRF_E4M3={int(fmt is E4M3)}",)
+    defines = _defines(fmt, delayed)
     if vecs:
         return _CAST.typed(f"{name}_vec", x.dtype, x, defines=defines), vecs
     return _CAST.typed(name, x.dtype, x, defines=defines), x.size
@@ -47,45 +67,58 @@ def _amax_into(x: Any, amax: Any) -> Any:
     return amax
 
 
+def _scale_from(x: Any, scaling: Scaling) -> tuple[Any, Any]:
+    """(the cast kernel's scale argument: x's amax, measured now, or the site; that amax or
+    None)."""
+    import cupy
+
+    if scaling.site is not None:
+        return scaling.site, None
+    amax = _amax_into(x, cupy.empty(1, np.float32) if scaling.amax is None else scaling.amax)
+    return amax, amax
+
+
 def _check_storage(x: Any) -> None:
     if x.dtype.name not in STORAGE:
         raise TypeError(f"FP8 casts take {', '.join(STORAGE)} tensors, not {x.dtype}: cast "
                         f"it to one of them first")
 
 
-def quantize(x: Any, fmt: Fp8Format = E4M3) -> Fp8Tensor:
-    """x (float32, bfloat16, float16 or float64, any shape) in FP8 under current scaling
-    (formats.py), with its amax as `.amax`."""
+def quantize(x: Any, fmt: Fp8Format = E4M3, scaling: Scaling = CURRENT) -> Fp8Tensor:
+    """x (float32, bfloat16, float16 or float64, any shape) in FP8 (formats.py's recipe under
+    current scaling), with its amax as `.amax`."""
     import cupy
 
     _check_storage(x)
     x = cupy.ascontiguousarray(x)
-    amax = _amax_into(x, cupy.empty(1, np.float32))
+    scale, amax = _scale_from(x, scaling)
     codes = cupy.empty(x.shape, np.uint8)
     scale_inv = cupy.empty(1, np.float32)
-    kernel, items = _kernel("fp8_quantize", x, fmt)
-    kernel(_grid(items), (THREADS,), (x, np.int64(items), amax, codes, scale_inv))
+    kernel, items = _kernel("fp8_quantize", x, fmt, scaling.site is not None)
+    kernel(_grid(items), (THREADS,), (x, np.int64(items), scale, codes, scale_inv))
     return Fp8Tensor(codes, scale_inv, fmt, amax)
 
 
-def quantize_t(x: Any, fmt: Fp8Format = E4M3) -> Fp8Tensor:
+def quantize_t(x: Any, fmt: Fp8Format = E4M3, scaling: Scaling = CURRENT) -> Fp8Tensor:
     """x.T in FP8 for a 2-D x (rows, cols), as C-contiguous codes (cols, rows): the layout an
     FP8 GEMM takes for an operand whose reduced axis is x's rows (a weight gradient's x and
     dy), written by one transposing cast after the amax pass, not a cast and a copy: over
     16-byte vectors where rows is a multiple of 16 and cols of a vector, else a value at a
     time."""
-    return _quantize_t(x, fmt, rows=False)[1]
+    return _quantize_t(x, fmt, scaling, rows=False)[1]
 
 
-def quantize_both(x: Any, fmt: Fp8Format = E4M3) -> tuple[Fp8Tensor, Fp8Tensor]:
+def quantize_both(x: Any, fmt: Fp8Format = E4M3, scaling: Scaling = CURRENT
+                  ) -> tuple[Fp8Tensor, Fp8Tensor]:
     """(x, x.T) in FP8 for a 2-D x (rows, cols): codes (rows, cols) and (cols, rows), one amax
     and one scale, from a single read of x: quantize_t's kernel also writing the codes in x's
     own layout. For a gradient that one layer reads both ways."""
-    both = _quantize_t(x, fmt, rows=True)
+    both = _quantize_t(x, fmt, scaling, rows=True)
     return both[0], both[1]
 
 
-def _quantize_t(x: Any, fmt: Fp8Format, rows: bool) -> tuple[Fp8Tensor | None, Fp8Tensor]:
+def _quantize_t(x: Any, fmt: Fp8Format, scaling: Scaling, rows: bool
+                ) -> tuple[Fp8Tensor | None, Fp8Tensor]:
     import cupy
 
     _check_storage(x)
@@ -93,11 +126,11 @@ def _quantize_t(x: Any, fmt: Fp8Format, rows: bool) -> tuple[Fp8Tensor | None, F
         raise ValueError(f"quantize_t takes a 2-D array, not shape {x.shape}")
     x = cupy.ascontiguousarray(x)
     n, cols = x.shape
-    amax = _amax_into(x, cupy.empty(1, np.float32))
+    scale, amax = _scale_from(x, scaling)
     codes = cupy.empty((cols, n), np.uint8)
     scale_inv = cupy.empty(1, np.float32)
     codes_rows = cupy.empty((n, cols), np.uint8) if rows else None
-    defines = (f"-DRF_E4M3={int(fmt is E4M3)}",)
+    defines = _defines(fmt, scaling.site is not None)
     per = cuda_build.per_vector(x.dtype)
     if per and n % 16 == 0 and cols % per == 0 and x.data.ptr % cuda_build.VEC_BYTES == 0:
         kernel = _CAST.typed("fp8_quantize_t_vec", x.dtype, x, defines=defines)
@@ -105,7 +138,7 @@ def _quantize_t(x: Any, fmt: Fp8Format, rows: bool) -> tuple[Fp8Tensor | None, F
     else:
         kernel = _CAST.typed("fp8_quantize_t", x.dtype, x, defines=defines)
         grid, block = (-(-cols // TILE), -(-n // TILE)), (TILE, TILE_ROWS)
-    kernel(grid, block, (x, np.int32(n), np.int32(cols), amax, codes, scale_inv,
+    kernel(grid, block, (x, np.int32(n), np.int32(cols), scale, codes, scale_inv,
                          np.uint64(0) if codes_rows is None else codes_rows))
     transposed = Fp8Tensor(codes, scale_inv, fmt, amax)
     return (None if codes_rows is None else Fp8Tensor(codes_rows, scale_inv, fmt, amax),

@@ -105,9 +105,13 @@ def scale_of(amax: float, fmt: Fp8Format) -> np.float32:
         return np.minimum(np.float32(fmt.max) / amax, MAX_SCALE)
 
 
-def quantize(x: np.ndarray, fmt: Fp8Format) -> tuple[np.ndarray, np.float32]:
+def quantize(x: np.ndarray, fmt: Fp8Format, amax: float | None = None
+             ) -> tuple[np.ndarray, np.float32]:
     """(codes, scale_inv) of x under current scaling, as the GPU computes them: amax and the
-    product x * scale in float32."""
+    product x * scale in float32. Delayed scaling: `amax`, the last step's, instead of x's
+    own (values beyond it saturate)."""
     x32 = np.asarray(x, dtype=np.float32)
-    scale = scale_of(float(np.max(np.abs(x32))) if x32.size else 0.0, fmt)
+    if amax is None:
+        amax = float(np.max(np.abs(x32))) if x32.size else 0.0
+    scale = scale_of(amax, fmt)
     return encode(x32 * scale, fmt), np.float32(1.0) / scale

@@ -3,6 +3,10 @@
 // storage type `real` (types.cuh) and per format: RF_E4M3 = 1 for e4m3, 0 for e5m2. Each
 // kernel has a form over 16-byte vectors (vec.cuh: the tensor a whole number of them,
 // aligned) and one a value at a time for the rest.
+//
+// RF_DELAYED = 1 compiles the casts for delayed scaling (a replayed graph's casts, Fp8Gemms):
+// instead of an amax the caller measured first, each takes a `site` of its own and scales by
+// the amax its tensor had in the previous replay, while taking this replay's amax on the way.
 #include "types.cuh"
 #include "vec.cuh"
 #include <cuda_fp8.h>
@@ -30,16 +34,18 @@ __device__ __forceinline__ float abs_max(float m, real x) {
     return max_nan(m, fabsf((float)x));
 }
 
-// The block's maximum of each thread's m, into amax.
+// The block's maximum of each thread's m, into amax (blocks of up to 1024 threads, 1-D or 2-D).
 __device__ __forceinline__ void block_amax(float m, float* amax) {
     __shared__ float part[32];
+    const int tid = threadIdx.y * blockDim.x + threadIdx.x;
+    const int warps = (blockDim.x * blockDim.y) >> 5;
     m = warp_max_f(m);
-    if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = m;
+    if ((tid & 31) == 0) part[tid >> 5] = m;
     __syncthreads();
-    if (threadIdx.x < 32) {
-        m = threadIdx.x < (blockDim.x >> 5) ? part[threadIdx.x] : 0.0f;
+    if (tid < 32) {
+        m = tid < warps ? part[tid] : 0.0f;
         m = warp_max_f(m);
-        if (threadIdx.x == 0) atomicMax((int*)amax, __float_as_int(m));
+        if (tid == 0) atomicMax((int*)amax, __float_as_int(m));
     }
 }
 
@@ -79,17 +85,59 @@ __device__ __forceinline__ unsigned char to_fp8(real x, float scale) {
     return __nv_cvt_float_to_fp8((float)x * scale, __NV_SATFINITE, FP8_KIND);
 }
 
+// A delayed-scaling site: the amax of the last replay and of this one, by turns (`parity`
+// says which slot this replay fills), and how many of this replay's blocks are done. All
+// zero at first (the scale is then 1); Fp8Gemms seeds the first replay's slot, amax[1], with
+// the amax the warm-up step measured at the same cast.
+struct rf_site {
+    float amax[2];
+    unsigned int parity, done;
+};
+
+// The last block of a replay's cast, once every block has read the last amax (each counts
+// itself done after its reads): that slot is cleared for the next replay, which fills it.
+__device__ __forceinline__ void site_done(float m, rf_site* site, unsigned int parity) {
+    block_amax(m, &site->amax[parity]);
+    if (threadIdx.x == 0 && threadIdx.y == 0) {
+        __threadfence();
+        if (atomicAdd(&site->done, 1u) == gridDim.x * gridDim.y - 1) {
+            site->amax[parity ^ 1] = 0.0f;
+            site->done = 0;
+            site->parity = parity ^ 1;
+        }
+    }
+}
+
+// A cast's scale: from the amax the caller measured (current scaling) or from its site
+// (delayed: the last replay's, this one's taken in `seen` and handed in at the end).
+#if RF_DELAYED
+#define SCALE_FROM rf_site* __restrict__ site
+#define SCALE_BEGIN                                      \
+    const unsigned int parity = site->parity;            \
+    const float scale = scale_of(&site->amax[parity ^ 1]); \
+    float seen = 0.0f
+#define SEEN(v) seen = abs_max(seen, v)
+#define SCALE_END site_done(seen, site, parity)
+#else
+#define SCALE_FROM const float* __restrict__ amax
+#define SCALE_BEGIN const float scale = scale_of(amax)
+#define SEEN(v)
+#define SCALE_END
+#endif
+
 // q = fp8(x * scale), the scale computed by every thread from the device's amax (scale_of:
 // no host round trip); scale_inv = 1 / scale, the factor a GEMM reads q back with.
 extern "C" __global__ void fp8_quantize(const real* __restrict__ x, long long n,
-                                        const float* __restrict__ amax,
-                                        unsigned char* __restrict__ q,
+                                        SCALE_FROM, unsigned char* __restrict__ q,
                                         float* __restrict__ scale_inv) {
-    float scale = scale_of(amax);
+    SCALE_BEGIN;
     if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.0f / scale;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x)
+         i += (long long)gridDim.x * blockDim.x) {
+        SEEN(x[i]);
         q[i] = to_fp8(x[i], scale);
+    }
+    SCALE_END;
 }
 
 // The codes of a vector, stored as one access (q is aligned to RF_VEC bytes).
@@ -98,19 +146,22 @@ struct __align__(RF_VEC) rf_codes {
 };
 
 extern "C" __global__ void fp8_quantize_vec(const rf_vec* __restrict__ x, long long vecs,
-                                            const float* __restrict__ amax,
-                                            rf_codes* __restrict__ q,
+                                            SCALE_FROM, rf_codes* __restrict__ q,
                                             float* __restrict__ scale_inv) {
-    float scale = scale_of(amax);
+    SCALE_BEGIN;
     if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.0f / scale;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < vecs;
          i += (long long)gridDim.x * blockDim.x) {
         rf_vec v = x[i];
         rf_codes c;
 #pragma unroll
-        for (int j = 0; j < RF_VEC; j++) c.b[j] = to_fp8(v.v[j], scale);
+        for (int j = 0; j < RF_VEC; j++) {
+            SEEN(v.v[j]);
+            c.b[j] = to_fp8(v.v[j], scale);
+        }
         q[i] = c;
     }
+    SCALE_END;
 }
 
 // q (cols x rows) = fp8(x^T * scale) for x (rows x cols) row-major: the codes of the transpose,
@@ -122,19 +173,20 @@ extern "C" __global__ void fp8_quantize_vec(const rf_vec* __restrict__ x, long l
 #define TILE 32
 #define TILE_ROWS 8
 extern "C" __global__ void fp8_quantize_t(const real* __restrict__ x, int rows, int cols,
-                                          const float* __restrict__ amax,
-                                          unsigned char* __restrict__ q,
+                                          SCALE_FROM, unsigned char* __restrict__ q,
                                           float* __restrict__ scale_inv,
                                           unsigned char* __restrict__ q_rows) {
     __shared__ unsigned char tile[TILE][TILE + 4];  // + 4: rows land on distinct banks
-    float scale = scale_of(amax);
+    SCALE_BEGIN;
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0 && threadIdx.y == 0)
         *scale_inv = 1.0f / scale;
     int c0 = blockIdx.x * TILE, r0 = blockIdx.y * TILE;
     for (int i = threadIdx.y; i < TILE; i += TILE_ROWS) {
         int r = r0 + i, c = c0 + threadIdx.x;
         if (r < rows && c < cols) {
-            unsigned char code = to_fp8(x[(long long)r * cols + c], scale);
+            real value = x[(long long)r * cols + c];
+            SEEN(value);
+            unsigned char code = to_fp8(value, scale);
             tile[i][threadIdx.x] = code;
             if (q_rows) q_rows[(long long)r * cols + c] = code;
         }
@@ -144,6 +196,7 @@ extern "C" __global__ void fp8_quantize_t(const real* __restrict__ x, int rows, 
         int c = c0 + i, r = r0 + threadIdx.x;
         if (r < rows && c < cols) q[(long long)c * rows + r] = tile[threadIdx.x][i];
     }
+    SCALE_END;
 }
 
 // fp8_quantize_t over 16-byte vectors, for rows % 16 == 0 and cols a whole number of vectors,
@@ -156,12 +209,11 @@ extern "C" __global__ void fp8_quantize_t(const real* __restrict__ x, int rows, 
 #define TV 64
 #define TV_PITCH (TV + 4)
 extern "C" __global__ void fp8_quantize_t_vec(const rf_vec* __restrict__ x, int rows, int cols,
-                                              const float* __restrict__ amax,
-                                              unsigned char* __restrict__ q,
+                                              SCALE_FROM, unsigned char* __restrict__ q,
                                               float* __restrict__ scale_inv,
                                               rf_codes* __restrict__ q_rows) {
     __shared__ __align__(16) unsigned char tile[TV * TV_PITCH];  // [x's column][x's row]
-    float scale = scale_of(amax);
+    SCALE_BEGIN;
     if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = 1.0f / scale;
     const int c0 = blockIdx.x * TV, r0 = blockIdx.y * TV;
     const int row_vecs = cols / RF_VEC, tile_vecs = TV / RF_VEC;
@@ -174,6 +226,7 @@ extern "C" __global__ void fp8_quantize_t_vec(const rf_vec* __restrict__ x, int 
             rf_codes codes;
 #pragma unroll
             for (int j = 0; j < RF_VEC; j++) {
+                SEEN(in.v[j]);
                 codes.b[j] = to_fp8(in.v[j], scale);
                 tile[(cv * RF_VEC + j) * TV_PITCH + r] = codes.b[j];
             }
@@ -189,6 +242,7 @@ extern "C" __global__ void fp8_quantize_t_vec(const rf_vec* __restrict__ x, int 
             *(uint4*)&q[(long long)c * rows + r] = make_uint4(from[0], from[1], from[2], from[3]);
         }
     }
+    SCALE_END;
 }
 
 // q_t (cols x rows) = q^T for FP8 codes q (rows x cols) made elsewhere (the cross-entropy's

@@ -75,13 +75,15 @@ def dense(x: Any, xp: Any) -> Any:
     return x.dense(xp) if isinstance(x, Fp8Operand) else x
 
 
-def codes(x: Any, fmt: Fp8Format) -> Fp8Tensor:
+def codes(x: Any, fmt: Fp8Format, scaling: casts.Scaling = casts.CURRENT) -> Fp8Tensor:
     """The 2-D x (R, C) in FP8 as C-contiguous codes (R, C), whichever way x is stored: a
     transposed view of a C-contiguous array is cast by the transposing kernel, not copied."""
     stored = _stored(x)
     if stored is None:
-        return casts.quantize(x.copy(), fmt)
-    return casts.quantize_t(stored[0], fmt) if stored[1] else casts.quantize(x, fmt)
+        return casts.quantize(x.copy(), fmt, scaling)
+    if stored[1]:
+        return casts.quantize_t(stored[0], fmt, scaling)
+    return casts.quantize(x, fmt, scaling)
 
 
 def _stored(x: Any) -> tuple[Any, bool] | None:
@@ -113,6 +115,9 @@ def _rows(x: Any, what: str) -> Any:
     return x.reshape(-1, x.shape[-1])
 
 
+MAX_SITES = 8192  # delayed scaling's site rows: a step's casts (4 a Linear) many times over
+
+
 class Fp8Gemms:
     """matmul and the Linear layer's GEMM in FP8, on the kernel set's cuBLASLt handle (`lt`,
     the set's maker of it: cuBLASLt is made on first use). A problem cuBLASLt refused is
@@ -122,8 +127,12 @@ class Fp8Gemms:
     there). A Linear's x and w are cast in forward into both layouts at once, and its
     backward reads the layouts it needs from there (`kept`)."""
 
-    def __init__(self, lt: Callable[[], CublasLt]) -> None:
+    def __init__(self, lt: Callable[[], CublasLt], delayed: bool = False) -> None:
         self._lt = lt
+        self.delayed = delayed  # FP8_SCALING=delayed: see _scaling
+        self._sites: Any = None  # delayed scaling's (MAX_SITES, 4) float32 rf_site rows
+        self._next_site = 0  # the row the next cast takes
+        self._captured = False  # whether the first capture has begun
         self._refused: set[tuple[Any, ...]] = set()
         # shared(g)'s arrays, by _key: None until first cast, then (format, rows, transposed)
         self._shared: dict[tuple[Any, ...], tuple[Fp8Format, Fp8Tensor, Fp8Tensor] | None] = {}
@@ -155,10 +164,10 @@ class Fp8Gemms:
         stored = _stored(x) if self._shared else None
         key = None if stored is None else _key(stored[0])
         if key is None or key not in self._shared:
-            return codes(x, fmt)
+            return codes(x, fmt, self._scaling())
         made = self._shared[key]
         if made is None or made[0] is not fmt:
-            made = (fmt, *casts.quantize_both(stored[0], fmt))
+            made = (fmt, *casts.quantize_both(stored[0], fmt, self._scaling()))
             self._shared[key] = made
         return made[2] if stored[1] else made[1]
 
@@ -223,14 +232,39 @@ class Fp8Gemms:
         """x's and w^T's codes for the forward GEMM, and (keys, x^T's, w's) codes for its
         backward from the same casts (quantize_both: one read of each, one amax)."""
         if not (x2.flags.c_contiguous and w.flags.c_contiguous):
-            return codes(x2, E4M3), codes(w.T, E4M3), None
-        qx, qxt = casts.quantize_both(x2, E4M3)
-        qw, qwt = casts.quantize_both(w, E4M3)
+            return codes(x2, E4M3, self._scaling()), codes(w.T, E4M3, self._scaling()), None
+        qx, qxt = casts.quantize_both(x2, E4M3, self._scaling())
+        qw, qwt = casts.quantize_both(w, E4M3, self._scaling())
         kept = ((_key(x2), _key(w)), Fp8Operand(qxt, True, x2.dtype),
                 Fp8Operand(qw, False, w.dtype))
         return qx, qwt, kept
 
     # ---- internals ------------------------------------------------------------------------
+    def _scaling(self) -> casts.Scaling:
+        """The next cast's scaling: current, or with FP8_SCALING=delayed, in the first
+        captured graph, a site row per cast in call order from row 0 (the replays keep each
+        cast's amax there for the next one). Before that capture, each eager cast measures
+        its amax into the row of the same number, so the first replay is scaled by the
+        warm-up step's amax of the same cast (the same code, in the same order). Eager casts
+        after it are current, and a later capture's casts take the rows after the first's,
+        unseeded (their first replay is scaled by 1)."""
+        if not self.delayed:
+            return casts.CURRENT
+        capturing = self._lt().stream.is_capturing()
+        if capturing and not self._captured:
+            self._captured, self._next_site = True, 0
+        if self._captured and not capturing:
+            return casts.CURRENT
+        if self._sites is None:
+            if capturing:  # made now, the rows would be zeroed at every replay
+                return casts.CURRENT
+            self._sites = self._lt().xp.zeros((MAX_SITES, 4), np.float32)
+        if self._next_site >= MAX_SITES:
+            return casts.CURRENT
+        row = self._sites[self._next_site]
+        self._next_site += 1
+        return casts.Scaling(site=row) if capturing else casts.Scaling(amax=row[1:2])
+
     def _check(self, a: Any, b: Any) -> None:
         if dtype_name(a.dtype) != "bfloat16" or b.dtype != a.dtype or b.ndim != 2:
             raise CublasLtUnsupported(f"FP8 GEMMs take bfloat16 (..., K) x (K, N) operands, "
