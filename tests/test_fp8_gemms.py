@@ -379,7 +379,8 @@ def delayed_cast(kind: str, x: Any, fmt: Any, site: Any) -> list[Any]:
 @pytest.mark.parametrize("kind, shape", [
     ("quantize", (256, 96)), ("quantize", (333, 517)),  # by vector, by value
     ("quantize_t", (256, 96)), ("quantize_t", (333, 517)), ("quantize_both", (272, 200)),
-    ("quantize_both", (40, 24))])
+    ("quantize_both", (40, 24)),
+    ("quantize_both", (4096, 1088))])  # 1,088 tiles: blocks take several (at most 1,024)
 @pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=sorted(FORMATS))
 def test_a_delayed_cast_is_scaled_by_the_last_amax_and_keeps_its_own(
         fp8_backend: Any, kind: str, shape: tuple[int, int], fmt: Any) -> None:

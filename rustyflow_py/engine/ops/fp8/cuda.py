@@ -134,7 +134,9 @@ def _quantize_t(x: Any, fmt: Fp8Format, scaling: Scaling, rows: bool
     per = cuda_build.per_vector(x.dtype)
     if per and n % 16 == 0 and cols % per == 0 and x.data.ptr % cuda_build.VEC_BYTES == 0:
         kernel = _CAST.typed("fp8_quantize_t_vec", x.dtype, x, defines=defines)
-        grid, block = (-(-cols // VEC_TILE), -(-n // VEC_TILE)), (THREADS,)
+        tiles = -(-cols // VEC_TILE) * -(-n // VEC_TILE)
+        grid = (min(tiles, MAX_BLOCKS) if scaling.site is not None else tiles,)
+        block = (THREADS,)
     else:
         kernel = _CAST.typed("fp8_quantize_t", x.dtype, x, defines=defines)
         grid, block = (-(-cols // TILE), -(-n // TILE)), (TILE, TILE_ROWS)

@@ -109,14 +109,16 @@ __device__ __forceinline__ void site_done(float m, rf_site* site, unsigned int p
 }
 
 // A cast's scale: from the amax the caller measured (current scaling) or from its site
-// (delayed: the last replay's, this one's taken in `seen` and handed in at the end).
+// (delayed: the last replay's, this one's taken in `seen` and handed in at the end). `seen`
+// takes fmaxf, one instruction a value, not max_nan's three: it drops a NaN, whose code is NaN
+// whatever the scale (an infinity still counts, and the next scale falls back to 1).
 #if RF_DELAYED
 #define SCALE_FROM rf_site* __restrict__ site
 #define SCALE_BEGIN                                      \
     const unsigned int parity = site->parity;            \
     const float scale = scale_of(&site->amax[parity ^ 1]); \
     float seen = 0.0f
-#define SEEN(v) seen = abs_max(seen, v)
+#define SEEN(v) seen = fmaxf(seen, fabsf((float)(v)))
 #define SCALE_END site_done(seen, site, parity)
 #else
 #define SCALE_FROM const float* __restrict__ amax
@@ -205,7 +207,10 @@ extern "C" __global__ void fp8_quantize_t(const real* __restrict__ x, int rows, 
 // value-at-a-time kernel moved a third of the bandwidth: each access was 1 or 2 bytes).
 // The tile sits in shared memory transposed, TV + 4 bytes a row (rows of 4-byte words on
 // distinct banks for the vectors' scattered byte stores, and 16 codes read as 4 words).
-// q_rows as fp8_quantize_t's, a vector's codes stored as one access.
+// q_rows as fp8_quantize_t's, a vector's codes stored as one access. A block takes tiles
+// gridDim.x apart (a tile each under current scaling; delayed scaling launches at most
+// MAX_BLOCKS blocks: each block's amax and done count are atomics on its one site, and
+// thousands of blocks queued on those two words cost more than the tiles' own work).
 #define TV 64
 #define TV_PITCH (TV + 4)
 extern "C" __global__ void fp8_quantize_t_vec(const rf_vec* __restrict__ x, int rows, int cols,
@@ -214,33 +219,38 @@ extern "C" __global__ void fp8_quantize_t_vec(const rf_vec* __restrict__ x, int 
                                               rf_codes* __restrict__ q_rows) {
     __shared__ __align__(16) unsigned char tile[TV * TV_PITCH];  // [x's column][x's row]
     SCALE_BEGIN;
-    if (blockIdx.x == 0 && blockIdx.y == 0 && threadIdx.x == 0) *scale_inv = 1.0f / scale;
-    const int c0 = blockIdx.x * TV, r0 = blockIdx.y * TV;
+    if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.0f / scale;
     const int row_vecs = cols / RF_VEC, tile_vecs = TV / RF_VEC;
-    for (int v = threadIdx.x; v < TV * tile_vecs; v += blockDim.x) {
-        int r = v / tile_vecs, cv = v % tile_vecs;
-        int c = c0 + cv * RF_VEC;
-        if (r0 + r < rows && c < cols) {
-            long long at = (long long)(r0 + r) * row_vecs + c / RF_VEC;
-            rf_vec in = x[at];
-            rf_codes codes;
+    const int col_tiles = (cols + TV - 1) / TV, tiles = col_tiles * ((rows + TV - 1) / TV);
+    for (int at_tile = blockIdx.x; at_tile < tiles; at_tile += gridDim.x) {
+        const int c0 = at_tile % col_tiles * TV, r0 = at_tile / col_tiles * TV;
+        for (int v = threadIdx.x; v < TV * tile_vecs; v += blockDim.x) {
+            int r = v / tile_vecs, cv = v % tile_vecs;
+            int c = c0 + cv * RF_VEC;
+            if (r0 + r < rows && c < cols) {
+                long long at = (long long)(r0 + r) * row_vecs + c / RF_VEC;
+                rf_vec in = x[at];
+                rf_codes codes;
 #pragma unroll
-            for (int j = 0; j < RF_VEC; j++) {
-                SEEN(in.v[j]);
-                codes.b[j] = to_fp8(in.v[j], scale);
-                tile[(cv * RF_VEC + j) * TV_PITCH + r] = codes.b[j];
+                for (int j = 0; j < RF_VEC; j++) {
+                    SEEN(in.v[j]);
+                    codes.b[j] = to_fp8(in.v[j], scale);
+                    tile[(cv * RF_VEC + j) * TV_PITCH + r] = codes.b[j];
+                }
+                if (q_rows) q_rows[at] = codes;
             }
-            if (q_rows) q_rows[at] = codes;
         }
-    }
-    __syncthreads();
-    for (int t = threadIdx.x; t < TV * (TV / 16); t += blockDim.x) {
-        int oc = t / (TV / 16), part = t % (TV / 16);  // q's row (x's column), 16-code chunk
-        int c = c0 + oc, r = r0 + part * 16;
-        if (c < cols && r < rows) {
-            const unsigned int* from = (const unsigned int*)&tile[oc * TV_PITCH + part * 16];
-            *(uint4*)&q[(long long)c * rows + r] = make_uint4(from[0], from[1], from[2], from[3]);
+        __syncthreads();
+        for (int t = threadIdx.x; t < TV * (TV / 16); t += blockDim.x) {
+            int oc = t / (TV / 16), part = t % (TV / 16);  // q's row (x's column), 16 codes
+            int c = c0 + oc, r = r0 + part * 16;
+            if (c < cols && r < rows) {
+                const unsigned int* from = (const unsigned int*)&tile[oc * TV_PITCH + part * 16];
+                *(uint4*)&q[(long long)c * rows + r] =
+                    make_uint4(from[0], from[1], from[2], from[3]);
+            }
         }
+        __syncthreads();  // the next tile reuses the shared one
     }
     SCALE_END;
 }
