@@ -113,8 +113,9 @@ def quantize_both(x: Any, fmt: Fp8Format = E4M3, scaling: Scaling = CURRENT
     """(x, x.T) in FP8 for a 2-D x (rows, cols): codes (rows, cols) and (cols, rows), one amax
     and one scale, from a single read of x: quantize_t's kernel also writing the codes in x's
     own layout. For a gradient that one layer reads both ways."""
-    both = _quantize_t(x, fmt, scaling, rows=True)
-    return both[0], both[1]
+    made, transposed = _quantize_t(x, fmt, scaling, rows=True)
+    assert made is not None  # rows=True writes them
+    return made, transposed
 
 
 def _quantize_t(x: Any, fmt: Fp8Format, scaling: Scaling, rows: bool

@@ -122,7 +122,7 @@ __device__ __forceinline__ void site_done(float m, rf_site* site, unsigned int p
 #define SCALE_END site_done(seen, site, parity)
 #else
 #define SCALE_FROM const float* __restrict__ amax
-#define SCALE_BEGIN const float scale = scale_of(amax)
+#define SCALE_BEGIN const float scale = scale_of(amax); float seen = 0.0f
 #define SEEN(v)
 #define SCALE_END
 #endif
@@ -147,22 +147,25 @@ struct __align__(RF_VEC) rf_codes {
     unsigned char b[RF_VEC];
 };
 
+// A vector's codes at `scale`, its values taken into `seen` (delayed scaling).
+__device__ __forceinline__ rf_codes codes_of(const rf_vec& v, float scale, float& seen) {
+    rf_codes c;
+#pragma unroll
+    for (int j = 0; j < RF_VEC; j++) {
+        SEEN(v.v[j]);
+        c.b[j] = to_fp8(v.v[j], scale);
+    }
+    return c;
+}
+
 extern "C" __global__ void fp8_quantize_vec(const rf_vec* __restrict__ x, long long vecs,
                                             SCALE_FROM, rf_codes* __restrict__ q,
                                             float* __restrict__ scale_inv) {
     SCALE_BEGIN;
     if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.0f / scale;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < vecs;
-         i += (long long)gridDim.x * blockDim.x) {
-        rf_vec v = x[i];
-        rf_codes c;
-#pragma unroll
-        for (int j = 0; j < RF_VEC; j++) {
-            SEEN(v.v[j]);
-            c.b[j] = to_fp8(v.v[j], scale);
-        }
-        q[i] = c;
-    }
+         i += (long long)gridDim.x * blockDim.x)
+        q[i] = codes_of(x[i], scale, seen);
     SCALE_END;
 }
 
@@ -229,14 +232,10 @@ extern "C" __global__ void fp8_quantize_t_vec(const rf_vec* __restrict__ x, int 
             int c = c0 + cv * RF_VEC;
             if (r0 + r < rows && c < cols) {
                 long long at = (long long)(r0 + r) * row_vecs + c / RF_VEC;
-                rf_vec in = x[at];
-                rf_codes codes;
+                rf_codes codes = codes_of(x[at], scale, seen);
 #pragma unroll
-                for (int j = 0; j < RF_VEC; j++) {
-                    SEEN(in.v[j]);
-                    codes.b[j] = to_fp8(in.v[j], scale);
+                for (int j = 0; j < RF_VEC; j++)
                     tile[(cv * RF_VEC + j) * TV_PITCH + r] = codes.b[j];
-                }
                 if (q_rows) q_rows[at] = codes;
             }
         }

@@ -3,13 +3,18 @@ GEMM on FP8 tensor cores through cuBLASLt (CublasLt.matmul_fp8), accumulating in
 
 Formats follow Transformer Engine's hybrid recipe: e4m3 (more precision) for activations and
 weights, e5m2 (more range) for gradients; the op says which operand is a gradient. Scaling is
-per tensor and current: each cast first takes its tensor's amax on the device (fp8/cuda.py),
-so a GEMM never sees a saturated value that a stale scale would clip, at the cost of one more
-read of the tensor than a cast with a delayed (last steps') scale.
+per tensor, by FP8_SCALING. Current (the default): each cast first takes its tensor's amax on
+the device (fp8/cuda.py), so a GEMM never sees a saturated value that a stale scale would
+clip, at the cost of one more read of the tensor. Delayed: in the replayed graph each cast is
+scaled by the amax its own site kept from the last replay and takes this one's while casting
+(`_scaling`), Transformer Engine's recipe; a value above the last amax saturates.
 
 FP8 GEMMs take both operands with the reduced axis contiguous (the "TN" layout), so an operand
 stored the other way round (a weight, or an activation or gradient whose rows are the reduced
-axis in a weight gradient) is cast by a transposing kernel straight into that layout.
+axis in a weight gradient) is cast by a transposing kernel straight into that layout. Each
+tensor is read once for all the layouts its GEMMs take: a Linear's x and w in forward, their
+other layouts kept as codes for backward (`kept`), and a gradient in the block of the two
+GEMMs that read it (`shared`).
 Anything cuBLASLt cannot take in FP8 (a shape off its 16-byte multiples, float32 operands, a
 batched product) raises CublasLtUnsupported, and the caller runs its bf16 GEMM instead.
 """

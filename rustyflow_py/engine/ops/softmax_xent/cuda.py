@@ -117,8 +117,8 @@ class CudaCrossEntropy(CrossEntropyReference):
     def _loss_and_codes(self, padded: Any, targets: Any, v: int) -> tuple[Any, Fp8Operand]:
         """_loss_and_grad for a PRECISION=fp8 run: the gradient (N, Vp) as e5m2 codes scaled
         by its bound 1 / N (xent_fwd_grad_e5m2), the pad columns zero. It needs no amax pass
-        and no cast, and the bf16 gradient is never written: the codes are a quarter of the
-        logits' write and read, and half their memory."""
+        and no cast; the codes (a byte a logit) replace the bf16 gradient (two), and the bf16
+        logits are not kept for backward."""
         xp = self.xp
         targets = xp.ascontiguousarray(targets, dtype=np.int32)
         n, vp = padded.shape
