@@ -20,6 +20,8 @@ from helpers import load_script
 from rustyflow_py.engine.cupti_trace import CuptiUnavailable
 from rustyflow_py.engine.kernel_records import KernelAttribution, KernelRecord
 from rustyflow_py.engine.library import get_backend
+from rustyflow_py.engine.policy import RunPolicy
+from rustyflow_py.engine.precision import Precision
 from rustyflow_py.model.gpt import GPTConfig, init_weights
 
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -142,6 +144,23 @@ def test_fp8_rows_are_held_to_pytorch_bf16_and_to_rustyflow_bf16() -> None:
     assert vs.fp8_lines(rows)[1].endswith("rustyflow graph: fp8 1.280x bf16's tokens/s.")
 
 
+def test_fp8_delayed_rows_are_fp8_with_delayed_scaling() -> None:
+    """fp8-delayed is PRECISION=fp8 with FP8_SCALING=delayed: RustyFlow rows only, held to
+    bf16's like fp8's, with its own speed-up line."""
+    assert vs.policy_of("fp8-delayed", threads=2) == RunPolicy(
+        Precision.of("fp8"), threads=2, fp8_scaling="delayed")
+    assert vs.policy_of("bf16").fp8_scaling == "current"
+    args = vs.parse_args(["--device", "gpu", "--shapes", "gpt2-b16", "--precisions",
+                          "bf16,fp8-delayed", "--skip-eager", "--skip-compile"])
+    jobs = vs.plan(args)
+    assert [(j.precision, j.framework) for j in jobs] == [
+        ("bf16", "rustyflow"), ("bf16", "pytorch"), ("fp8-delayed", "rustyflow")]
+    rows = [(j, {"status": "ok", "times": [0.032 if j.precision == "bf16" else 0.025] * 3,
+                 "memory": "-", "loss": 1.0}) for j in jobs]
+    assert vs.fp8_lines(rows)[1].endswith("fp8-delayed 1.280x bf16's tokens/s.")
+    assert mfu.peak_for("NVIDIA H100 80GB HBM3", "fp8-delayed").compute == "bf16"
+
+
 def test_attention_rows_and_skip_eager() -> None:
     """--attention repeats RustyFlow's rows per ATTENTION value, labelled; --skip-eager keeps
     its graph rows and PyTorch's."""
@@ -155,6 +174,7 @@ def test_attention_rows_and_skip_eager() -> None:
 @pytest.mark.parametrize(("argv", "message"), [
     (["--device", "gpu", "--attention", "flash"], "unknown value 'flash'"),
     (["--device", "gpu", "--precisions", "fp8"], "fp8's rows are held to bf16's"),
+    (["--device", "gpu", "--precisions", "fp8-delayed"], "fp8-delayed's rows are held to"),
     (["--skip-eager"], "need --device gpu"),
     (["--shapes", "gpt2-b16"], "GPU-only"),
     (["--device", "gpu", "--compile-modes", "fastest"], "unknown mode 'fastest'"),
