@@ -46,7 +46,7 @@ class Row:
 def device_time(cp: Any, stream: Any, launch: Callable[[], None], reps: int) -> float:
     """Mean device time of `launch` in µs over `reps` launches (after two warm-ups: one
     here, one in the package's clock)."""
-    from rustyflow_py.engine.ops.gemm.cublaslt import device_time as clock
+    from rustyflow_py.engine.devices import device_time as clock
 
     launch()
     return clock(cp, stream, launch, reps) * 1e3

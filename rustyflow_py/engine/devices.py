@@ -10,6 +10,7 @@ import functools
 import importlib.util
 import os
 import platform
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,19 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def device_time(xp: Any, stream: Any, call: Callable[[], None], reps: int = 5) -> float:
+    """Milliseconds per call of `call` on `stream`, after one untimed call (CUDA events; the
+    host waits for them: for probes and a GEMM plan's first, eager call, never in a step)."""
+    call()
+    start, stop = xp.cuda.Event(), xp.cuda.Event()
+    start.record(stream)
+    for _ in range(reps):
+        call()
+    stop.record(stream)
+    stop.synchronize()
+    return xp.cuda.get_elapsed_time(start, stop) / reps
 
 
 def gpu_capability(index: int | None = None) -> tuple[int, int]:

@@ -12,6 +12,8 @@ from typing import Any
 
 import numpy as np
 
+from .devices import device_time
+
 # name fragment -> (dense TFLOP/s by compute type, memory GB/s); the first match wins, so the
 # more specific fragments come first
 KNOWN_GPUS: tuple[tuple[str, dict[str, float], float], ...] = (
@@ -90,11 +92,5 @@ def probe_gpu(backend: Any, dtype: Any, precision: str, n: int = 4096,
 
 
 def _timed(backend: Any, fn: Any, reps: int) -> float:
-    fn()
-    start, end = backend.new_event(), backend.new_event()
-    backend.record(start)
-    for _ in range(reps):
-        fn()
-    backend.record(end)
-    end.synchronize()
-    return backend.elapsed(start, end) / reps
+    """Seconds per call of `fn` on the backend's stream."""
+    return device_time(backend.xp, backend.stream, fn, reps) / 1e3

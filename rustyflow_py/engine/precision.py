@@ -17,7 +17,7 @@ activations and GEMM inputs are 16-bit while GEMMs and reductions accumulate in 
 narrow exponent range needs loss scaling (`loss_scaling`); bfloat16 has float32's range.
 fp8 is bf16 with the Linear layers' GEMMs (and the tied LM head's) on FP8 tensor cores: their
 operands cast to FP8 under per-tensor scaling (e4m3 for activations and weights, e5m2 for
-gradients) just before each GEMM, accumulating in fp32 (engine/ops/gemm/fp8.py).
+gradients; current or delayed, FP8_SCALING), accumulating in fp32 (engine/ops/gemm/fp8.py).
 """
 
 from __future__ import annotations

@@ -51,6 +51,7 @@ from typing import Any
 
 import numpy as np
 
+from ...devices import device_time
 from ...precision import MatmulCompute, dtype_name
 from ..fp8.formats import Fp8Tensor
 from .cublas import WORKSPACE_BYTES, binding, cuda_types
@@ -440,19 +441,6 @@ class CublasLt:
         self.lib.matmul_desc_destroy(plan.desc)
         for layout in (plan.layout_a, plan.layout_b, plan.layout_d):
             self.lib.matrix_layout_destroy(layout)
-
-
-def device_time(xp: Any, stream: Any, call: Callable[[], None], reps: int = 5) -> float:
-    """Milliseconds per call of `call` on `stream`, after one untimed call (CUDA events; the
-    host waits for them, which only a plan's first, eager call does)."""
-    call()
-    start, stop = xp.cuda.Event(), xp.cuda.Event()
-    start.record(stream)
-    for _ in range(reps):
-        call()
-    stop.record(stream)
-    stop.synchronize()
-    return xp.cuda.get_elapsed_time(start, stop) / reps
 
 
 def _timed(clock: Callable[[Callable[[], None]], float],
