@@ -85,6 +85,9 @@ def test_fp8_gemms_are_held_to_the_fp8_peak() -> None:
     assert h100["tflops"]["fp8"] == pytest.approx(2 * h100["tflops"]["bf16"], rel=1e-3)
 
 
+CAST = ("linear x", E4M3, (16, 32))  # a cast's tensor, format and shape
+
+
 class FakeStream:
     capturing = False
 
@@ -96,7 +99,8 @@ def test_delayed_scaling_sites_follow_the_warm_up_steps_casts() -> None:
     """FP8_SCALING=delayed: before the first capture each eager cast measures its amax into
     the site row of its number; the capture's casts take the rows from 0 again, in the same
     order, so each is seeded by the warm-up step's amax of the same cast; eager casts after
-    it are current; a later capture takes the rows after the first's."""
+    it are current; a later capture takes the rows after the first's. Each capture counts
+    its replays in a count of its own, adding 1 as its first kernel."""
     from types import SimpleNamespace
 
     from rustyflow_py.engine.ops.fp8 import cuda
@@ -105,19 +109,155 @@ def test_delayed_scaling_sites_follow_the_warm_up_steps_casts() -> None:
     stream = FakeStream()
     lt = SimpleNamespace(stream=stream, xp=np)
     gemms = Fp8Gemms(lambda: lt, delayed=True)
-    eager = [gemms._scaling() for _ in range(3)]  # the warm-up step's casts
+    eager = [gemms._scaling(*CAST) for _ in range(3)]  # the warm-up step's casts
     assert all(s.site is None for s in eager)
     for i, s in enumerate(eager):
         s.amax[0] = 10.0 + i  # what each measured
         assert np.shares_memory(s.amax, gemms._sites[i])
     stream.capturing = True
-    captured = [gemms._scaling() for _ in range(3)]
-    assert [float(s.site[1]) for s in captured] == [10.0, 11.0, 12.0]  # seeded, in order
+    captured = [gemms._scaling(*CAST) for _ in range(3)]
+    # seeded, in order, in the slot the first replay reads (slot 0: its count becomes 1)
+    assert [float(s.site[0]) for s in captured] == [10.0, 11.0, 12.0]
+    assert all(np.shares_memory(s.replay, gemms._replays[0:1]) for s in captured)
+    assert list(gemms._replays[:2]) == [1, 0]  # the capture's first kernel added 1
     stream.capturing = False
-    assert gemms._scaling() is cuda.CURRENT  # eager after the capture
+    assert gemms._scaling(*CAST) is cuda.CURRENT  # eager after the capture
     stream.capturing = True
-    assert np.shares_memory(gemms._scaling().site, gemms._sites[3])  # after the first's
-    assert Fp8Gemms(lambda: lt)._scaling() is cuda.CURRENT  # FP8_SCALING=current
+    later = gemms._scaling(*CAST)
+    assert np.shares_memory(later.site, gemms._sites[3])  # after the first's
+    assert np.shares_memory(later.replay, gemms._replays[1:2]) and gemms._replays[1] == 1
+    current = Fp8Gemms(lambda: lt)  # FP8_SCALING=current: sites inside a capture only
+    stream.capturing = False
+    assert current._scaling(*CAST) is cuda.CURRENT
+    stream.capturing = True
+    assert np.shares_memory(current._scaling(*CAST).amax, current._sites[0])
+
+
+@pytest.mark.parametrize("delayed", [False, True], ids=["current", "delayed"])
+def test_the_run_record_gets_each_captured_casts_amax_and_scale(delayed: bool) -> None:
+    """Fp8Gemms.tensors(): each cast of the captured step, in order, with what it is, its
+    format and shape, the amax its site row kept from the last replay (current scaling:
+    measured there; delayed: the slot the last replay filled, by its capture's count) and
+    the scale that amax gives; nothing before a capture."""
+    from types import SimpleNamespace
+
+    from rustyflow_py.engine.ops.fp8.formats import scale_of
+    from rustyflow_py.engine.ops.gemm.fp8 import Fp8Gemms
+
+    stream = FakeStream()
+    gemms = Fp8Gemms(lambda: SimpleNamespace(stream=stream, xp=np), delayed=delayed)
+    gemms._scaling(*CAST)  # a warm-up cast
+    assert gemms.tensors() is None
+    stream.capturing = True
+    made = [gemms._scaling("linear w", E4M3, (32, 48)),
+            gemms._scaling("gradient", E5M2, (16, 48))]
+    stream.capturing = False
+    for s, amax in zip(made, (0.5, 3000.0), strict=True):
+        if delayed:  # the capture's count says 4 replays: the last filled slot 4 % 3
+            s.site[:3] = [7.0, amax, 9.0]
+            s.replay[0] = 4
+        else:
+            s.amax[0] = amax
+    assert gemms.tensors() == [
+        {"tensor": "linear w", "format": "e4m3", "shape": [32, 48], "amax": 0.5,
+         "scale": float(scale_of(0.5, E4M3))},
+        {"tensor": "gradient", "format": "e5m2", "shape": [16, 48], "amax": 3000.0,
+         "scale": float(scale_of(3000.0, E5M2))}]
+
+
+def test_an_fp8_operand_holds_either_layout_or_both() -> None:
+    """An Fp8Operand stands for a (R, C) array by its codes, its transpose's, or both: T swaps
+    them, rows() gives the (R, C) codes in the format asked or refuses (so the GEMM runs in
+    bf16), and dense() gives the same values whichever layout it reads."""
+    from rustyflow_py.engine.ops.fp8.formats import Fp8Tensor
+    from rustyflow_py.engine.ops.gemm.cublaslt import CublasLtUnsupported
+    from rustyflow_py.engine.ops.gemm.fp8 import Fp8Operand
+
+    values = np.random.default_rng(3).standard_normal((32, 48)).astype(np.float32)
+    codes, scale_inv = quantize(values, E5M2)
+    q = Fp8Tensor(codes, np.array([scale_inv]), E5M2)
+    q_t = Fp8Tensor(np.ascontiguousarray(codes.T), q.scale_inv, E5M2)
+    pair, rows_only, cols_only = (Fp8Operand(q, q_t, F32), Fp8Operand(q, None, F32),
+                                  Fp8Operand(None, q_t, F32))
+    want = decode(codes, E5M2) * float(scale_inv)
+    for op in (pair, rows_only, cols_only):
+        assert op.shape == (32, 48) and op.T.shape == (48, 32) and op.nbytes == 32 * 48
+        np.testing.assert_array_equal(op.dense(np), want.astype(np.float32))
+        np.testing.assert_array_equal(op.T.dense(np), want.T.astype(np.float32))
+    assert pair.rows(E5M2) is q and pair.T.rows(E5M2) is q_t
+    assert rows_only.rows(E5M2) is q and cols_only.T.rows(E5M2) is q_t
+    with pytest.raises(CublasLtUnsupported, match=r"kept as e5m2 transposed, not e5m2 rows"):
+        cols_only.rows(E5M2)
+    with pytest.raises(CublasLtUnsupported, match=r"kept as e5m2, not e4m3 rows"):
+        pair.rows(E4M3)
+
+
+def test_the_gelu_backward_writes_codes_only_from_a_delayed_site(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fp8Gemms.gelu_backward: the GELU backward's own pass writes dpre's e5m2 codes only with
+    FP8_SCALING=delayed, inside a capture, for a float32 bias-gradient buffer and bfloat16
+    arrays the kernel takes; it then takes the site the separate cast of dpre takes in the
+    eager warm-up step (the next in order), adds the pass's partial sums into the buffer,
+    and gives both layouts as one Fp8Operand. Otherwise None, taking no site."""
+    from types import SimpleNamespace
+
+    from rustyflow_py.engine.ops.fp8 import cuda
+    from rustyflow_py.engine.ops.gemm.fp8 import Fp8Gemms, Fp8Operand
+
+    made: list[Any] = []
+
+    def fake_codes(g: Any, x: Any, bias: Any, scaling: Any) -> Any:
+        made.append(scaling.site)
+        q = SimpleNamespace(codes=np.zeros(g.shape, np.uint8))
+        q_t = SimpleNamespace(codes=np.zeros(g.shape[::-1], np.uint8))
+        return q, q_t, np.ones((3, g.shape[1]), np.float32)
+
+    monkeypatch.setattr(cuda, "gelu_backward_codes", fake_codes)
+    monkeypatch.setattr(cuda, "gelu_codes_fit", lambda g, x, bias: g.shape[0] % 16 == 0)
+    stream = FakeStream()
+    gemms = Fp8Gemms(lambda: SimpleNamespace(stream=stream, xp=np), delayed=True)
+    dh = np.zeros((2, 16, 64), bf16())
+    sums = np.zeros(64, np.float32)
+
+    def add_rows(part: Any, into: Any) -> None:
+        into += part.sum(axis=0)
+
+    def backward(dh: Any = dh, sums: Any = sums) -> Any:
+        return gemms.gelu_backward(dh, dh, None, sums, add_rows)
+
+    for _ in range(2):
+        gemms._scaling(*CAST)  # the warm-up step's casts before dpre's
+    assert backward() is None and gemms._next_site == 2  # eager: no site taken
+    stream.capturing = True
+    gemms._scaling(*CAST), gemms._scaling(*CAST)  # the captured step's casts before dpre's
+    out = backward()
+    assert isinstance(out, Fp8Operand) and out.shape == (32, 64)
+    assert len(made) == 1 and np.shares_memory(made[0], gemms._sites[2])  # dpre's site
+    np.testing.assert_array_equal(sums, np.full(64, 3.0))  # the partial sums, added
+    for refused in (backward(sums=None), backward(sums=sums.astype(np.float64)),
+                    backward(dh=np.zeros((2, 16, 64), np.float32)),
+                    backward(dh=np.zeros((2, 4, 64), bf16())),
+                    Fp8Gemms(gemms._lt).gelu_backward(dh, dh, None, sums, add_rows)):
+        assert refused is None
+    assert len(made) == 1 and gemms._next_site == 3
+
+
+def test_the_log_block_sums_up_the_fp8_casts() -> None:
+    """The block's FP8 line: how many casts a step makes, its scaling, and per format the
+    range of the last amax and scale; nothing without the record's tensors."""
+    from rustyflow_py.reporting.run_text import fp8_lines
+
+    tensors = [{"tensor": "linear x", "format": "e4m3", "shape": [64, 32], "amax": 2.0,
+                "scale": 224.0},
+               {"tensor": "linear w", "format": "e4m3", "shape": [32, 32], "amax": 0.5,
+                "scale": 896.0},
+               {"tensor": "gradient", "format": "e5m2", "shape": [64, 32], "amax": 0.25,
+                "scale": 229376.0}]
+    assert fp8_lines({"fp8_tensors": tensors, "fp8_scaling": "delayed"}) == [
+        "FP8 casts per step: 3 (delayed scaling) | e4m3 2: amax 0.5 to 2, scale 224 to 896 "
+        "| e5m2 1: amax 0.25 to 0.25, scale 2.29e+05 to 2.29e+05 (the record lists each "
+        "tensor)"]
+    assert fp8_lines({"fp8_tensors": None}) == [] and fp8_lines({}) == []
 
 
 @pytest.mark.usefixtures("tiny_dir")
@@ -295,6 +435,68 @@ def test_a_shared_gradient_is_cast_once_for_both_of_its_gemms(
 
 
 @pytest.mark.gpu
+def test_gemms_read_a_gradient_given_as_codes_as_a_shared_one(fp8_backend: Any) -> None:
+    """A gradient given as the codes of both its layouts (an Fp8Operand: the GELU backward's
+    own output in a delayed-scaling step) goes into the input and weight gradients' GEMMs as
+    the same gradient shared_gradient casts does, bit for bit; shared_gradient passes it."""
+    from rustyflow_py.engine.ops.fp8 import cuda
+    from rustyflow_py.engine.ops.gemm.fp8 import Fp8Operand
+
+    xp, rng, kernels = fp8_backend.xp, np.random.default_rng(21), fp8_backend.kernels
+    x = xp.asarray(rng.standard_normal((96, 160)).astype(bf16()))
+    w = xp.asarray((rng.standard_normal((160, 224)) * 0.05).astype(bf16()))
+    g = xp.asarray((rng.standard_normal((96, 224)) * 1e-3).astype(bf16()))
+
+    def grads(g: Any) -> list[np.ndarray]:
+        dw = xp.zeros((160, 224), np.float32)
+        with kernels.shared_gradient(g):
+            dx = kernels.matmul(g, w, transpose_b=True, gradient="a")
+            kernels.linear_grads(x, g, direct, (dw, None), bias=False)
+        return [dx.get(), dw.get()]
+
+    pair = Fp8Operand(*cuda.quantize_both(g, E5M2), g.dtype)
+    for got, want in zip(grads(pair), grads(g), strict=True):
+        np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, with_bias", [((128, 192), False), ((64, 256), True),
+                                              ((4096, 768), False), ((2048, 3072), True)])
+def test_the_gelu_backward_writes_its_output_cast_at_the_delayed_scale(
+        fp8_backend: Any, shape: tuple[int, int], with_bias: bool) -> None:
+    """casts.gelu_backward_codes: the kernel set's bf16 GELU backward, dx = g * gelu'(x + b),
+    cast at the site's last amax bit for bit as the NumPy recipe (values beyond it
+    saturate), in both layouts with one read-back factor; its sums over each tile of rows
+    add up to dx's column sums; the site keeps dx's amax for the next replay. A shape off
+    its tile is not taken (the caller runs the GELU backward, then the cast)."""
+    from rustyflow_py.engine.ops.fp8 import cuda
+
+    xp, rng = fp8_backend.xp, np.random.default_rng(22)
+    g = xp.asarray((rng.standard_normal(shape) * 1e-3).astype(bf16()))
+    x = xp.asarray((rng.standard_normal(shape) * 2).astype(bf16()))
+    b = xp.asarray((rng.standard_normal(shape[1]) * 0.1).astype(bf16())) if with_bias else None
+    assert cuda.gelu_codes_fit(g, x, b)
+    host = fp8_backend.kernels.gelu_backward(g, x, b).get().astype(np.float32)
+    amax = float(np.abs(host).max())
+    site = xp.zeros(4, np.float32)
+    site[0] = last = amax / 2  # the last replay's: this one's top values saturate
+    replay = xp.ones(1, np.uint32)  # replay 1: reads slot 0, fills slot 1, clears slot 2
+    q, q_t, part = cuda.gelu_backward_codes(g, x, b, cuda.Scaling(site=site, replay=replay))
+    want, want_inv = quantize(host, E5M2, amax=last)
+    np.testing.assert_array_equal(q.codes.get(), want)
+    np.testing.assert_array_equal(q_t.codes.get(), want.T)
+    assert q.fmt is q_t.fmt is E5M2 and q_t.scale_inv is q.scale_inv
+    assert q.scale_inv.get()[0] == want_inv
+    sums = host.astype(np.float64).sum(axis=0)
+    np.testing.assert_allclose(part.get().sum(axis=0), sums, rtol=1e-3,
+                               atol=1e-6 * np.abs(host).sum(axis=0).max())
+    assert list(site.get()[:3]) == [last, amax, 0.0]  # read; taken; cleared for the next
+    assert part.shape == (shape[0] // cuda.GELU_TILE, shape[1])
+    off = xp.ascontiguousarray(x[:, :-16])  # cols no multiple of the tile
+    assert cuda.gelu_codes_fit(x, x, None) and not cuda.gelu_codes_fit(off, off, None)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("shape", [(64, 1024), (80, 208), (16, 16)])
 def test_the_codes_transpose_is_exact(fp8_backend: Any, shape: tuple[int, int]) -> None:
     from rustyflow_py.engine.ops.fp8 import cuda
@@ -350,11 +552,11 @@ def test_the_head_writes_its_gradient_in_e5m2_scaled_by_its_bound(
     assert rel_max(dw.get(), dlogits[:, :vocab].T @ fp8_of(h, E4M3)) < 1e-2
 
 
-def delayed_cast(kind: str, x: Any, fmt: Any, site: Any) -> list[Any]:
+def delayed_cast(kind: str, x: Any, fmt: Any, site: Any, replay: Any) -> list[Any]:
     """The codes of a delayed cast of x at `site`, each layout it writes as a host array."""
     from rustyflow_py.engine.ops.fp8 import cuda
 
-    out = getattr(cuda, kind)(x, fmt, cuda.Scaling(site=site))
+    out = getattr(cuda, kind)(x, fmt, cuda.Scaling(site=site, replay=replay))
     made = out if isinstance(out, tuple) else (out,)
     assert all(q.amax is None and q.scale_inv is made[0].scale_inv for q in made)
     return [q.codes.get() for q in made] + [made[0].scale_inv.get()[0]]
@@ -369,28 +571,29 @@ def delayed_cast(kind: str, x: Any, fmt: Any, site: Any) -> list[Any]:
 @pytest.mark.parametrize("fmt", [E4M3, E5M2], ids=sorted(FORMATS))
 def test_a_delayed_cast_is_scaled_by_the_last_amax_and_keeps_its_own(
         fp8_backend: Any, kind: str, shape: tuple[int, int], fmt: Any) -> None:
-    """Delayed scaling's site: a cast scales by the amax the site kept from the last replay
-    (seeded: 3.0), bit for bit as the NumPy recipe with that amax (values beyond it
-    saturate), keeps its own tensor's amax for the next one, and clears the slot it read;
-    the next cast at the site reads that amax."""
+    """Delayed scaling's site: in replay r (its graph's count) a cast scales by the amax
+    the site kept in slot (r - 1) % 3 (seeded: 3.0), bit for bit as the NumPy recipe with
+    that amax (values beyond it saturate), takes its own tensor's amax into slot r % 3, and
+    clears slot (r + 1) % 3 for the next; the next replay's cast reads that amax."""
     xp, rng = fp8_backend.xp, np.random.default_rng(16)
     site = xp.zeros(4, np.float32)
-    site[1] = 3.0  # the last replay's amax: parity 0 reads amax[1]
+    site[0], site[2] = 3.0, 99.0  # the seed replay 1 reads; a stale slot it clears
+    replay = xp.zeros(1, np.uint32)
     for step, (last, size) in enumerate([(3.0, 1.0), (7.5, 0.01)]):
+        replay += 1  # the graph's first kernel
         host = (rng.standard_normal(shape) * size).astype(bf16())
         if step == 0:
             host[0, -1] = 7.5  # beyond the last amax: saturates, and is this one's amax
-        *codes, scale_inv = delayed_cast(kind, xp.asarray(host), fmt, site)
+        *codes, scale_inv = delayed_cast(kind, xp.asarray(host), fmt, site, replay)
         want, want_inv = quantize(host.astype(np.float32), fmt, amax=last)
         layouts = {"quantize": [want], "quantize_t": [want.T], "quantize_both": [want, want.T]}
         for got, ref in zip(codes, layouts[kind], strict=True):
             np.testing.assert_array_equal(got, ref)
         assert scale_inv == want_inv
-        row = site.get()
+        row, turn = site.get(), (step + 1) % 3
         amax = float(np.abs(host.astype(np.float32)).max())
-        parity = step ^ 1  # the slot the next cast fills
-        assert row[parity ^ 1] == amax and row[parity] == 0  # kept; the read slot cleared
-        assert list(row.view(np.uint32)[2:]) == [parity, 0]  # parity turned, no block left
+        assert row[turn] == amax and row[(turn + 1) % 3] == 0  # taken; next one's cleared
+        assert row[(turn + 2) % 3] == last  # the slot read, left as it was
 
 
 def gemms(backend: Any) -> Any:

@@ -226,6 +226,16 @@ def test_training_in_16_bit_with_graph_replay(name: str,
         return chosen
 
     monkeypatch.setattr(Fp8Gemms, "_scaling", spy)
+    from rustyflow_py.engine.ops.fp8 import cuda
+
+    gelu_codes: list[bool] = []  # in the capture, for each GELU backward writing FP8 codes
+    real_codes = cuda.gelu_backward_codes
+
+    def spy_codes(*args: Any) -> Any:
+        gelu_codes.append(any(capturing for capturing, _ in scalings[-1:]))
+        return real_codes(*args)
+
+    monkeypatch.setattr(cuda, "gelu_backward_codes", spy_codes)
     cfg = make_cfg(DEVICE="gpu", PRECISION=precision, NUM_EPOCHS=3, GRAPH="on", PROFILE=True,
                    PROFILE_STEPS=2, FP8_SCALING=scaling or "current")
     trainer = Trainer(cfg, quiet)
@@ -238,6 +248,8 @@ def test_training_in_16_bit_with_graph_replay(name: str,
                          "matmul:b:captured"} if precision == "fp8" else set())
     in_capture = {sited for capturing, sited in scalings if capturing}
     assert in_capture == ({scaling == "delayed"} if precision == "fp8" else set())
+    # with delayed scaling the captured MLPs' GELU backward writes dpre as FP8 codes itself
+    assert set(gelu_codes) == ({True} if scaling == "delayed" else set())
     losses = trainer.losses
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
     assert math.isfinite(record["val_ppl"]) and math.isfinite(record["test_ppl"])

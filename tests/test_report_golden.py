@@ -63,6 +63,14 @@ def synthetic() -> dict[str, dict]:
             early_stopped=True),
         "fp16 loss scaling": gpu_record(precision="fp16",
                                         loss_scale={"scale": 16384.0, "skipped": 7}),
+        "fp8 delayed scaling": gpu_record(
+            precision="fp8", fp8_scaling="delayed", fp8_tensors=[
+                {"tensor": "linear x", "format": "e4m3", "shape": [16384, 768],
+                 "amax": 12.5, "scale": 35.84},
+                {"tensor": "linear w", "format": "e4m3", "shape": [768, 2304], "amax": 0.875,
+                 "scale": 512.0},
+                {"tensor": "gelu gradient", "format": "e5m2", "shape": [16384, 3072],
+                 "amax": 0.0009765625, "scale": 58720256.0}]),
         "4 processes, ZeRO-1": dp_record(4, parallel=parallel(
             4, shard_optimizer=True, buckets=0, tokens_per_s_per_rank=203086.25)),
         "2 CPU processes": cpu_record(parallel=parallel(2)),

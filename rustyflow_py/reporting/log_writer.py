@@ -36,6 +36,7 @@ from .profile_tables import profile_lines
 from .record_schema import AVG_TAG, BLOCK_END, JSON_TAG, Record
 from .run_text import (
     eval_line,
+    fp8_lines,
     loss_scale_lines,
     optimizer_text,
     parallel_lines,
@@ -91,6 +92,7 @@ def format_block(record: Record) -> str:
         *profile_text.startup_line(r),
         *parallel_lines(r),
         *loss_scale_lines(r),
+        *fp8_lines(r),
         "",
         *profile_lines(r),
         "",

@@ -72,6 +72,8 @@ class RunRecord(TypedDict, total=False):
     tokens_per_s: float | None  # the total over all processes of a data-parallel run
     parallel: ParallelRecord | None  # missing in older blocks: one process
     loss_scale: dict[str, Any] | None  # fp16 runs: {"scale": final, "skipped": steps}
+    # fp8 runs with a captured step: [{"tensor", "format", "shape", "amax", "scale"}] a cast
+    fp8_tensors: list[dict[str, Any]] | None
     val_ppl: float | None  # per token (per word when the tokens are words)
     test_ppl: float | None
     # subword runs only: {"kind", "vocab", "sha256", "words": {split: words of its text}}

@@ -146,6 +146,23 @@ def loss_scale_lines(r: Record) -> list[str]:
             "(inf/NaN gradients: update not applied, scale halved)"]
 
 
+def fp8_lines(r: Record) -> list[str]:
+    """PRECISION=fp8's casts in the captured step: how many of each format, and the range of
+    their last amax and scale (the record lists each tensor's)."""
+    tensors = r.get("fp8_tensors")
+    if not isinstance(tensors, list) or not tensors:
+        return []
+    line = f"FP8 casts per step: {len(tensors):,} ({one_line(r.get('fp8_scaling'))} scaling)"
+    for fmt in ("e4m3", "e5m2"):
+        of = [t for t in tensors if isinstance(t, dict) and t.get("format") == fmt
+              and is_num(t.get("amax")) and is_num(t.get("scale"))]
+        if of:
+            line += (f" | {fmt} {len(of):,}: amax {min(t['amax'] for t in of):.3g} to "
+                     f"{max(t['amax'] for t in of):.3g}, scale {min(t['scale'] for t in of):.3g}"
+                     f" to {max(t['scale'] for t in of):.3g}")
+    return [line + " (the record lists each tensor)"]
+
+
 def format_summary(record: RunRecord | Record, log: str | None, top: int = 5) -> str:
     """The few lines a person reads at the end of a run: the summary line, the top ops, the
     matmul/other/Amdahl lines, and where the checkpoint and the full block went."""

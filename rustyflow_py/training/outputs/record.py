@@ -66,6 +66,8 @@ def build_record(parts: RunParts, state: LoopState, status: str, message: str | 
                   "params": parts.model.num_params()},
         "precision": cfg.precision,
         "fp8_scaling": cfg.fp8_scaling if cfg.precision == "fp8" else None,
+        # each tensor the captured step casts to FP8, with its last amax and scale
+        "fp8_tensors": parts.backend.kernels.fp8_tensors(),
         "optimizer": cfg.optimizer,
         "optimizer_settings": optimizer_settings(cfg),
         "regularisation": _regularisation(cfg, m),

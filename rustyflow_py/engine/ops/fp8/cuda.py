@@ -15,14 +15,17 @@ from typing import Any
 import numpy as np
 
 from .. import cuda_build
-from .formats import E4M3, Fp8Format, Fp8Tensor
+from .formats import E4M3, E5M2, Fp8Format, Fp8Tensor
 
 _CAST = cuda_build.source(__file__, "fp8_cast.cu",
                           cuda_build.dtype_defines(np.float32) + ("-DRF_E4M3=1",))
+_GELU = cuda_build.source(__file__, "gelu_bwd_fp8.cu",
+                          cuda_build.dtype_defines(np.float32) + ("-DRF_E4M3=0", "-DRF_DELAYED=1"))
 STORAGE = ("float32", "bfloat16", "float16", "float64")  # the dtypes fp8_cast.cu is built for
 THREADS = 256
 TILE, TILE_ROWS = 32, 8  # fp8_quantize_t's tile and block: fp8_cast.cu's TILE, TILE_ROWS
 VEC_TILE = 64  # fp8_quantize_t_vec's tile (fp8_cast.cu's TV): blocks of THREADS
+GELU_TILE, GELU_THREADS = 64, 256  # gelu_bwd_fp8.cu's TG and TG_THREADS: a block a tile
 MAX_BLOCKS = 1024  # grid-stride beyond: 8 blocks of 256 threads per SM of an H100 and more
 
 
@@ -30,12 +33,13 @@ MAX_BLOCKS = 1024  # grid-stride beyond: 8 blocks of 256 threads per SM of an H1
 class Scaling:
     """How a cast is scaled. Current (no `site`): an amax pass over the tensor first, into
     `amax` (float32 (1,)) when given, else into a new buffer. Delayed: `site`, a float32 (4,)
-    row of fp8_cast.cu's rf_site, whose amax of the last replay scales this one and which
-    takes this one's (no amax pass; the result's `.amax` is None)."""
+    row of fp8.cuh's rf_site, whose slot of the last replay scales this one and whose slot
+    of this replay (by `replay`, the uint32 (1,) count of its graph's replays) takes this
+    one's amax (no amax pass; the result's `.amax` is None)."""
 
     amax: Any = None
     site: Any = None
-
+    replay: Any = None
 
 CURRENT = Scaling()
 
@@ -67,15 +71,15 @@ def _amax_into(x: Any, amax: Any) -> Any:
     return amax
 
 
-def _scale_from(x: Any, scaling: Scaling) -> tuple[Any, Any]:
-    """(the cast kernel's scale argument: x's amax, measured now, or the site; that amax or
-    None)."""
+def _scale_from(x: Any, scaling: Scaling) -> tuple[tuple[Any, ...], Any]:
+    """(the cast kernel's scale arguments: x's amax, measured now, or the site and its
+    replay count; that amax or None)."""
     import cupy
 
     if scaling.site is not None:
-        return scaling.site, None
+        return (scaling.site, scaling.replay), None
     amax = _amax_into(x, cupy.empty(1, np.float32) if scaling.amax is None else scaling.amax)
-    return amax, amax
+    return (amax,), amax
 
 
 def _check_storage(x: Any) -> None:
@@ -95,7 +99,7 @@ def quantize(x: Any, fmt: Fp8Format = E4M3, scaling: Scaling = CURRENT) -> Fp8Te
     codes = cupy.empty(x.shape, np.uint8)
     scale_inv = cupy.empty(1, np.float32)
     kernel, items = _kernel("fp8_quantize", x, fmt, scaling.site is not None)
-    kernel(_grid(items), (THREADS,), (x, np.int64(items), scale, codes, scale_inv))
+    kernel(_grid(items), (THREADS,), (x, np.int64(items), *scale, codes, scale_inv))
     return Fp8Tensor(codes, scale_inv, fmt, amax)
 
 
@@ -136,12 +140,12 @@ def _quantize_t(x: Any, fmt: Fp8Format, scaling: Scaling, rows: bool
     if per and n % 16 == 0 and cols % per == 0 and x.data.ptr % cuda_build.VEC_BYTES == 0:
         kernel = _CAST.typed("fp8_quantize_t_vec", x.dtype, x, defines=defines)
         tiles = -(-cols // VEC_TILE) * -(-n // VEC_TILE)
-        grid = (min(tiles, MAX_BLOCKS) if scaling.site is not None else tiles,)
+        grid = (tiles,)
         block = (THREADS,)
     else:
         kernel = _CAST.typed("fp8_quantize_t", x.dtype, x, defines=defines)
         grid, block = (-(-cols // TILE), -(-n // TILE)), (TILE, TILE_ROWS)
-    kernel(grid, block, (x, np.int32(n), np.int32(cols), scale, codes, scale_inv,
+    kernel(grid, block, (x, np.int32(n), np.int32(cols), *scale, codes, scale_inv,
                          np.uint64(0) if codes_rows is None else codes_rows))
     transposed = Fp8Tensor(codes, scale_inv, fmt, amax)
     return (None if codes_rows is None else Fp8Tensor(codes_rows, scale_inv, fmt, amax),
@@ -163,3 +167,33 @@ def transpose_codes(q: Fp8Tensor) -> Fp8Tensor:
         (-(-cols // VEC_TILE), -(-rows // VEC_TILE)), (THREADS,),
         (q.codes, np.int32(rows), np.int32(cols), out))
     return Fp8Tensor(out, q.scale_inv, q.fmt, q.amax)
+
+
+def gelu_codes_fit(g: Any, x: Any, bias: Any | None) -> bool:
+    """Whether gelu_backward_codes takes these: g and x (rows, cols) of one 16-bit dtype,
+    C-contiguous and 16-byte aligned, rows and cols multiples of its tile; a bias (cols,)
+    of x's dtype or none."""
+    return (x.ndim == 2 and g.shape == x.shape and x.itemsize == 2
+            and x.shape[0] % GELU_TILE == 0 and x.shape[1] % GELU_TILE == 0
+            and cuda_build.vectors(g, x) > 0
+            and (bias is None or (bias.shape == (x.shape[1],) and bias.dtype == x.dtype
+                                  and cuda_build.vectors(bias) > 0)))
+
+
+def gelu_backward_codes(g: Any, x: Any, bias: Any | None, scaling: Scaling
+                        ) -> tuple[Fp8Tensor, Fp8Tensor, Any]:
+    """GELU's backward dx = g * gelu'(x + bias) written as e5m2 codes only, at a delayed
+    `scaling` (gelu_bwd_fp8.cu): (dx's codes (rows, cols), dx^T's (cols, rows), the columns'
+    sums of dx over each tile of rows (rows / GELU_TILE, cols) in float32, to be added up by
+    the caller). For arrays gelu_codes_fit takes."""
+    import cupy
+
+    rows, cols = x.shape
+    codes, codes_t = cupy.empty((rows, cols), np.uint8), cupy.empty((cols, rows), np.uint8)
+    scale_inv = cupy.empty(1, np.float32)
+    part = cupy.empty((rows // GELU_TILE, cols), np.float32)
+    _GELU.typed("gelu_bwd_codes", x.dtype, defines=_defines(E5M2, True))(
+        ((rows // GELU_TILE) * (cols // GELU_TILE),), (GELU_THREADS,),
+        (g, x, np.uint64(0) if bias is None else bias, scaling.site, scaling.replay, codes,
+         codes_t, scale_inv, part, np.int32(rows), np.int32(cols)))
+    return (Fp8Tensor(codes, scale_inv, E5M2), Fp8Tensor(codes_t, scale_inv, E5M2), part)

@@ -4,50 +4,9 @@
 // kernel has a form over 16-byte vectors (vec.cuh: the tensor a whole number of them,
 // aligned) and one a value at a time for the rest.
 //
-// RF_DELAYED = 1 compiles the casts for delayed scaling (a replayed graph's casts, Fp8Gemms):
-// instead of an amax the caller measured first, each takes a `site` of its own and scales by
-// the amax its tensor had in the previous replay, while taking this replay's amax on the way.
-#include "types.cuh"
-#include "vec.cuh"
-#include <cuda_fp8.h>
-
-#if RF_E4M3
-#define FP8_MAX 448.0f
-#define FP8_KIND __NV_E4M3
-#else
-#define FP8_MAX 57344.0f
-#define FP8_KIND __NV_E5M2
-#endif
-
-// The larger of two magnitudes, a NaN winning (fmaxf, and so warp_reduce.cuh's warp_max,
-// would drop it).
-__device__ __forceinline__ float max_nan(float m, float v) {
-    return (v > m || isnan(v)) ? v : m;
-}
-
-__device__ __forceinline__ float warp_max_f(float v) {
-    for (int o = 16; o > 0; o >>= 1) v = max_nan(v, __shfl_xor_sync(0xffffffff, v, o));
-    return v;
-}
-
-__device__ __forceinline__ float abs_max(float m, real x) {
-    return max_nan(m, fabsf((float)x));
-}
-
-// The block's maximum of each thread's m, into amax (blocks of up to 1024 threads, 1-D or 2-D).
-__device__ __forceinline__ void block_amax(float m, float* amax) {
-    __shared__ float part[32];
-    const int tid = threadIdx.y * blockDim.x + threadIdx.x;
-    const int warps = (blockDim.x * blockDim.y) >> 5;
-    m = warp_max_f(m);
-    if ((tid & 31) == 0) part[tid >> 5] = m;
-    __syncthreads();
-    if (tid < 32) {
-        m = tid < warps ? part[tid] : 0.0f;
-        m = warp_max_f(m);
-        if (tid == 0) atomicMax((int*)amax, __float_as_int(m));
-    }
-}
+// RF_DELAYED = 1 compiles the casts for delayed scaling; fp8.cuh holds the scale, the codes
+// and the delayed-scaling sites, shared with the kernels that write FP8 of what they produce.
+#include "fp8.cuh"
 
 // amax (one float, zeroed by the caller) = max |x| over n values. Non-negative floats order
 // as their bit patterns do, so the blocks meet in an integer atomicMax. A NaN wins (its bits
@@ -73,60 +32,6 @@ extern "C" __global__ void fp8_amax_vec(const rf_vec* __restrict__ x, long long 
     block_amax(m, amax);
 }
 
-// MAX / amax, at most 2^126 (a tiny amax would make it infinite, and the codes of zeros NaN;
-// 2^126 keeps 1 / scale a normal float, which a flush to zero would not turn into 0); 1 when
-// amax is 0 or not finite.
-__device__ __forceinline__ float scale_of(const float* amax) {
-    float a = *amax;
-    return (isfinite(a) && a > 0.0f) ? fminf(FP8_MAX / a, 0x1p126f) : 1.0f;
-}
-
-__device__ __forceinline__ unsigned char to_fp8(real x, float scale) {
-    return __nv_cvt_float_to_fp8((float)x * scale, __NV_SATFINITE, FP8_KIND);
-}
-
-// A delayed-scaling site: the amax of the last replay and of this one, by turns (`parity`
-// says which slot this replay fills), and how many of this replay's blocks are done. All
-// zero at first (the scale is then 1); Fp8Gemms seeds the first replay's slot, amax[1], with
-// the amax the warm-up step measured at the same cast.
-struct rf_site {
-    float amax[2];
-    unsigned int parity, done;
-};
-
-// The last block of a replay's cast, once every block has read the last amax (each counts
-// itself done after its reads): that slot is cleared for the next replay, which fills it.
-__device__ __forceinline__ void site_done(float m, rf_site* site, unsigned int parity) {
-    block_amax(m, &site->amax[parity]);
-    if (threadIdx.x == 0 && threadIdx.y == 0) {
-        __threadfence();
-        if (atomicAdd(&site->done, 1u) == gridDim.x * gridDim.y - 1) {
-            site->amax[parity ^ 1] = 0.0f;
-            site->done = 0;
-            site->parity = parity ^ 1;
-        }
-    }
-}
-
-// A cast's scale: from the amax the caller measured (current scaling) or from its site
-// (delayed: the last replay's, this one's taken in `seen` and handed in at the end). `seen`
-// takes fmaxf, one instruction a value, not max_nan's three: it drops a NaN, whose code is NaN
-// whatever the scale (an infinity still counts, and the next scale falls back to 1).
-#if RF_DELAYED
-#define SCALE_FROM rf_site* __restrict__ site
-#define SCALE_BEGIN                                      \
-    const unsigned int parity = site->parity;            \
-    const float scale = scale_of(&site->amax[parity ^ 1]); \
-    float seen = 0.0f
-#define SEEN(v) seen = fmaxf(seen, fabsf((float)(v)))
-#define SCALE_END site_done(seen, site, parity)
-#else
-#define SCALE_FROM const float* __restrict__ amax
-#define SCALE_BEGIN const float scale = scale_of(amax); float seen = 0.0f
-#define SEEN(v)
-#define SCALE_END
-#endif
-
 // q = fp8(x * scale), the scale computed by every thread from the device's amax (scale_of:
 // no host round trip); scale_inv = 1 / scale, the factor a GEMM reads q back with.
 extern "C" __global__ void fp8_quantize(const real* __restrict__ x, long long n,
@@ -140,22 +45,6 @@ extern "C" __global__ void fp8_quantize(const real* __restrict__ x, long long n,
         q[i] = to_fp8(x[i], scale);
     }
     SCALE_END;
-}
-
-// The codes of a vector, stored as one access (q is aligned to RF_VEC bytes).
-struct __align__(RF_VEC) rf_codes {
-    unsigned char b[RF_VEC];
-};
-
-// A vector's codes at `scale`, its values taken into `seen` (delayed scaling).
-__device__ __forceinline__ rf_codes codes_of(const rf_vec& v, float scale, float& seen) {
-    rf_codes c;
-#pragma unroll
-    for (int j = 0; j < RF_VEC; j++) {
-        SEEN(v.v[j]);
-        c.b[j] = to_fp8(v.v[j], scale);
-    }
-    return c;
 }
 
 extern "C" __global__ void fp8_quantize_vec(const rf_vec* __restrict__ x, long long vecs,
@@ -211,9 +100,8 @@ extern "C" __global__ void fp8_quantize_t(const real* __restrict__ x, int rows, 
 // The tile sits in shared memory transposed, TV + 4 bytes a row (rows of 4-byte words on
 // distinct banks for the vectors' scattered byte stores, and 16 codes read as 4 words).
 // q_rows as fp8_quantize_t's, a vector's codes stored as one access. A block takes tiles
-// gridDim.x apart (a tile each under current scaling; delayed scaling launches at most
-// MAX_BLOCKS blocks: each block's amax and done count are atomics on its one site, and
-// thousands of blocks queued on those two words cost more than the tiles' own work).
+// gridDim.x apart (cuda.py launches a block a tile: with delayed scaling's one atomic a
+// block, that was faster than fewer blocks taking several, benchmarks/results/fp8-h200.md).
 #define TV 64
 #define TV_PITCH (TV + 4)
 extern "C" __global__ void fp8_quantize_t_vec(const rf_vec* __restrict__ x, int rows, int cols,

@@ -65,6 +65,10 @@ class CudaGemm(GemmReference):
         """In a PRECISION=fp8 run, g's two layouts come from one cast (Fp8Gemms.shared)."""
         return super().shared_gradient(g) if self.fp8 is None else self.fp8.shared(g)
 
+    def fp8_tensors(self) -> list[dict[str, Any]] | None:
+        """In a PRECISION=fp8 run, the captured step's casts (Fp8Gemms.tensors)."""
+        return None if self.fp8 is None else self.fp8.tensors()
+
     def sum_rows(self, x: Any, into: Any = None) -> Any:
         """Column sums as ones(1, N) @ x, one bandwidth-bound GEMM: for 16-bit x a cuBLASLt
         GEMM with float32 output that adds into `into` (beta = 1). A few rows of acc
@@ -130,13 +134,26 @@ class CudaGemm(GemmReference):
                     pass
         return super().linear(x, w, b, gelu, gemm, residual)
 
+    def linear_dgelu(self, g: Any, w: Any, state: Any, gemm: Callable[..., Any],
+                     db_into: Any = None) -> Any:
+        """In a PRECISION=fp8 run with delayed scaling, inside the captured step, dpre comes
+        as e5m2 codes in both layouts from the GELU backward's own pass (Fp8Gemms.
+        gelu_backward: no bf16 dpre, no cast of it), an Fp8Operand that matmul and
+        linear_grads take in its place."""
+        if self.fp8 is None or db_into is None:
+            return super().linear_dgelu(g, w, state, gemm, db_into)
+        pre, bias = state
+        dh = gemm(self.matmul, g, w, transpose_b=True, gradient="a")  # (..., 4E)
+        codes = self.fp8.gelu_backward(dh, pre, bias, db_into, self.sum_rows)
+        return self.gelu_backward(dh, pre, bias, db_into) if codes is None else codes
+
     def linear_grads(self, x: Any, g: Any, gemm: Callable[..., Any],
                      into: tuple[Any, Any] = (None, None), bias: bool = True
                      ) -> tuple[Any, Any]:
         """dW by one GEMM: float32 from 16-bit inputs, added into its buffer when given (beta
         = 1); db by sum_rows, likewise. (The bias gradient is not the GEMM's BGRADA epilogue:
         see sum_rows.)"""
-        g2 = g.reshape(-1, g.shape[-1])  # (rows, N)
+        g2 = g if isinstance(g, Fp8Operand) else g.reshape(-1, g.shape[-1])  # (rows, N)
         xt = x.T if isinstance(x, Fp8Operand) else x.reshape(-1, x.shape[-1]).T  # (K, rows)
         acc, (dw_into, db_into) = accumulate_dtype(g.dtype), into
         dw = self.xp.empty((xt.shape[0], g2.shape[1]), dtype=acc) if dw_into is None else dw_into

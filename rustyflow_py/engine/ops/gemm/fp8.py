@@ -30,49 +30,56 @@ import numpy as np
 
 from ...precision import dtype_name
 from ..fp8 import cuda as casts
-from ..fp8.formats import E4M3, E5M2, Fp8Format, Fp8Tensor, decode_table
+from ..fp8.formats import E4M3, E5M2, Fp8Format, Fp8Tensor, decode_table, scale_of
 from .cublaslt import CublasLt, CublasLtUnsupported
 
 
 @dataclasses.dataclass(frozen=True)
 class Fp8Operand:
-    """A 2-D bfloat16 operand of a backward GEMM, kept from forward as FP8 codes only
-    (Fp8Gemms.kept): `q` holds the codes of this (R, C) array, or of its transpose where
-    `stored_t`. It has what the GEMM path reads of an array (shape, dtype, nbytes, T), so
-    that the profile counts its FLOPs and bytes; `dense` gives the array back (a fallback)."""
+    """A 2-D bfloat16 operand of a backward GEMM held as FP8 codes only: `q` the codes of this
+    (R, C) array, `q_t` those of its transpose (C, R), either or both (one of a Linear's x or
+    w kept from forward, Fp8Gemms.kept; both for a gradient whose producer wrote its codes,
+    Fp8Gemms.gelu_backward). It has what the GEMM path reads of an array (shape, dtype,
+    nbytes, T), so that the profile counts its FLOPs and bytes; `dense` gives the array
+    back (a fallback)."""
 
-    q: Fp8Tensor
-    stored_t: bool
+    q: Fp8Tensor | None
+    q_t: Fp8Tensor | None
     dtype: Any  # the dtype it stands for
     ndim = 2
 
     @property
     def shape(self) -> tuple[int, int]:
-        rows, cols = self.q.codes.shape
-        return (cols, rows) if self.stored_t else (rows, cols)
+        if self.q is not None:
+            return self.q.codes.shape
+        assert self.q_t is not None
+        cols, rows = self.q_t.codes.shape
+        return rows, cols
 
     @property
-    def nbytes(self) -> int:
-        return int(self.q.codes.nbytes)
+    def nbytes(self) -> int:  # what a GEMM reads: one layout
+        return int(self.shape[0] * self.shape[1])
 
     @property
     def T(self) -> Fp8Operand:  # noqa: N802 (an array's name for it)
-        return dataclasses.replace(self, stored_t=not self.stored_t)
+        return dataclasses.replace(self, q=self.q_t, q_t=self.q)
 
     def rows(self, fmt: Fp8Format) -> Fp8Tensor:
         """The codes (R, C) in `fmt`, or CublasLtUnsupported where they are kept otherwise."""
-        if self.stored_t or self.q.fmt is not fmt:
-            raise CublasLtUnsupported(f"FP8 operand {self.shape} kept as {self.q.fmt.name}"
-                                      f"{' transposed' if self.stored_t else ''}, not "
+        if self.q is None or self.q.fmt is not fmt:
+            kept = self.q_t if self.q is None else self.q
+            raise CublasLtUnsupported(f"FP8 operand {self.shape} kept as {kept.fmt.name}"
+                                      f"{' transposed' if self.q is None else ''}, not "
                                       f"{fmt.name} rows")
         return self.q
 
     def dense(self, xp: Any) -> Any:
         """The values the codes stand for, as an array of `dtype` (when a GEMM cannot take
         the codes: the bf16 product of the same quantised values)."""
-        table = xp.asarray(decode_table(self.q.fmt), np.float32)  # exact: FP8 fits float32
-        values = (table[self.q.codes] * self.q.scale_inv).astype(self.dtype)
-        return values.T if self.stored_t else values
+        q = self.q if self.q is not None else self.q_t
+        table = xp.asarray(decode_table(q.fmt), np.float32)  # exact: FP8 fits float32
+        values = (table[q.codes] * q.scale_inv).astype(self.dtype)
+        return values if self.q is not None else values.T
 
 
 def dense(x: Any, xp: Any) -> Any:
@@ -102,7 +109,9 @@ def _stored(x: Any) -> tuple[Any, bool] | None:
 
 def _layout(x: Any) -> Any:
     """How an operand is stored, for a refusal's key: an array's strides, or kept codes."""
-    return ("kept", x.stored_t) if isinstance(x, Fp8Operand) else x.strides
+    if isinstance(x, Fp8Operand):
+        return "codes", x.q is not None, x.q_t is not None
+    return x.strides
 
 
 def _key(x: Any) -> tuple[Any, ...]:
@@ -120,7 +129,8 @@ def _rows(x: Any, what: str) -> Any:
     return x.reshape(-1, x.shape[-1])
 
 
-MAX_SITES = 8192  # delayed scaling's site rows: a step's casts (4 a Linear) many times over
+MAX_SITES = 8192  # site rows: a step's casts (4 a Linear) many times over
+MAX_CAPTURES = 64  # captured graphs with their own replay counts (delayed scaling)
 
 
 class Fp8Gemms:
@@ -135,9 +145,14 @@ class Fp8Gemms:
     def __init__(self, lt: Callable[[], CublasLt], delayed: bool = False) -> None:
         self._lt = lt
         self.delayed = delayed  # FP8_SCALING=delayed: see _scaling
-        self._sites: Any = None  # delayed scaling's (MAX_SITES, 4) float32 rf_site rows
+        self._sites: Any = None  # (MAX_SITES, 4) float32 rf_site rows: see _scaling
         self._next_site = 0  # the row the next cast takes
         self._captured = False  # whether the first capture has begun
+        self._in_capture = False  # whether the last cast was inside one
+        self._replays: Any = None  # delayed: uint32 (MAX_CAPTURES,), each capture's replays
+        self._capture = -1  # the capture under way (its replay count), -1 before any
+        # the captured casts' tensors by site row: (what, format, shape, capture or None)
+        self._what: dict[int, tuple[str, Fp8Format, tuple[int, ...], int | None]] = {}
         self._refused: set[tuple[Any, ...]] = set()
         # shared(g)'s arrays, by _key: None until first cast, then (format, rows, transposed)
         self._shared: dict[tuple[Any, ...], tuple[Fp8Format, Fp8Tensor, Fp8Tensor] | None] = {}
@@ -150,6 +165,9 @@ class Fp8Gemms:
         one kernel (casts.quantize_both: one amax pass and one read of g instead of two
         each), the other takes the codes made. g must not change inside the block; the codes
         are dropped when it ends."""
+        if isinstance(g, Fp8Operand):  # its producer wrote both layouts (gelu_backward)
+            yield
+            return
         rows = g.reshape(-1, g.shape[-1]) if g.ndim != 2 and g.flags.c_contiguous else g
         if rows.ndim != 2 or not rows.flags.c_contiguous:
             yield
@@ -169,10 +187,11 @@ class Fp8Gemms:
         stored = _stored(x) if self._shared else None
         key = None if stored is None else _key(stored[0])
         if key is None or key not in self._shared:
-            return codes(x, fmt, self._scaling())
+            return codes(x, fmt, self._scaling("matmul operand", fmt, x.shape))
         made = self._shared[key]
         if made is None or made[0] is not fmt:
-            made = (fmt, *casts.quantize_both(stored[0], fmt, self._scaling()))
+            made = (fmt, *casts.quantize_both(stored[0], fmt,
+                                              self._scaling("gradient", fmt, stored[0].shape)))
             self._shared[key] = made
         return made[2] if stored[1] else made[1]
 
@@ -237,38 +256,102 @@ class Fp8Gemms:
         """x's and w^T's codes for the forward GEMM, and (keys, x^T's, w's) codes for its
         backward from the same casts (quantize_both: one read of each, one amax)."""
         if not (x2.flags.c_contiguous and w.flags.c_contiguous):
-            return codes(x2, E4M3, self._scaling()), codes(w.T, E4M3, self._scaling()), None
-        qx, qxt = casts.quantize_both(x2, E4M3, self._scaling())
-        qw, qwt = casts.quantize_both(w, E4M3, self._scaling())
-        kept = ((_key(x2), _key(w)), Fp8Operand(qxt, True, x2.dtype),
-                Fp8Operand(qw, False, w.dtype))
+            return (codes(x2, E4M3, self._scaling("linear x", E4M3, x2.shape)),
+                    codes(w.T, E4M3, self._scaling("linear w", E4M3, w.shape)), None)
+        qx, qxt = casts.quantize_both(x2, E4M3, self._scaling("linear x", E4M3, x2.shape))
+        qw, qwt = casts.quantize_both(w, E4M3, self._scaling("linear w", E4M3, w.shape))
+        kept = ((_key(x2), _key(w)), Fp8Operand(None, qxt, x2.dtype),
+                Fp8Operand(qw, None, w.dtype))
         return qx, qwt, kept
 
+    def gelu_backward(self, dh: Any, pre: Any, bias: Any, sums_into: Any,
+                      sum_rows: Callable[[Any, Any], Any]) -> Fp8Operand | None:
+        """The gradient into an MLP's GELU, dpre = dh * gelu'(pre + bias), as the e5m2 codes of
+        both its layouts, written by the GELU backward's own pass (casts.gelu_backward_codes),
+        with its column sums added into `sums_into` (the bias's float32 gradient buffer, by
+        `sum_rows` from the pass's partial sums). Only with delayed scaling inside a capture:
+        the scale must be known before dpre is made, and the cast takes the site the
+        separate cast of dpre would take (the warm-up step's eager casts, in the same order,
+        seed it). None otherwise, or where the shapes do not fit: the caller then runs the
+        bf16 GELU backward, and the GEMMs that read dpre cast it."""
+        if (not self.delayed or sums_into is None or sums_into.dtype != np.float32
+                or dtype_name(dh.dtype) != "bfloat16" or dh.shape != pre.shape
+                or not (dh.flags.c_contiguous and pre.flags.c_contiguous)):
+            return None
+        dh2, pre2 = dh.reshape(-1, dh.shape[-1]), pre.reshape(-1, pre.shape[-1])  # (N, C)
+        if not casts.gelu_codes_fit(dh2, pre2, bias) or not self._lt().stream.is_capturing():
+            return None
+        scaling = self._scaling("gelu gradient", E5M2, dh2.shape)
+        if scaling.site is None:
+            return None
+        q, q_t, part = casts.gelu_backward_codes(dh2, pre2, bias, scaling)
+        sum_rows(part, sums_into)
+        return Fp8Operand(q, q_t, dh.dtype)
+
     # ---- internals ------------------------------------------------------------------------
-    def _scaling(self) -> casts.Scaling:
-        """The next cast's scaling: current, or with FP8_SCALING=delayed, in the first
-        captured graph, a site row per cast in call order from row 0 (the replays keep each
-        cast's amax there for the next one). Before that capture, each eager cast measures
-        its amax into the row of the same number, so the first replay is scaled by the
-        warm-up step's amax of the same cast (the same code, in the same order). Eager casts
-        after it are current, and a later capture's casts take the rows after the first's,
-        unseeded (their first replay is scaled by 1)."""
-        if not self.delayed:
-            return casts.CURRENT
+    def tensors(self) -> list[dict[str, Any]] | None:
+        """Each tensor the captured steps cast to FP8, in the order of their casts: what it
+        is, its format and shape, the amax of its last replay and the scale that amax gives
+        (formats.scale_of; under delayed scaling the one its next replay takes). None before
+        a capture. Reads the device: a query after training, never inside a step."""
+        if not self._what:
+            return None
+
+        def host(a: Any) -> np.ndarray:
+            return np.asarray(a.get() if hasattr(a, "get") else a)
+
+        rows = host(self._sites[: max(self._what) + 1])
+        replays = host(self._replays) if self._replays is not None else None
+        out = []
+        for i, (what, fmt, shape, capture) in sorted(self._what.items()):
+            # delayed: replay r filled slot r % 3 (rf_site); current: slot 0, each replay
+            slot = 0 if capture is None or replays is None else int(replays[capture]) % 3
+            amax = rows[i, slot]
+            out.append({"tensor": what, "format": fmt.name, "shape": list(shape),
+                        "amax": float(amax), "scale": float(scale_of(amax, fmt))})
+        return out
+
+    def _scaling(self, what: str, fmt: Fp8Format, shape: tuple[int, ...]) -> casts.Scaling:
+        """The next cast's scaling, for the tensor `what` (fmt, shape). Inside the first
+        captured graph each cast takes a site row, in call order from row 0, that keeps the
+        amax of its replays (`tensors`): current scaling measures it there, delayed scaling
+        (FP8_SCALING=delayed) scales the next replay by it, each capture counting its
+        replays on the device (`_begin_capture`). Before that capture, each eager cast of a
+        delayed run measures its amax into the row of the same number, so the first replay
+        is scaled by the warm-up step's amax of the same cast (the same code, in the same
+        order). Other eager casts are current, and a later capture's casts take the rows
+        after the first's, unseeded (a delayed replay's first scale is 1)."""
         capturing = self._lt().stream.is_capturing()
-        if capturing and not self._captured:
-            self._captured, self._next_site = True, 0
-        if self._captured and not capturing:
+        if capturing and not self._in_capture:
+            self._begin_capture()
+        self._in_capture = capturing
+        if self._sites is None and not capturing:  # made in a capture, zeroed every replay
+            xp = self._lt().xp
+            self._sites = xp.zeros((MAX_SITES, 4), np.float32)
+            self._replays = xp.zeros(MAX_CAPTURES, np.uint32)
+        if ((self._captured and not capturing) or (not capturing and not self.delayed)
+                or self._sites is None or self._next_site >= MAX_SITES):
             return casts.CURRENT
-        if self._sites is None:
-            if capturing:  # made now, the rows would be zeroed at every replay
-                return casts.CURRENT
-            self._sites = self._lt().xp.zeros((MAX_SITES, 4), np.float32)
-        if self._next_site >= MAX_SITES:
-            return casts.CURRENT
-        row = self._sites[self._next_site]
+        i, row = self._next_site, self._sites[self._next_site]
         self._next_site += 1
-        return casts.Scaling(site=row) if capturing else casts.Scaling(amax=row[1:2])
+        if not capturing:
+            return casts.Scaling(amax=row[0:1])  # the slot the first replay reads
+        delayed = self.delayed and self._capture >= 0
+        self._what[i] = (what, fmt, tuple(shape), self._capture if delayed else None)
+        if not delayed:
+            return casts.Scaling(amax=row[0:1])
+        return casts.Scaling(site=row, replay=self._replays[self._capture:self._capture + 1])
+
+    def _begin_capture(self) -> None:
+        """A capture's first cast: the first capture's casts take the site rows from 0 again;
+        with delayed scaling, the capture takes a replay count of its own and adds 1 to it
+        as its first kernel (inside the graph: once a replay, before any cast reads it)."""
+        if not self._captured:
+            self._captured, self._next_site = True, 0
+        if (self.delayed and self._replays is not None
+                and self._capture + 1 < len(self._replays)):
+            self._capture += 1
+            self._replays[self._capture:self._capture + 1] += 1
 
     def _check(self, a: Any, b: Any) -> None:
         if dtype_name(a.dtype) != "bfloat16" or b.dtype != a.dtype or b.ndim != 2:

@@ -102,8 +102,8 @@ class MLP(Function):
         with kernels.shared_gradient(dpre):
             dw1, db1 = kernels.linear_grads(self.x, dpre, gemm, (w1_into, None),
                                             bias=b1_into is None)
-            dx = self.matmul(dpre, self.w1, "backward", transpose_b=True,
-                             gradient="a")  # (..., E)
+            dx = self.matmul(dpre, self.w1, "backward", transpose_b=True, gradient="a")
+        dx = dx.reshape(*grad.shape[:-1], dx.shape[-1])  # (..., E): 2-D from FP8 codes of dpre
         return (dx, dw1, db1, dw2, db2, grad)[: len(self.parents)]
 
 

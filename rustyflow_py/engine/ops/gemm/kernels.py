@@ -53,7 +53,16 @@ with a fused epilogue) through it.
         dpre = (g @ w.T) * gelu'(pre) for the gradient g of y, the gradient into the GELU's
         input (linear_grads(x, dpre) then gives the layer before's weight and bias
         gradients). With `db_into` (b1's gradient buffer) b1's gradient, the column sums
-        of dpre, is added into it as well (then linear_grads(..., bias=False)).
+        of dpre, is added into it as well (then linear_grads(..., bias=False)). A PRECISION=fp8
+        run may give dpre, 2-D (rows, 4E), as the FP8 codes of its two layouts that its
+        producer wrote: a stand-in that this set's matmul and linear_grads take, and that
+        shared_gradient passes through.
+
+    fp8_tensors() -> list[dict[str, Any]] | None
+        A query after training (it reads the device): in a PRECISION=fp8 run whose step was
+        captured, each tensor that step casts to FP8, in the order of its casts, as
+        {"tensor", "format", "shape", "amax", "scale"}: the amax of its last replay and the
+        scale that amax gives. None elsewhere.
 """
 
 from __future__ import annotations
@@ -66,3 +75,4 @@ from .reference import GemmReference
 declare(("matmul", "kept_for_backward", "shared_gradient", "sum_rows", "linear",
          "linear_grads", "linear_dgelu"),
         reference={ANY: GemmReference}, cpu={FLOATS: CpuGemm}, gpu={FLOATS: CudaGemm})
+declare("fp8_tensors", reference={ANY: GemmReference}, cpu={ANY: CpuGemm}, gpu={ANY: CudaGemm})

@@ -13,7 +13,7 @@ from ..table import Family, add_into
 
 class GemmReference(Family):
     """matmul, sum_rows, linear, linear_grads, linear_dgelu, kept_for_backward,
-    shared_gradient against `self.xp`."""
+    shared_gradient, fp8_tensors against `self.xp`."""
 
     calls = ("gelu_forward", "gelu_backward")  # the Linear layers' GELU
 
@@ -32,6 +32,10 @@ class GemmReference(Family):
     def shared_gradient(self, g: Any) -> contextlib.AbstractContextManager[None]:
         """Here each GEMM reads g as it is: nothing to share."""
         return contextlib.nullcontext()
+
+    def fp8_tensors(self) -> list[dict[str, Any]] | None:
+        """Here no GEMM casts to FP8."""
+        return None
 
     def sum_rows(self, x: Any, into: Any = None) -> Any:
         sums = x.sum(axis=0, dtype=accumulate_dtype(x.dtype))

@@ -130,7 +130,7 @@ class CudaCrossEntropy(CrossEntropyReference):
                                       np.int32(_row_stride(padded)), np.int32(vp),
                                       _vec(padded)))
         scale_inv = xp.full(1, 1.0 / (E5M2.max * n), np.float32)
-        return nll.mean(), Fp8Operand(Fp8Tensor(codes, scale_inv, E5M2), False, padded.dtype)
+        return nll.mean(), Fp8Operand(Fp8Tensor(codes, scale_inv, E5M2), None, padded.dtype)
 
     def _head_grads(self, padded: Any, wp: Any, h: Any, v: int, need_h: bool, need_w: bool,
                     mm: Callable[..., Any], w_into: Any) -> tuple[Any, Any]:
@@ -154,7 +154,7 @@ class CudaCrossEntropy(CrossEntropyReference):
         if not need_w:
             return dh, None
         t = casts.transpose_codes(codes.q)  # (Vp, N)
-        cols = Fp8Operand(Fp8Tensor(t.codes[:v], t.scale_inv, E5M2), False, codes.dtype)
+        cols = Fp8Operand(Fp8Tensor(t.codes[:v], t.scale_inv, E5M2), None, codes.dtype)
         dw = mm(cols, h, out=w_into, accumulate=w_into is not None, gradient="a")  # (V, E)
         return dh, (dw if w_into is None else None)
 

@@ -1,0 +1,140 @@
+"""PRECISION=fp8's casts on the GPU, kernel by kernel, at GPT-2 124M's shapes (B=16, T=1024):
+the very calls a training step makes (fp8/cuda.py), against PyTorch's eager cast of the same
+tensor (amax, scale, cast, transposed copy).
+
+- The two-layout cast (`quantize_both`) under current scaling (an amax pass, then the cast)
+  and delayed scaling (one kernel scaled from its site).
+- The MLP's GELU backward writing dpre's e5m2 codes itself (`gelu_backward_codes`, delayed),
+  against the GELU backward with its bias sums (`gelu_backward`) followed by the delayed cast
+  of its output.
+
+Device time per call from CUDA events over `--calls` calls, median of `--windows` windows.
+
+    python benchmarks/fp8_casts.py --out benchmarks/results/fp8-casts-h200.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+# GPT-2 124M at B=16, T=1024: a block's activations, gradients and a weight
+SHAPES = {"x (N, E)": (16384, 768), "qkv gradient (N, 3E)": (16384, 2304),
+          "MLP hidden (N, 4E)": (16384, 3072), "weight (E, 4E)": (768, 3072)}
+
+
+def median_us(fn: Callable[[], Any], calls: int, windows: int) -> float:
+    """Median over windows of the device time per call of fn, in microseconds."""
+    import cupy as cp
+
+    for _ in range(3):
+        fn()
+    out = []
+    for _ in range(windows):
+        start, stop = cp.cuda.Event(), cp.cuda.Event()
+        start.record()
+        for _ in range(calls):
+            fn()
+        stop.record()
+        stop.synchronize()
+        out.append(cp.cuda.get_elapsed_time(start, stop) * 1e3 / calls)
+    return statistics.median(out)
+
+
+def torch_cast(x: Any, fp8: Any, top: float) -> Callable[[], Any]:
+    """PyTorch eager: amax, scale, the saturated cast, and the transposed copy."""
+
+    def run() -> Any:
+        scale = top / x.abs().amax().float().clamp(min=1e-12)
+        q = (x.float() * scale).clamp(-top, top).to(fp8)
+        return q, q.t().contiguous(), scale.reciprocal()
+
+    return run
+
+
+def cast_rows(calls: int, windows: int) -> list[str]:
+    import cupy as cp
+    import torch
+
+    from rustyflow_py.engine.ops.fp8 import cuda as casts
+    from rustyflow_py.engine.ops.fp8.formats import E4M3
+    from rustyflow_py.engine.precision import bfloat16
+
+    rows = []
+    for name, shape in SHAPES.items():
+        x = cp.random.default_rng(0).standard_normal(shape, dtype=np.float32).astype(bfloat16())
+        site, replay = cp.zeros(4, np.float32), cp.zeros(1, np.uint32)
+        site[:3] = float(cp.abs(x.astype(np.float32)).max())
+        delayed = casts.Scaling(site=site, replay=replay)
+        moved = x.nbytes * 2  # bf16 read, two layouts of codes written
+        tx = torch.as_tensor(x.astype(np.float32), device="cuda").to(torch.bfloat16)
+        theirs = median_us(torch_cast(tx, torch.float8_e4m3fn, 448.0), calls, windows)
+        current = median_us(lambda: casts.quantize_both(x, E4M3), calls, windows)  # noqa: B023
+        us = median_us(lambda: casts.quantize_both(x, E4M3, delayed), calls, windows)  # noqa: B023
+        rows.append(f"| {name} | {shape[0]} x {shape[1]} | {theirs:.1f} | {current:.1f} | "
+                    f"{us:.1f} | {moved / us / 1e3:,.0f} |")
+    return rows
+
+
+def gelu_rows(calls: int, windows: int) -> list[str]:
+    import cupy as cp
+
+    from rustyflow_py.engine.library import get_backend
+    from rustyflow_py.engine.ops.fp8 import cuda as casts
+    from rustyflow_py.engine.ops.fp8.formats import E5M2
+    from rustyflow_py.engine.precision import bfloat16
+
+    kernels = get_backend("gpu").kernels
+    shape = SHAPES["MLP hidden (N, 4E)"]
+    rng = cp.random.default_rng(1)
+    g, pre = (rng.standard_normal(shape, dtype=np.float32).astype(bfloat16()) for _ in range(2))
+    sums = cp.zeros(shape[1], np.float32)
+    site, replay = cp.zeros(4, np.float32), cp.zeros(1, np.uint32)
+    site[:3] = 4.0
+    delayed = casts.Scaling(site=site, replay=replay)
+
+    def apart() -> Any:
+        return casts.quantize_both(kernels.gelu_backward(g, pre, None, sums), E5M2, delayed)
+
+    def fused() -> Any:
+        q, q_t, part = casts.gelu_backward_codes(g, pre, None, delayed)
+        kernels.sum_rows(part, sums)
+        return q, q_t
+
+    us_apart, us_fused = median_us(apart, calls, windows), median_us(fused, calls, windows)
+    return [f"| GELU backward, then the cast | {us_apart:.1f} | 1.00x |",
+            f"| GELU backward writing the codes | {us_fused:.1f} | {us_apart / us_fused:.2f}x |"]
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--calls", type=int, default=50)
+    p.add_argument("--windows", type=int, default=5)
+    p.add_argument("--out", type=Path)
+    args = p.parse_args()
+
+    import cupy as cp
+
+    device = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    lines = [f"# FP8 casts at GPT-2 124M's shapes, {device}", "",
+             "`python benchmarks/fp8_casts.py` (device time per call, us; median of windows; "
+             "a small tensor's time is the host's launches, not the kernel's)",
+             "", "## The two-layout cast (e4m3)", "",
+             "| tensor | shape | PyTorch eager | current | delayed | delayed GB/s |",
+             "|---|---|---:|---:|---:|---:|",
+             *cast_rows(args.calls, args.windows), "",
+             "## The MLP's GELU backward and dpre's cast (e5m2, delayed, 16384 x 3072)", "",
+             "| path | us | speed-up |", "|---|---:|---:|", *gelu_rows(args.calls, args.windows)]
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.out:
+        args.out.write_text(text)
+
+
+if __name__ == "__main__":
+    main()
