@@ -220,8 +220,8 @@ def test_training_in_16_bit_with_graph_replay(name: str,
     scalings: list[tuple[bool, bool]] = []  # (in the capture, from a site)
     real = Fp8Gemms._scaling
 
-    def spy(self: Any) -> Any:
-        chosen = real(self)
+    def spy(self: Any, *cast: Any) -> Any:
+        chosen = real(self, *cast)
         scalings.append((self._lt().stream.is_capturing(), chosen.site is not None))
         return chosen
 
