@@ -243,6 +243,15 @@ def test_training_in_16_bit_with_graph_replay(name: str,
     assert (record["status"] == "completed" and record["graph"]
             and record["precision"] == precision)
     assert record["fp8_scaling"] == ((scaling or "current") if precision == "fp8" else None)
+    # the record lists each tensor the captured step casts, with the amax of its last replay
+    tensors = record["fp8_tensors"]
+    if precision == "fp8":
+        assert tensors and len(tensors) == sum(capturing for capturing, _ in scalings)
+        assert all(t["amax"] > 0 and math.isfinite(t["scale"]) for t in tensors)
+        assert {t["format"] for t in tensors} == {"e4m3", "e5m2"}
+        assert "FP8 casts per step:" in format_block(log_records()[-1])
+    else:
+        assert tensors is None
     captured = {call for call in fp8_calls if call.endswith(":captured")}
     assert captured == ({"linear:None:captured", "matmul:None:captured", "matmul:a:captured",
                          "matmul:b:captured"} if precision == "fp8" else set())
