@@ -261,16 +261,21 @@ def test_the_log_block_sums_up_the_fp8_casts() -> None:
 
 
 @pytest.mark.usefixtures("tiny_dir")
-def test_fp8_scaling_delayed_needs_fp8() -> None:
+def test_fp8_scaling_is_delayed_unless_an_fp8_run_says_otherwise() -> None:
+    """FP8_SCALING's default, delayed, is what every run carries; current is a choice only
+    an fp8 run can make (elsewhere an error that names both keys and the fix)."""
     from helpers import make_cfg
 
     from rustyflow_py.training.config.policy import run_policy
 
-    with pytest.raises(ConfigError, match="FP8_SCALING=delayed .* scales FP8 casts, but "
-                                          "PRECISION=bf16 .* set PRECISION=fp8"):
-        make_cfg(PRECISION="bf16", FP8_SCALING="delayed")
-    cfg = make_cfg(PRECISION="fp8", FP8_SCALING="delayed", DEVICE="gpu")
-    assert run_policy(cfg).fp8_scaling == "delayed"
+    assert run_policy(make_cfg(PRECISION="fp8", DEVICE="gpu")).fp8_scaling == "delayed"
+    assert make_cfg(PRECISION="bf16").fp8_scaling == "delayed"  # no error: the default
+    with pytest.raises(ConfigError, match="FP8_SCALING=current .* scales FP8 casts, but "
+                                          "PRECISION=bf16 .* set PRECISION=fp8, or leave "
+                                          "FP8_SCALING=delayed"):
+        make_cfg(PRECISION="bf16", FP8_SCALING="current")
+    cfg = make_cfg(PRECISION="fp8", FP8_SCALING="current", DEVICE="gpu")
+    assert run_policy(cfg).fp8_scaling == "current"
 
 
 # ---- on a GPU with FP8 tensor cores -----------------------------------------------------------

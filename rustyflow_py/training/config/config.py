@@ -38,6 +38,9 @@ __all__ = ["BUILTIN_DATASETS", "KEYS", "OPTIMIZERS", "Config", "ConfigError", "K
 
 BUILTIN_DATASETS = ("wikitext-2", "tinyshakespeare")
 OPTIMIZERS = ("adamw", "adam", "sgd", "lamb", "rmsprop", "adagrad", "adadelta", "muon")
+# PRECISION=fp8's scaling: delayed is as good as current on the quality recipe and faster
+# (benchmarks/results/fp8-h200.md); another value in a run without fp8 is an error
+FP8_SCALING_DEFAULT = "delayed"
 MODEL_PATH_TEMPLATE = "models/${DATASET}-L${NUM_LAYERS}-H${NUM_HEADS}-E${EMBED_DIM}.npz"
 _CHECKOUT = Path(__file__).resolve().parents[3]  # its configs/ are offered for a missing file
 _REF = re.compile(r"\$\{([^}:]*)(:-[^}]*)?\}")  # the ${NAME} / ${NAME:-default} syntax of dotenv
@@ -122,11 +125,11 @@ class _Rules:
                 "adadelta)")
         self._check_quality_keys(where)
         self._check_attention(where)
-        if self.fp8_scaling != "current" and self.precision != "fp8":
+        if self.fp8_scaling != FP8_SCALING_DEFAULT and self.precision != "fp8":
             raise ConfigError(
                 f"FP8_SCALING={self.fp8_scaling} ({where['FP8_SCALING']}) scales FP8 casts, but "
                 f"PRECISION={self.precision} ({where['PRECISION']}) makes none: set "
-                "PRECISION=fp8, or leave FP8_SCALING=current")
+                f"PRECISION=fp8, or leave FP8_SCALING={FP8_SCALING_DEFAULT} (its default)")
         if self.num_gpus > 1 and self.device == "cpu":
             raise ConfigError(
                 f"NUM_GPUS={self.num_gpus} ({where['NUM_GPUS']}) starts one process per GPU, "
@@ -365,10 +368,11 @@ class Config(_Rules):
         "mixed precision; fp16 with dynamic loss scaling), fp8 (bf16 with the Linear layers' "
         "GEMMs in FP8; GPUs of compute capability 8.9+) or fp64",
         choices=("fp32", "tf32", "bf16", "fp16", "fp8", "fp64"))
-    fp8_scaling: str = key("current", "PRECISION=fp8's scaling of each tensor cast to FP8: "
-        "current (an amax pass over the tensor first) or delayed (in the replayed CUDA graph, "
-        "by the amax the same cast measured in the step before, taken while casting)",
-        choices=("current", "delayed"))
+    fp8_scaling: str = key(FP8_SCALING_DEFAULT, "PRECISION=fp8's scaling of each tensor cast "
+        "to FP8: delayed (in the replayed CUDA graph, by the amax the same cast measured in "
+        "the step before, taken while casting; faster, and the GELU backward writes its "
+        "gradient's FP8 itself) or current (an amax pass over the tensor first)",
+        choices=("delayed", "current"))
     attention: str = key("auto", "GPU attention: own (the fused flash-style kernel for "
         "tf32, bf16 and fp16 runs), cudnn (cuDNN's fused SDPA: bf16/fp16 without attention "
         "dropout; the cudnn extra), auto (cudnn where installed and it applies and the step "
