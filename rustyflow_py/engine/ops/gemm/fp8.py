@@ -343,9 +343,10 @@ class Fp8Gemms:
         return casts.Scaling(site=row, replay=self._replays[self._capture:self._capture + 1])
 
     def _begin_capture(self) -> None:
-        """A capture's first cast: the first capture's casts take the site rows from 0 again;
-        with delayed scaling, the capture takes a replay count of its own and adds 1 to it
-        as its first kernel (inside the graph: once a replay, before any cast reads it)."""
+        """A capture's first cast (the first cast inside a capture after one outside): the
+        first capture's casts take the site rows from 0 again; with delayed scaling, the
+        capture takes a replay count of its own and adds 1 to it as its first kernel (inside
+        the graph: once a replay, before any cast reads it)."""
         if not self._captured:
             self._captured, self._next_site = True, 0
         if (self.delayed and self._replays is not None
