@@ -42,7 +42,8 @@ class RunPolicy:
     - `cpu_jit`: the CPU's numba kernels: auto, on (numba required) or off (CPU_JIT);
     - `fp8_scaling`: how a PRECISION=fp8 run scales its casts (FP8_SCALING): "current" (an
       amax pass over each tensor first) or "delayed" (in the replayed graph, by the amax the
-      same cast measured in the last replay), engine/ops/gemm/fp8.py.
+      same cast measured in the last replay), engine/ops/gemm/fp8.py. Current here; a
+      run's config defaults to delayed (training/config/config.py says why).
     """
 
     precision: Precision = dataclasses.field(default_factory=lambda: Precision.of("fp32"))

@@ -3,11 +3,12 @@ GEMM on FP8 tensor cores through cuBLASLt (CublasLt.matmul_fp8), accumulating in
 
 Formats follow Transformer Engine's hybrid recipe: e4m3 (more precision) for activations and
 weights, e5m2 (more range) for gradients; the op says which operand is a gradient. Scaling is
-per tensor, by FP8_SCALING. Current (the default): each cast first takes its tensor's amax on
-the device (fp8/cuda.py), so a GEMM never sees a saturated value that a stale scale would
-clip, at the cost of one more read of the tensor. Delayed: in the replayed graph each cast is
+per tensor, by FP8_SCALING. Delayed (the run's default): in the replayed graph each cast is
 scaled by the amax its own site kept from the last replay and takes this one's while casting
-(`_scaling`), Transformer Engine's recipe; a value above the last amax saturates.
+(`_scaling`), Transformer Engine's recipe; a value above the last amax saturates, and a
+producer can write FP8 itself (`gelu_backward`). Current (RunPolicy's default, for direct
+engine use): each cast first takes its tensor's amax on the device (fp8/cuda.py), so a GEMM
+never sees a saturated value, at the cost of one more read of the tensor.
 
 FP8 GEMMs take both operands with the reduced axis contiguous (the "TN" layout), so an operand
 stored the other way round (a weight, or an activation or gradient whose rows are the reduced
