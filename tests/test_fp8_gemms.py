@@ -126,6 +126,11 @@ def test_delayed_scaling_sites_follow_the_warm_up_steps_casts() -> None:
     later = gemms._scaling(*CAST)
     assert np.shares_memory(later.site, gemms._sites[3])  # after the first's
     assert np.shares_memory(later.replay, gemms._replays[1:2]) and gemms._replays[1] == 1
+    gemms._counts = len(gemms._replays)  # every replay count taken: the next capture is current
+    stream.capturing = False
+    gemms._scaling(*CAST)
+    stream.capturing = True
+    assert gemms._scaling(*CAST).site is None and gemms._capture == -1
     current = Fp8Gemms(lambda: lt)  # FP8_SCALING=current: sites inside a capture only
     stream.capturing = False
     assert current._scaling(*CAST) is cuda.CURRENT
@@ -276,6 +281,25 @@ def test_fp8_scaling_is_delayed_unless_an_fp8_run_says_otherwise() -> None:
         make_cfg(PRECISION="bf16", FP8_SCALING="current")
     cfg = make_cfg(PRECISION="fp8", FP8_SCALING="current", DEVICE="gpu")
     assert run_policy(cfg).fp8_scaling == "current"
+
+
+@pytest.mark.usefixtures("tiny_dir")
+def test_a_stored_or_filed_fp8_scaling_of_a_run_without_fp8_is_let_be(tmp_path: Any) -> None:
+    """current was the default once: a checkpoint of a bf16 run stored it, and config.env
+    copies of that time say so. Neither is refused (it changes nothing without fp8); only
+    the command line and the environment are, where it is this run's own request."""
+    from helpers import make_cfg
+
+    from rustyflow_py.training.config.config import Config, load_config
+
+    stored = {**make_cfg(PRECISION="bf16").to_dict(), "FP8_SCALING": "current"}
+    assert Config.from_dict(stored).fp8_scaling == "current"
+    env = tmp_path / "old.env"
+    env.write_text("PRECISION=bf16\nFP8_SCALING=current\n")
+    cfg, _ = load_config(str(env), {}, environ={})
+    assert cfg.precision == "bf16" and cfg.fp8_scaling == "current"
+    with pytest.raises(ConfigError, match=r"FP8_SCALING=current \(environment"):
+        load_config(str(env), {}, environ={"FP8_SCALING": "current"})
 
 
 # ---- on a GPU with FP8 tensor cores -----------------------------------------------------------

@@ -157,3 +157,14 @@ def test_the_same_command_after_an_upgrade_is_the_same_run() -> None:
     assert not same_recipe({**older, "LEARNING_RATE": 0.5}, current)
     assert not same_recipe({**current, "A_REMOVED_KEY": 1}, current)
     assert not same_recipe(None, current)
+
+
+def test_fp8_scaling_changes_no_run_without_fp8() -> None:
+    """FP8_SCALING's default became delayed: a bf16 run stored with current (the old
+    default) is the same run as today's command; an fp8 run stored with current is not."""
+    bf16 = make_cfg(PRECISION="bf16").to_dict()
+    assert bf16["FP8_SCALING"] == "delayed"
+    assert same_recipe({**bf16, "FP8_SCALING": "current"}, bf16)
+    fp8 = {**bf16, "PRECISION": "fp8"}
+    assert not same_recipe({**fp8, "FP8_SCALING": "current"}, fp8)
+    assert not same_recipe({**bf16, "FP8_SCALING": "current"}, fp8)

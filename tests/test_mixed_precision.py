@@ -236,8 +236,9 @@ def test_training_in_16_bit_with_graph_replay(name: str,
         return real_codes(*args)
 
     monkeypatch.setattr(cuda, "gelu_backward_codes", spy_codes)
+    fp8_scaling = {"FP8_SCALING": scaling or "current"} if precision == "fp8" else {}
     cfg = make_cfg(DEVICE="gpu", PRECISION=precision, NUM_EPOCHS=3, GRAPH="on", PROFILE=True,
-                   PROFILE_STEPS=2, FP8_SCALING=scaling or "current")
+                   PROFILE_STEPS=2, **fp8_scaling)
     trainer = Trainer(cfg, quiet)
     record = trainer.run()
     assert (record["status"] == "completed" and record["graph"]

@@ -39,7 +39,9 @@ __all__ = ["BUILTIN_DATASETS", "KEYS", "OPTIMIZERS", "Config", "ConfigError", "K
 BUILTIN_DATASETS = ("wikitext-2", "tinyshakespeare")
 OPTIMIZERS = ("adamw", "adam", "sgd", "lamb", "rmsprop", "adagrad", "adadelta", "muon")
 # PRECISION=fp8's scaling: delayed is as good as current on the quality recipe and faster
-# (benchmarks/results/fp8-h200.md); another value in a run without fp8 is an error
+# (benchmarks/results/fp8-h200.md). Another value asked for on the command line or in the
+# environment of a run without fp8 is an error; one from a file or a checkpoint (written when
+# current was the default, or a copy of that config.env) changes nothing there and is let be.
 FP8_SCALING_DEFAULT = "delayed"
 MODEL_PATH_TEMPLATE = "models/${DATASET}-L${NUM_LAYERS}-H${NUM_HEADS}-E${EMBED_DIM}.npz"
 _CHECKOUT = Path(__file__).resolve().parents[3]  # its configs/ are offered for a missing file
@@ -125,7 +127,8 @@ class _Rules:
                 "adadelta)")
         self._check_quality_keys(where)
         self._check_attention(where)
-        if self.fp8_scaling != FP8_SCALING_DEFAULT and self.precision != "fp8":
+        if (self.fp8_scaling != FP8_SCALING_DEFAULT and self.precision != "fp8"
+                and self.source["FP8_SCALING"] in ("env", "cli")):
             raise ConfigError(
                 f"FP8_SCALING={self.fp8_scaling} ({where['FP8_SCALING']}) scales FP8 casts, but "
                 f"PRECISION={self.precision} ({where['PRECISION']}) makes none: set "

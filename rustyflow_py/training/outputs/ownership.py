@@ -161,11 +161,19 @@ def same_recipe(stored: Any, current: dict[str, Any]) -> bool:
         return False
     for name, value in current.items():
         if name in stored:
-            if _json(stored[name]) != _json(value):
+            if _json(stored[name]) != _json(value) and not _inert(name, stored, current):
                 return False
         elif name not in KEYS or _json(KEYS[name].default) != _json(value):
             return False
     return True
+
+
+def _inert(name: str, stored: dict[str, Any], current: dict[str, Any]) -> bool:
+    """Whether key `name` changes nothing in either run: FP8_SCALING where neither is a
+    PRECISION=fp8 run (its default changed from current to delayed; a bf16 run stored with
+    the old one is still the same run)."""
+    return name == "FP8_SCALING" and "fp8" not in (stored.get("PRECISION"),
+                                                   current.get("PRECISION"))
 
 
 def _json(value: Any) -> str:

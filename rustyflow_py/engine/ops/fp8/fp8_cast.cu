@@ -100,8 +100,8 @@ extern "C" __global__ void fp8_quantize_t(const real* __restrict__ x, int rows, 
 // The tile sits in shared memory transposed, TV + 4 bytes a row (rows of 4-byte words on
 // distinct banks for the vectors' scattered byte stores, and 16 codes read as 4 words).
 // q_rows as fp8_quantize_t's, a vector's codes stored as one access. A block takes tiles
-// gridDim.x apart (cuda.py launches a block a tile: with delayed scaling's one atomic a
-// block, that was faster than fewer blocks taking several, benchmarks/results/fp8-h200.md).
+// gridDim.x apart; cuda.py launches a block a tile, for delayed scaling too (on the largest
+// tensors faster than 1,024 blocks taking several, benchmarks/results/fp8-h200.md).
 #define TV 64
 #define TV_PITCH (TV + 4)
 extern "C" __global__ void fp8_quantize_t_vec(const rf_vec* __restrict__ x, int rows, int cols,

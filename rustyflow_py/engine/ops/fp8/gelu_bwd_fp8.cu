@@ -8,7 +8,7 @@
 // A block of 256 threads takes a tile of TG x TG values, as fp8_cast.cu's fp8_quantize_t_vec:
 // whole vectors read along the rows, their codes stored along the rows and into a shared tile
 // transposed, which then goes out 16 codes an access along the transpose's rows. The threads
-// of one vector column are lanes RF_VEC... apart in their warps: their column sums meet by
+// of one vector column are lanes TG / RF_VEC apart in their warps: their column sums meet by
 // shuffles, then across the warps in shared memory, in a fixed order. For rows and cols
 // multiples of TG, arrays 16-byte aligned; a block a tile.
 #include "types.cuh"

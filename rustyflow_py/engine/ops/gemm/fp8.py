@@ -151,7 +151,8 @@ class Fp8Gemms:
         self._captured = False  # whether the first capture has begun
         self._in_capture = False  # whether the last cast was inside one
         self._replays: Any = None  # delayed: uint32 (MAX_CAPTURES,), each capture's replays
-        self._capture = -1  # the capture under way (its replay count), -1 before any
+        self._capture = -1  # the capture under way's replay count, -1: none (current)
+        self._counts = 0  # replay counts taken
         # the captured casts' tensors by site row: (what, format, shape, capture or None)
         self._what: dict[int, tuple[str, Fp8Format, tuple[int, ...], int | None]] = {}
         self._refused: set[tuple[Any, ...]] = set()
@@ -320,8 +321,9 @@ class Fp8Gemms:
         replays on the device (`_begin_capture`). Before that capture, each eager cast of a
         delayed run measures its amax into the row of the same number, so the first replay
         is scaled by the warm-up step's amax of the same cast (the same code, in the same
-        order). Other eager casts are current, and a later capture's casts take the rows
-        after the first's, unseeded (a delayed replay's first scale is 1)."""
+        order). Other eager casts are current. A later capture's casts take the rows after
+        the first's, seeded only where eager casts before the first capture filled them (else
+        a delayed replay's first scale is 1); past MAX_CAPTURES, a capture scales currently."""
         capturing = self._lt().stream.is_capturing()
         if capturing and not self._in_capture:
             self._begin_capture()
@@ -350,9 +352,9 @@ class Fp8Gemms:
         the graph: once a replay, before any cast reads it)."""
         if not self._captured:
             self._captured, self._next_site = True, 0
-        if (self.delayed and self._replays is not None
-                and self._capture + 1 < len(self._replays)):
-            self._capture += 1
+        self._capture = -1  # current scaling, unless it gets a replay count of its own
+        if self.delayed and self._replays is not None and self._counts < len(self._replays):
+            self._capture, self._counts = self._counts, self._counts + 1
             self._replays[self._capture:self._capture + 1] += 1
 
     def _check(self, a: Any, b: Any) -> None:
