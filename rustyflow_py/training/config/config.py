@@ -38,11 +38,6 @@ __all__ = ["BUILTIN_DATASETS", "KEYS", "OPTIMIZERS", "Config", "ConfigError", "K
 
 BUILTIN_DATASETS = ("wikitext-2", "tinyshakespeare")
 OPTIMIZERS = ("adamw", "adam", "sgd", "lamb", "rmsprop", "adagrad", "adadelta", "muon")
-# PRECISION=fp8's scaling: delayed is as good as current on the quality recipe and faster
-# (benchmarks/results/fp8-h200.md). Another value asked for on the command line or in the
-# environment of a run without fp8 is an error; one from a file or a checkpoint (written when
-# current was the default, or a copy of that config.env) changes nothing there and is let be.
-FP8_SCALING_DEFAULT = "delayed"
 MODEL_PATH_TEMPLATE = "models/${DATASET}-L${NUM_LAYERS}-H${NUM_HEADS}-E${EMBED_DIM}.npz"
 _CHECKOUT = Path(__file__).resolve().parents[3]  # its configs/ are offered for a missing file
 _REF = re.compile(r"\$\{([^}:]*)(:-[^}]*)?\}")  # the ${NAME} / ${NAME:-default} syntax of dotenv
@@ -127,12 +122,7 @@ class _Rules:
                 "adadelta)")
         self._check_quality_keys(where)
         self._check_attention(where)
-        if (self.fp8_scaling != FP8_SCALING_DEFAULT and self.precision != "fp8"
-                and self.source["FP8_SCALING"] in ("env", "cli")):
-            raise ConfigError(
-                f"FP8_SCALING={self.fp8_scaling} ({where['FP8_SCALING']}) scales FP8 casts, but "
-                f"PRECISION={self.precision} ({where['PRECISION']}) makes none: set "
-                f"PRECISION=fp8, or leave FP8_SCALING={FP8_SCALING_DEFAULT} (its default)")
+        self._check_inert_keys(where)
         if self.num_gpus > 1 and self.device == "cpu":
             raise ConfigError(
                 f"NUM_GPUS={self.num_gpus} ({where['NUM_GPUS']}) starts one process per GPU, "
@@ -176,6 +166,22 @@ class _Rules:
                 f"weight decay, which OPTIMIZER={self.optimizer} ({where['OPTIMIZER']}) does not "
                 "have (its decay is an L2 term, or inside LAMB's trust ratio): use "
                 "OPTIMIZER=adamw or muon, or WD_SCHEDULE=constant")
+
+    def _check_inert_keys(self, where: dict[str, str]) -> None:
+        """A key that changes nothing in this run (Key.needs), asked for with another value
+        than its default on the command line or in the environment, is an error. From a
+        file or a checkpoint it is let be: a config file lists every key, and a checkpoint
+        stores the defaults of its day (FP8_SCALING was current before delayed)."""
+        values = self.to_dict()
+        for k in KEYS.values():
+            if (k.applies(values) or values[k.name] == k.default
+                    or self.source[k.name] not in ("env", "cli")):
+                continue
+            need, want = k.needs
+            raise ConfigError(
+                f"{k.name}={values[k.name]} ({where[k.name]}) {k.does}, but "
+                f"{need}={values[need]} ({where[need]}) makes none: set {need}={want}, or "
+                f"leave {k.name}={k.default} (its default)")
 
     def _check_attention(self, where: dict[str, str]) -> None:
         """ATTENTION=cudnn is cuDNN's SDPA: 16-bit inputs, no dropout of its own kind, head
@@ -371,11 +377,13 @@ class Config(_Rules):
         "mixed precision; fp16 with dynamic loss scaling), fp8 (bf16 with the Linear layers' "
         "GEMMs in FP8; GPUs of compute capability 8.9+) or fp64",
         choices=("fp32", "tf32", "bf16", "fp16", "fp8", "fp64"))
-    fp8_scaling: str = key(FP8_SCALING_DEFAULT, "PRECISION=fp8's scaling of each tensor cast "
+    # delayed: as good as current on the quality recipe, and faster
+    # (benchmarks/results/fp8-h200.md)
+    fp8_scaling: str = key("delayed", "PRECISION=fp8's scaling of each tensor cast "
         "to FP8: delayed (in the replayed CUDA graph, by the amax the same cast measured in "
         "the step before, taken while casting; faster, and the GELU backward writes its "
         "gradient's FP8 itself) or current (an amax pass over the tensor first)",
-        choices=("delayed", "current"))
+        choices=("delayed", "current"), needs=("PRECISION", "fp8"), does="scales FP8 casts")
     attention: str = key("auto", "GPU attention: own (the fused flash-style kernel for "
         "tf32, bf16 and fp16 runs), cudnn (cuDNN's fused SDPA: bf16/fp16 without attention "
         "dropout; the cudnn extra), auto (cudnn where installed and it applies and the step "

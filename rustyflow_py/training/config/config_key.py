@@ -12,6 +12,7 @@ import math
 import numbers
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import Field, dataclass, field
 from typing import Any
 
@@ -45,12 +46,15 @@ def _num(x: float) -> str:
 def key(default: object, help: str, *, choices: tuple[str, ...] = (),  # noqa: A002
         lo: float | None = None, hi: float | None = None, lo_open: bool = False,
         hi_open: bool = False, allow_empty: bool = False, cli: str = "",
-        kind: str = "") -> Any:
+        kind: str = "", needs: tuple[str, str] = (), does: str = "") -> Any:
     """Declare a config key as a `Config` field: its default, one-line help, valid values and
     (only when it is not --<key-name>) its command-line flag. `kind="device"` marks the one
-    key with its own syntax; a str field with `choices` is a choice."""
+    key with its own syntax; a str field with `choices` is a choice. `needs` (KEY, value):
+    the key changes nothing unless KEY has that value, and `does` says what it does there
+    (Key.applies)."""
     spec = {"help": help, "choices": choices, "lo": lo, "hi": hi, "lo_open": lo_open,
-            "hi_open": hi_open, "allow_empty": allow_empty, "cli": cli, "kind": kind}
+            "hi_open": hi_open, "allow_empty": allow_empty, "cli": cli, "kind": kind,
+            "needs": needs, "does": does}
     return field(default=default, metadata={"key": spec})
 
 
@@ -69,6 +73,12 @@ class Key:
     hi_open: bool = False
     allow_empty: bool = False
     cli: str = ""  # the command-line flag when it is not the key's name (--gpus)
+    needs: tuple[str, str] = ()  # (KEY, value) without which this key changes nothing
+    does: str = ""  # what it does where it applies (for the error where it does not)
+
+    def applies(self, values: Mapping[str, Any]) -> bool:
+        """Whether this key changes anything in a run of these UPPER_CASE `values`."""
+        return not self.needs or values.get(self.needs[0]) == self.needs[1]
 
     @classmethod
     def of_field(cls, f: Field[Any]) -> Key:

@@ -169,11 +169,9 @@ def same_recipe(stored: Any, current: dict[str, Any]) -> bool:
 
 
 def _inert(name: str, stored: dict[str, Any], current: dict[str, Any]) -> bool:
-    """Whether key `name` changes nothing in either run: FP8_SCALING where neither is a
-    PRECISION=fp8 run (its default changed from current to delayed; a bf16 run stored with
-    the old one is still the same run)."""
-    return name == "FP8_SCALING" and "fp8" not in (stored.get("PRECISION"),
-                                                   current.get("PRECISION"))
+    """Whether key `name` changes nothing in either run (Key.needs: FP8_SCALING in two runs
+    without fp8, whose checkpoints stored the default of their day)."""
+    return name in KEYS and not KEYS[name].applies(stored) and not KEYS[name].applies(current)
 
 
 def _json(value: Any) -> str:
