@@ -1,14 +1,18 @@
 """PRECISION=fp8's casts on the GPU, kernel by kernel, at GPT-2 124M's shapes (B=16, T=1024):
-the very calls a training step makes (fp8/cuda.py), against PyTorch's eager cast of the same
-tensor (amax, scale, cast, transposed copy).
+the very calls a training step makes (fp8/cuda.py), against PyTorch's cast of the same tensor
+(amax, scale, cast, transposed copy; its eager ops, replayed from a CUDA graph).
 
 - The two-layout cast (`quantize_both`) under current scaling (an amax pass, then the cast)
   and delayed scaling (one kernel scaled from its site).
 - The MLP's GELU backward writing dpre's e5m2 codes itself (`gelu_backward_codes`, delayed),
   against the GELU backward with its bias sums (`gelu_backward`) followed by the delayed cast
   of its output.
+- The LayerNorm before a Linear writing its output's e4m3 codes too
+  (`layernorm_forward_codes`, delayed), against the LayerNorm followed by the delayed cast.
 
-Device time per call from CUDA events over `--calls` calls, median of `--windows` windows.
+Device time per call: `--calls` calls captured in one CUDA graph (on the backend's stream,
+as the trainer's step is; PyTorch's in a graph of its own), its replays timed by CUDA events,
+the median of `--windows` replays. So a row is the kernels' time, not the host's launches.
 
     python benchmarks/fp8_casts.py --out benchmarks/results/fp8-casts-h200.md
 """
@@ -29,20 +33,62 @@ SHAPES = {"x (N, E)": (16384, 768), "qkv gradient (N, 3E)": (16384, 2304),
 
 
 def median_us(fn: Callable[[], Any], calls: int, windows: int) -> float:
-    """Median over windows of the device time per call of fn, in microseconds."""
+    """Median over `windows` replays of a graph of `calls` calls of fn, in microseconds a
+    call (fn's arrays made in the capture come from a pool of the graph's own)."""
     import cupy as cp
 
-    for _ in range(3):
+    from rustyflow_py.engine.library import get_backend
+
+    cp.cuda.Device().synchronize()  # the inputs, made on another stream
+    backend = get_backend("gpu")
+    backend.make_current()
+    stream = backend.stream
+    for _ in range(2):
         fn()
+    pool = cp.cuda.MemoryPool()
+    with cp.cuda.using_allocator(pool.malloc):
+        stream.begin_capture()
+        try:
+            for _ in range(calls):
+                fn()
+        finally:
+            graph = stream.end_capture()
+    graph.upload(stream)
+    graph.launch(stream)
     out = []
     for _ in range(windows):
         start, stop = cp.cuda.Event(), cp.cuda.Event()
-        start.record()
-        for _ in range(calls):
-            fn()
-        stop.record()
+        start.record(stream)
+        graph.launch(stream)
+        stop.record(stream)
         stop.synchronize()
         out.append(cp.cuda.get_elapsed_time(start, stop) * 1e3 / calls)
+    return statistics.median(out)
+
+
+def torch_us(fn: Callable[[], Any], calls: int, windows: int) -> float:
+    """median_us for PyTorch's calls, in a torch.cuda.CUDAGraph."""
+    import torch
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    graph.replay()
+    out = []
+    for _ in range(windows):
+        start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        stop.record()
+        stop.synchronize()
+        out.append(start.elapsed_time(stop) * 1e3 / calls)
     return statistics.median(out)
 
 
@@ -73,7 +119,7 @@ def cast_rows(calls: int, windows: int) -> list[str]:
         delayed = casts.Scaling(site=site, replay=replay)
         moved = x.nbytes * 2  # bf16 read, two layouts of codes written
         tx = torch.as_tensor(x.astype(np.float32), device="cuda").to(torch.bfloat16)
-        theirs = median_us(torch_cast(tx, torch.float8_e4m3fn, 448.0), calls, windows)
+        theirs = torch_us(torch_cast(tx, torch.float8_e4m3fn, 448.0), calls, windows)
         current = median_us(lambda: casts.quantize_both(x, E4M3), calls, windows)  # noqa: B023
         us = median_us(lambda: casts.quantize_both(x, E4M3, delayed), calls, windows)  # noqa: B023
         rows.append(f"| {name} | {shape[0]} x {shape[1]} | {theirs:.1f} | {current:.1f} | "
@@ -111,6 +157,34 @@ def gelu_rows(calls: int, windows: int) -> list[str]:
             f"| GELU backward writing the codes | {us_fused:.1f} | {us_apart / us_fused:.2f}x |"]
 
 
+def layernorm_rows(calls: int, windows: int) -> list[str]:
+    import cupy as cp
+
+    from rustyflow_py.engine.library import get_backend
+    from rustyflow_py.engine.ops.fp8 import cuda as casts
+    from rustyflow_py.engine.ops.fp8.formats import E4M3
+    from rustyflow_py.engine.precision import bfloat16
+
+    kernels = get_backend("gpu").kernels
+    shape = SHAPES["x (N, E)"]
+    rng = cp.random.default_rng(2)
+    x = rng.standard_normal(shape, dtype=np.float32).astype(bfloat16())
+    w, b = cp.ones(shape[1], bfloat16()), cp.zeros(shape[1], bfloat16())
+    site, replay = cp.zeros(4, np.float32), cp.zeros(1, np.uint32)
+    site[:3] = 4.0
+    delayed = casts.Scaling(site=site, replay=replay)
+
+    def apart() -> Any:
+        return casts.quantize_both(kernels.layernorm_forward(x, w, b, 1e-5)[0], E4M3, delayed)
+
+    def fused() -> Any:
+        return casts.layernorm_forward_codes(x, w, b, 1e-5, delayed)
+
+    us_apart, us_fused = median_us(apart, calls, windows), median_us(fused, calls, windows)
+    return [f"| LayerNorm, then the cast | {us_apart:.1f} | 1.00x |",
+            f"| LayerNorm writing the codes | {us_fused:.1f} | {us_apart / us_fused:.2f}x |"]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--calls", type=int, default=50)
@@ -122,14 +196,20 @@ def main() -> None:
 
     device = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     lines = [f"# FP8 casts at GPT-2 124M's shapes, {device}", "",
-             "`python benchmarks/fp8_casts.py` (device time per call, us; median of windows; "
-             "a small tensor's time is the host's launches, not the kernel's)",
+             "`python benchmarks/fp8_casts.py` (device time per call, us: graphs of "
+             f"{args.calls} calls replayed, the median of {args.windows} replays)",
              "", "## The two-layout cast (e4m3)", "",
-             "| tensor | shape | PyTorch eager | current | delayed | delayed GB/s |",
+             "| tensor | shape | PyTorch (graph) | current | delayed | delayed GB/s |",
              "|---|---|---:|---:|---:|---:|",
              *cast_rows(args.calls, args.windows), "",
              "## The MLP's GELU backward and dpre's cast (e5m2, delayed, 16384 x 3072)", "",
              "| path | us | speed-up |", "|---|---:|---:|", *gelu_rows(args.calls, args.windows)]
+    from rustyflow_py.engine.ops.fp8 import cuda as casts
+
+    if hasattr(casts, "layernorm_forward_codes"):  # absent in trees before it
+        lines += ["", "## LayerNorm's forward and its output's cast (e4m3, delayed, 16384 x 768)",
+                  "", "| path | us | speed-up |", "|---|---:|---:|",
+                  *layernorm_rows(args.calls, args.windows)]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

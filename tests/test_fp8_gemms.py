@@ -109,33 +109,33 @@ def test_delayed_scaling_sites_follow_the_warm_up_steps_casts() -> None:
     stream = FakeStream()
     lt = SimpleNamespace(stream=stream, xp=np)
     gemms = Fp8Gemms(lambda: lt, delayed=True)
-    eager = [gemms._scaling(*CAST) for _ in range(3)]  # the warm-up step's casts
+    eager = [gemms.sites.scaling(*CAST) for _ in range(3)]  # the warm-up step's casts
     assert all(s.site is None for s in eager)
     for i, s in enumerate(eager):
         s.amax[0] = 10.0 + i  # what each measured
-        assert np.shares_memory(s.amax, gemms._sites[i])
+        assert np.shares_memory(s.amax, gemms.sites.rows[i])
     stream.capturing = True
-    captured = [gemms._scaling(*CAST) for _ in range(3)]
+    captured = [gemms.sites.scaling(*CAST) for _ in range(3)]
     # seeded, in order, in the slot the first replay reads (slot 0: its count becomes 1)
     assert [float(s.site[0]) for s in captured] == [10.0, 11.0, 12.0]
-    assert all(np.shares_memory(s.replay, gemms._replays[0:1]) for s in captured)
-    assert list(gemms._replays[:2]) == [1, 0]  # the capture's first kernel added 1
+    assert all(np.shares_memory(s.replay, gemms.sites.replays[0:1]) for s in captured)
+    assert list(gemms.sites.replays[:2]) == [1, 0]  # the capture's first kernel added 1
     stream.capturing = False
-    assert gemms._scaling(*CAST) is cuda.CURRENT  # eager after the capture
+    assert gemms.sites.scaling(*CAST) is cuda.CURRENT  # eager after the capture
     stream.capturing = True
-    later = gemms._scaling(*CAST)
-    assert np.shares_memory(later.site, gemms._sites[3])  # after the first's
-    assert np.shares_memory(later.replay, gemms._replays[1:2]) and gemms._replays[1] == 1
-    gemms._counts = len(gemms._replays)  # every replay count taken: the next capture is current
+    later = gemms.sites.scaling(*CAST)
+    assert np.shares_memory(later.site, gemms.sites.rows[3])  # after the first's
+    assert np.shares_memory(later.replay, gemms.sites.replays[1:2]) and gemms.sites.replays[1] == 1
+    gemms.sites._counts = len(gemms.sites.replays)  # every count taken: the next capture is current
     stream.capturing = False
-    gemms._scaling(*CAST)
+    gemms.sites.scaling(*CAST)
     stream.capturing = True
-    assert gemms._scaling(*CAST).site is None and gemms._capture == -1
+    assert gemms.sites.scaling(*CAST).site is None and gemms.sites._capture == -1
     current = Fp8Gemms(lambda: lt)  # FP8_SCALING=current: sites inside a capture only
     stream.capturing = False
-    assert current._scaling(*CAST) is cuda.CURRENT
+    assert current.sites.scaling(*CAST) is cuda.CURRENT
     stream.capturing = True
-    assert np.shares_memory(current._scaling(*CAST).amax, current._sites[0])
+    assert np.shares_memory(current.sites.scaling(*CAST).amax, current.sites.rows[0])
 
 
 @pytest.mark.parametrize("delayed", [False, True], ids=["current", "delayed"])
@@ -151,11 +151,11 @@ def test_the_run_record_gets_each_captured_casts_amax_and_scale(delayed: bool) -
 
     stream = FakeStream()
     gemms = Fp8Gemms(lambda: SimpleNamespace(stream=stream, xp=np), delayed=delayed)
-    gemms._scaling(*CAST)  # a warm-up cast
+    gemms.sites.scaling(*CAST)  # a warm-up cast
     assert gemms.tensors() is None
     stream.capturing = True
-    made = [gemms._scaling("linear w", E4M3, (32, 48)),
-            gemms._scaling("gradient", E5M2, (16, 48))]
+    made = [gemms.sites.scaling("linear w", E4M3, (32, 48)),
+            gemms.sites.scaling("gradient", E5M2, (16, 48))]
     stream.capturing = False
     for s, amax in zip(made, (0.5, 3000.0), strict=True):
         if delayed:  # the capture's count says 4 replays: the last filled slot 4 % 3
@@ -231,20 +231,89 @@ def test_the_gelu_backward_writes_codes_only_from_a_delayed_site(
         return gemms.gelu_backward(dh, dh, None, sums, add_rows)
 
     for _ in range(2):
-        gemms._scaling(*CAST)  # the warm-up step's casts before dpre's
-    assert backward() is None and gemms._next_site == 2  # eager: no site taken
+        gemms.sites.scaling(*CAST)  # the warm-up step's casts before dpre's
+    assert backward() is None and gemms.sites.next == 2  # eager: no site taken
     stream.capturing = True
-    gemms._scaling(*CAST), gemms._scaling(*CAST)  # the captured step's casts before dpre's
+    gemms.sites.scaling(*CAST), gemms.sites.scaling(*CAST)  # the captured casts before dpre's
     out = backward()
     assert isinstance(out, Fp8Operand) and out.shape == (32, 64)
-    assert len(made) == 1 and np.shares_memory(made[0], gemms._sites[2])  # dpre's site
+    assert len(made) == 1 and np.shares_memory(made[0], gemms.sites.rows[2])  # dpre's site
     np.testing.assert_array_equal(sums, np.full(64, 3.0))  # the partial sums, added
     for refused in (backward(sums=None), backward(sums=sums.astype(np.float64)),
                     backward(dh=np.zeros((2, 16, 64), np.float32)),
                     backward(dh=np.zeros((2, 4, 64), bf16())),
                     Fp8Gemms(gemms._lt).gelu_backward(dh, dh, None, sums, add_rows)):
         assert refused is None
-    assert len(made) == 1 and gemms._next_site == 3
+    assert len(made) == 1 and gemms.sites.next == 3
+
+
+def test_a_layernorm_before_a_linear_writes_the_codes_the_linear_takes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fp8Gemms.layernorm_forward: with FP8_SCALING=delayed, inside a capture, for bfloat16
+    rows its kernel takes, the LayerNorm's pass writes y's e4m3 codes in both layouts, taking
+    the site the linear's cast of y takes in the eager warm-up step (the next in order). The
+    linear right after takes those codes and casts only its weight; any other GEMM first, or
+    a linear of another x, drops them. Otherwise None, taking no site."""
+    from types import SimpleNamespace
+
+    from rustyflow_py.engine.ops.fp8 import cuda
+    from rustyflow_py.engine.ops.gemm import fp8
+    from rustyflow_py.engine.ops.gemm.fp8 import Fp8Gemms
+
+    ln_sites: list[Any] = []
+    casts: list[tuple[int, ...]] = []
+
+    def fake_ln(x: Any, w: Any, b: Any, eps: float, scaling: Any) -> Any:
+        ln_sites.append(scaling.site)
+        stats = np.zeros((x.shape[0], 1), np.float32)
+        return (x.copy(), stats, stats, SimpleNamespace(codes="y"),
+                SimpleNamespace(codes="y^T"))
+
+    def fake_both(x: Any, fmt: Any, scaling: Any) -> Any:
+        casts.append(x.shape)
+        return SimpleNamespace(codes=x.shape), SimpleNamespace(codes=x.shape[::-1])
+
+    def fake_one(x: Any, fmt: Any, scaling: Any) -> Any:
+        casts.append(x.shape)
+        return SimpleNamespace(codes=x.shape)
+
+    monkeypatch.setattr(cuda, "layernorm_forward_codes", fake_ln)
+    monkeypatch.setattr(cuda, "quantize_both", fake_both)
+    monkeypatch.setattr(cuda, "quantize", fake_one)
+    monkeypatch.setattr(cuda, "quantize_t", fake_one)
+    monkeypatch.setattr(fp8, "_key", lambda x: (x.__array_interface__["data"][0], x.shape,
+                                                x.dtype.str))  # NumPy's address of x
+    monkeypatch.setattr(cuda, "layernorm_codes_fit", lambda x, w, b: x.shape[0] % 32 == 0)
+    taken: list[tuple[Any, Any]] = []
+    stream = FakeStream()
+    lt = SimpleNamespace(stream=stream, xp=np,
+                         matmul_fp8=lambda qx, qw, y, **_: taken.append((qx.codes, qw.codes)))
+    gemms = Fp8Gemms(lambda: lt, delayed=True)
+    x, w, b = np.ones((2, 16, 64), bf16()), np.ones((64, 96), bf16()), np.zeros(96, bf16())
+    lnw = np.ones(64, bf16())
+
+    def layernorm(x: Any = x, gemms: Any = gemms) -> Any:
+        return gemms.layernorm_forward(x, lnw, lnw, 1e-5)
+
+    gemms.sites.scaling(*CAST)  # the warm-up step's cast before y's
+    assert layernorm() is None and gemms.sites.next == 1  # eager: no site taken
+    stream.capturing = True
+    gemms.sites.scaling(*CAST)  # the captured cast before y's
+    y, mean, rstd = layernorm()
+    assert y.shape == x.shape and mean.shape == rstd.shape == (2, 16, 1)
+    assert len(ln_sites) == 1 and np.shares_memory(ln_sites[0], gemms.sites.rows[1])
+    gemms.linear(y, w, b)
+    assert taken == [("y", (96, 64))] and casts == [(64, 96)]  # y's codes; only w cast
+    assert gemms.sites.next == 3  # y's site, then w's: the eager step's order
+    for other in ("matmul", "linear"):
+        y, _, _ = layernorm()
+        gemms.matmul(y, w) if other == "matmul" else gemms.linear(x, w, b)
+        casts.clear()
+        gemms.linear(y, w, b)  # the codes were dropped: y is cast
+        assert casts == [(32, 64), (64, 96)]
+    for refused in (layernorm(x=x.astype(np.float32)), layernorm(x=np.ones((2, 8, 64), bf16())),
+                    layernorm(gemms=Fp8Gemms(gemms._lt))):
+        assert refused is None
 
 
 def test_the_log_block_sums_up_the_fp8_casts() -> None:
@@ -489,7 +558,7 @@ def test_gemms_read_a_gradient_given_as_codes_as_a_shared_one(fp8_backend: Any) 
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape, with_bias", [((128, 192), False), ((64, 256), True),
+@pytest.mark.parametrize("shape, with_bias", [((128, 192), False), ((128, 256), True),
                                               ((4096, 768), False), ((2048, 3072), True)])
 def test_the_gelu_backward_writes_its_output_cast_at_the_delayed_scale(
         fp8_backend: Any, shape: tuple[int, int], with_bias: bool) -> None:
@@ -520,9 +589,46 @@ def test_the_gelu_backward_writes_its_output_cast_at_the_delayed_scale(
     np.testing.assert_allclose(part.get().sum(axis=0), sums, rtol=1e-3,
                                atol=1e-6 * np.abs(host).sum(axis=0).max())
     assert list(site.get()[:3]) == [last, amax, 0.0]  # read; taken; cleared for the next
-    assert part.shape == (shape[0] // cuda.GELU_TILE, shape[1])
+    assert part.shape == (shape[0] // cuda.TQ_ROWS, shape[1])
     off = xp.ascontiguousarray(x[:, :-16])  # cols no multiple of the tile
     assert cuda.gelu_codes_fit(x, x, None) and not cuda.gelu_codes_fit(off, off, None)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(64, 768), (4096, 768), (128, 1024), (32, 256)])
+def test_the_layernorm_writes_its_output_cast_at_the_delayed_scale(
+        fp8_backend: Any, shape: tuple[int, int]) -> None:
+    """casts.layernorm_forward_codes: the kernel set's bf16 LayerNorm forward, y, mean and
+    rstd bit for bit, and y's codes cast at the site's last amax bit for bit as the NumPy
+    recipe (values beyond it saturate) in both layouts with one read-back factor; the site
+    keeps y's amax for the next replay. Shapes off its rows or widths are not taken."""
+    from rustyflow_py.engine.ops.fp8 import cuda
+
+    xp, rng = fp8_backend.xp, np.random.default_rng(23)
+    x = xp.asarray((rng.standard_normal(shape) * 3 + 1).astype(bf16()))
+    w = xp.asarray((rng.standard_normal(shape[1]) * 0.5 + 1).astype(bf16()))
+    b = xp.asarray((rng.standard_normal(shape[1]) * 0.1).astype(bf16()))
+    assert cuda.layernorm_codes_fit(x, w, b)
+    want_y, want_mean, want_rstd = fp8_backend.kernels.layernorm_forward(x, w, b, 1e-5)
+    host = want_y.get().astype(np.float32)
+    amax = float(np.abs(host).max())
+    site = xp.zeros(4, np.float32)
+    site[2] = last = amax / 2  # the last replay's (replay 3 reads slot 2): the top saturates
+    replay = xp.full(1, 3, np.uint32)  # slot 0 is this replay's, slot 1 cleared for the next
+    site[1] = 7.0
+    y, mean, rstd, q, q_t = cuda.layernorm_forward_codes(x, w, b, 1e-5,
+                                                         cuda.Scaling(site=site, replay=replay))
+    for got, want in ((y, want_y), (mean, want_mean), (rstd, want_rstd)):
+        np.testing.assert_array_equal(got.get(), want.get())
+    codes, scale_inv = quantize(host, E4M3, amax=last)
+    np.testing.assert_array_equal(q.codes.get(), codes)
+    np.testing.assert_array_equal(q_t.codes.get(), codes.T)
+    assert q.fmt is q_t.fmt is E4M3 and q_t.scale_inv is q.scale_inv
+    assert q.scale_inv.get()[0] == scale_inv
+    assert list(site.get()[:3]) == [amax, 0.0, last]  # taken; cleared for the next; read
+    for off in ((x[:16], w, b), (xp.ascontiguousarray(x[:, :-128]), w[:-128], b[:-128]),
+                (x.astype(np.float32), w.astype(np.float32), b.astype(np.float32))):
+        assert not cuda.layernorm_codes_fit(*off)
 
 
 @pytest.mark.gpu

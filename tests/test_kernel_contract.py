@@ -332,6 +332,10 @@ def test_layernorm(pair: Pair, dtype: Any, rows: int, width: int) -> None:
     fwd = [k.layernorm_forward(x, w, b, 1e-5) for k in (pair.mine, pair.ref)]
     for mine, ref in zip(*fwd, strict=True):
         pair.close(mine, ref, dtype)
+    # for a Linear's input (no FP8 run here: the same LayerNorm)
+    for mine, ref in zip(pair.mine.layernorm_forward_for_linear(x, w, b, 1e-5), fwd[1],
+                         strict=True):
+        pair.close(mine, ref, dtype)
     bwd = [k.layernorm_backward(g, x, w, f[1], f[2])
            for k, f in zip((pair.mine, pair.ref), fwd, strict=True)]
     for mine, ref in zip(*bwd, strict=True):

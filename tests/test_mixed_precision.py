@@ -210,22 +210,24 @@ def test_training_in_16_bit_with_graph_replay(name: str,
                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """fp8 also runs its Linear layers' GEMMs and the head's in FP8 inside the captured step
     (forward, input and weight gradients): none of them fell back to bf16 there. With
-    FP8_SCALING=delayed every cast inside the captured step is scaled from its site."""
-    from rustyflow_py.engine.ops.gemm.fp8 import Fp8Gemms
+    FP8_SCALING=delayed every cast inside the captured step is scaled from its site, and
+    the producers that can write FP8 themselves do (at a width and batch their kernels take:
+    the MLP's GELU backward, the LayerNorms before a Linear)."""
+    from rustyflow_py.engine.ops.gemm.fp8_sites import Fp8Sites
 
     precision, _, scaling = name.partition("-")
     if precision == "fp8":
         fp8_tensor_cores()
     fp8_calls = spy_fp8_gemms(monkeypatch)
     scalings: list[tuple[bool, bool]] = []  # (in the capture, from a site)
-    real = Fp8Gemms._scaling
+    real = Fp8Sites.scaling
 
     def spy(self: Any, *cast: Any) -> Any:
         chosen = real(self, *cast)
         scalings.append((self._lt().stream.is_capturing(), chosen.site is not None))
         return chosen
 
-    monkeypatch.setattr(Fp8Gemms, "_scaling", spy)
+    monkeypatch.setattr(Fp8Sites, "scaling", spy)
     from rustyflow_py.engine.ops.fp8 import cuda
 
     gelu_codes: list[bool] = []  # in the capture, for each GELU backward writing FP8 codes
@@ -236,9 +238,19 @@ def test_training_in_16_bit_with_graph_replay(name: str,
         return real_codes(*args)
 
     monkeypatch.setattr(cuda, "gelu_backward_codes", spy_codes)
+    ln_codes: list[bool] = []  # the same, for each LayerNorm writing its output's FP8 codes
+    real_ln = cuda.layernorm_forward_codes
+
+    def spy_ln(*args: Any) -> Any:
+        ln_codes.append(any(capturing for capturing, _ in scalings[-1:]))
+        return real_ln(*args)
+
+    monkeypatch.setattr(cuda, "layernorm_forward_codes", spy_ln)
     fp8_scaling = {"FP8_SCALING": scaling or "current"} if precision == "fp8" else {}
+    # delayed: 128 rows a step, of 256 values: what the FP8-writing producers take
+    wide = {"EMBED_DIM": 256, "NUM_HEADS": 4, "BATCH_SIZE": 8} if scaling == "delayed" else {}
     cfg = make_cfg(DEVICE="gpu", PRECISION=precision, NUM_EPOCHS=3, GRAPH="on", PROFILE=True,
-                   PROFILE_STEPS=2, **fp8_scaling)
+                   PROFILE_STEPS=2, **wide, **fp8_scaling)
     trainer = Trainer(cfg, quiet)
     record = trainer.run()
     assert (record["status"] == "completed" and record["graph"]
@@ -260,6 +272,7 @@ def test_training_in_16_bit_with_graph_replay(name: str,
     assert in_capture == ({scaling == "delayed"} if precision == "fp8" else set())
     # with delayed scaling the captured MLPs' GELU backward writes dpre as FP8 codes itself
     assert set(gelu_codes) == ({True} if scaling == "delayed" else set())
+    assert set(ln_codes) == ({True} if scaling == "delayed" else set())
     losses = trainer.losses
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
     assert math.isfinite(record["val_ppl"]) and math.isfinite(record["test_ppl"])

@@ -247,7 +247,7 @@ class GPT:
         attn_p = cfg.rate(cfg.attn_dropout) if train else 0.0
         resid_p = cfg.rate(cfg.resid_dropout) if train else 0.0
         attn_site, attn_out_site, mlp_out_site = block_sites(i)
-        h = ops.layer_norm(x, p["ln_1.weight"], p["ln_1.bias"], LN_EPS)
+        h = ops.layer_norm(x, p["ln_1.weight"], p["ln_1.bias"], LN_EPS, feeds_linear=True)
         qkv = ops.linear(h, p["attn.c_attn.weight"], p["attn.c_attn.bias"])  # (B, T, 3E)
         if cache is None:
             a = ops.causal_self_attention(qkv, cfg.n_head, attn_p, rng, attn_site)  # (B, T, E)
@@ -261,7 +261,7 @@ class GPT:
             x = x + self._dropout(ops.linear(a, w, b), resid_p, rng, attn_out_site)
         else:
             x = ops.linear(a, w, b, residual=x)  # (B, T, E)
-        h = ops.layer_norm(x, p["ln_2.weight"], p["ln_2.bias"], LN_EPS)
+        h = ops.layer_norm(x, p["ln_2.weight"], p["ln_2.bias"], LN_EPS, feeds_linear=True)
         mlp = (h, p["mlp.c_fc.weight"], p["mlp.c_fc.bias"], p["mlp.c_proj.weight"],
                p["mlp.c_proj.bias"])  # (B, T, E), through (B, T, 4E)
         if resid_p > 0:

@@ -96,13 +96,64 @@ struct __align__(RF_VEC) rf_codes {
     unsigned char b[RF_VEC];
 };
 
-// A vector's codes at `scale`, its values taken into `seen` (delayed scaling).
+// A vector's codes at `scale`, its values taken into `seen` (delayed scaling): two values a
+// conversion (the paired instruction of FP8 tensor-core GPUs; the same rounding as one at a
+// time, half the instructions).
 __device__ __forceinline__ rf_codes codes_of(const rf_vec& v, float scale, float& seen) {
     rf_codes c;
 #pragma unroll
-    for (int j = 0; j < RF_VEC; j++) {
+    for (int j = 0; j < RF_VEC; j += 2) {
         SEEN(v.v[j]);
-        c.b[j] = to_fp8(v.v[j], scale);
+        SEEN(v.v[j + 1]);
+        const __nv_fp8x2_storage_t two = __nv_cvt_float2_to_fp8x2(
+            make_float2((float)v.v[j] * scale, (float)v.v[j + 1] * scale), __NV_SATFINITE,
+            FP8_KIND);
+        c.b[j] = (unsigned char)(two & 0xff);
+        c.b[j + 1] = (unsigned char)(two >> 8);
     }
     return c;
+}
+
+// ---- A transposed tile of codes ------------------------------------------------------------
+// The kernels that write codes in both layouts take x (rows x cols) in tiles of TQ_ROWS x
+// TQ_COLS values, a block of TQ_THREADS threads a tile. A thread reads one vector column of
+// four consecutive rows (a "quad"), so that it holds, for each of the vector's columns, four
+// codes of the transpose's row side by side: one 32-bit word into shared memory, not four
+// byte stores. The tile keeps x's columns as rows of TQ_WORDS words (an odd number, so that a
+// warp's eight quads of four vector columns land on 32 distinct banks for 16-bit x), then
+// goes out 16 codes an access along the transpose's rows.
+#define TQ_ROWS 128
+#define TQ_COLS 64
+#define TQ_THREADS 256
+#define TQ_WORDS (TQ_ROWS / 4 + 1)
+#define TQ_VECS (TQ_COLS / RF_VEC)          // vector columns of a tile
+#define TQ_PAIRS ((TQ_ROWS / 4) * TQ_VECS)  // (quad, vector column) pairs of a tile
+
+// Pair p's quad and vector column: a warp's lanes take eight quads (p's low three bits) of
+// four neighbouring vector columns, so that its loads read 64 bytes of each of eight rows.
+__device__ __forceinline__ void tq_pair(int p, int& quad, int& cv) {
+    quad = (p & 7) | ((p >> 3) / TQ_VECS) << 3;
+    cv = (p >> 3) % TQ_VECS;
+}
+
+// The codes of a quad's four vectors (c[i]: row 4 * quad + i of the tile) into the tile.
+__device__ __forceinline__ void tq_put(unsigned int* tile, int quad, int cv, const rf_codes* c) {
+#pragma unroll
+    for (int j = 0; j < RF_VEC; j++)
+        tile[(cv * RF_VEC + j) * TQ_WORDS + quad] =
+            c[0].b[j] | c[1].b[j] << 8 | c[2].b[j] << 16 | (unsigned int)c[3].b[j] << 24;
+}
+
+// The tile at (r0, c0) of x out as codes of x^T (cols x rows): rows a multiple of 16, q
+// 16-byte aligned. The block must have synchronised since the last tq_put.
+__device__ __forceinline__ void tq_out(const unsigned int* tile, unsigned char* q, int rows,
+                                       int cols, int r0, int c0) {
+    for (int t = threadIdx.x; t < TQ_COLS * (TQ_ROWS / 16); t += blockDim.x) {
+        const int oc = t / (TQ_ROWS / 16), part = t % (TQ_ROWS / 16);  // q's row, 16 codes
+        const int c = c0 + oc, r = r0 + part * 16;
+        if (c < cols && r < rows) {
+            const unsigned int* w = tile + oc * TQ_WORDS + part * 4;
+            *(uint4*)&q[(long long)c * rows + r] = make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    }
 }

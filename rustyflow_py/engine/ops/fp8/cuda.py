@@ -21,11 +21,18 @@ _CAST = cuda_build.source(__file__, "fp8_cast.cu",
                           cuda_build.dtype_defines(np.float32) + ("-DRF_E4M3=1",))
 _GELU = cuda_build.source(__file__, "gelu_bwd_fp8.cu",
                           cuda_build.dtype_defines(np.float32) + ("-DRF_E4M3=0", "-DRF_DELAYED=1"))
+_LN = cuda_build.source(__file__, "layernorm_fwd_fp8.cu",
+                        cuda_build.dtype_defines(np.float32)
+                        + ("-DRF_E4M3=1", "-DRF_DELAYED=1", "-DVPL=3"))
 STORAGE = ("float32", "bfloat16", "float16", "float64")  # the dtypes fp8_cast.cu is built for
 THREADS = 256
 TILE, TILE_ROWS = 32, 8  # fp8_quantize_t's tile and block: fp8_cast.cu's TILE, TILE_ROWS
-VEC_TILE = 64  # fp8_quantize_t_vec's tile (fp8_cast.cu's TV): blocks of THREADS
-GELU_TILE, GELU_THREADS = 64, 256  # gelu_bwd_fp8.cu's TG and TG_THREADS: a block a tile
+# fp8.cuh's transposed tile (TQ_ROWS x TQ_COLS values, TQ_THREADS threads): a block a tile of
+# fp8_quantize_t_vec and gelu_bwd_codes
+TQ_ROWS, TQ_COLS, TQ_THREADS = 128, 64, 256
+CODES_TILE = 64  # fp8_transpose_codes's tile (fp8_cast.cu's TV): blocks of THREADS
+LN_ROWS, LN_WARPS, LN_WORDS = 32, 8, 9  # layernorm_fwd_fp8.cu's LQ_ROWS, LQ_WARPS, LQ_WORDS
+SHARED_BYTES = 48 * 1024  # a block's shared memory without opting in to more
 MAX_BLOCKS = 1024  # grid-stride beyond: 8 blocks of 256 threads per SM of an H100 and more
 
 
@@ -139,9 +146,7 @@ def _quantize_t(x: Any, fmt: Fp8Format, scaling: Scaling, rows: bool
     per = cuda_build.per_vector(x.dtype)
     if per and n % 16 == 0 and cols % per == 0 and x.data.ptr % cuda_build.VEC_BYTES == 0:
         kernel = _CAST.typed("fp8_quantize_t_vec", x.dtype, x, defines=defines)
-        tiles = -(-cols // VEC_TILE) * -(-n // VEC_TILE)
-        grid = (tiles,)
-        block = (THREADS,)
+        grid, block = (-(-cols // TQ_COLS) * -(-n // TQ_ROWS),), (TQ_THREADS,)
     else:
         kernel = _CAST.typed("fp8_quantize_t", x.dtype, x, defines=defines)
         grid, block = (-(-cols // TILE), -(-n // TILE)), (TILE, TILE_ROWS)
@@ -164,7 +169,7 @@ def transpose_codes(q: Fp8Tensor) -> Fp8Tensor:
                          f"of 16, not {q.codes.shape}")
     out = cupy.empty((cols, rows), np.uint8)
     _CAST.typed("fp8_transpose_codes", np.dtype(np.float32))(
-        (-(-cols // VEC_TILE), -(-rows // VEC_TILE)), (THREADS,),
+        (-(-cols // CODES_TILE), -(-rows // CODES_TILE)), (THREADS,),
         (q.codes, np.int32(rows), np.int32(cols), out))
     return Fp8Tensor(out, q.scale_inv, q.fmt, q.amax)
 
@@ -174,7 +179,7 @@ def gelu_codes_fit(g: Any, x: Any, bias: Any | None) -> bool:
     C-contiguous and 16-byte aligned, rows and cols multiples of its tile; a bias (cols,)
     of x's dtype or none."""
     return (x.ndim == 2 and g.shape == x.shape and x.itemsize == 2
-            and x.shape[0] % GELU_TILE == 0 and x.shape[1] % GELU_TILE == 0
+            and x.shape[0] % TQ_ROWS == 0 and x.shape[1] % TQ_COLS == 0
             and cuda_build.vectors(g, x) > 0
             and (bias is None or (bias.shape == (x.shape[1],) and bias.dtype == x.dtype
                                   and cuda_build.vectors(bias) > 0)))
@@ -184,16 +189,54 @@ def gelu_backward_codes(g: Any, x: Any, bias: Any | None, scaling: Scaling
                         ) -> tuple[Fp8Tensor, Fp8Tensor, Any]:
     """GELU's backward dx = g * gelu'(x + bias) written as e5m2 codes only, at a delayed
     `scaling` (gelu_bwd_fp8.cu): (dx's codes (rows, cols), dx^T's (cols, rows), the columns'
-    sums of dx over each tile of rows (rows / GELU_TILE, cols) in float32, to be added up by
+    sums of dx over each tile of rows (rows / TQ_ROWS, cols) in float32, to be added up by
     the caller). For arrays gelu_codes_fit takes."""
     import cupy
 
     rows, cols = x.shape
     codes, codes_t = cupy.empty((rows, cols), np.uint8), cupy.empty((cols, rows), np.uint8)
     scale_inv = cupy.empty(1, np.float32)
-    part = cupy.empty((rows // GELU_TILE, cols), np.float32)
+    part = cupy.empty((rows // TQ_ROWS, cols), np.float32)
     _GELU.typed("gelu_bwd_codes", x.dtype, defines=_defines(E5M2, True))(
-        ((rows // GELU_TILE) * (cols // GELU_TILE),), (GELU_THREADS,),
+        ((rows // TQ_ROWS) * (cols // TQ_COLS),), (TQ_THREADS,),
         (g, x, np.uint64(0) if bias is None else bias, scaling.site, scaling.replay, codes,
          codes_t, scale_inv, part, np.int32(rows), np.int32(cols)))
     return (Fp8Tensor(codes, scale_inv, E5M2), Fp8Tensor(codes_t, scale_inv, E5M2), part)
+
+
+def layernorm_codes_fit(x: Any, w: Any, b: Any) -> bool:
+    """Whether layernorm_forward_codes takes these: x (rows, c) of a 16-bit dtype, rows a
+    multiple of LN_ROWS, c of 32 vectors (a warp's lanes each the same whole vectors of a
+    row) and its tile within SHARED_BYTES; w and b (c,) of x's dtype; all C-contiguous and
+    16-byte aligned."""
+    if x.ndim != 2 or x.itemsize != 2:
+        return False
+    n, c = x.shape
+    per = cuda_build.per_vector(x.dtype)
+    return (per > 0 and n % LN_ROWS == 0 and c % (32 * per) == 0
+            and c * LN_WORDS * 4 <= SHARED_BYTES and cuda_build.vectors(x) > 0
+            and w.shape == b.shape == (c,) and w.dtype == b.dtype == x.dtype
+            and cuda_build.vectors(w, b) > 0)
+
+
+def layernorm_forward_codes(x: Any, w: Any, b: Any, eps: float, scaling: Scaling
+                            ) -> tuple[Any, Any, Any, Fp8Tensor, Fp8Tensor]:
+    """LayerNorm's forward over x's rows (layernorm_fwd_fp8.cu) with y's e4m3 codes at a
+    delayed `scaling` in both layouts: (y, mean and rstd (rows, 1) in float32, y's codes
+    (rows, c), y^T's (c, rows)). y is the LayerNorm kernels' y, bit for bit. For arrays
+    layernorm_codes_fit takes."""
+    import cupy
+
+    n, c = x.shape
+    y = cupy.empty_like(x)
+    mean, rstd = cupy.empty((n, 1), np.float32), cupy.empty((n, 1), np.float32)
+    codes, codes_t = cupy.empty((n, c), np.uint8), cupy.empty((c, n), np.uint8)
+    scale_inv = cupy.empty(1, np.float32)
+    vpl = c // (32 * cuda_build.per_vector(x.dtype))
+    _LN.typed("ln_fwd_codes", x.dtype, w, b, defines=_defines(E4M3, True) + (f"-DVPL={vpl}",))(
+        (n // LN_ROWS,), (32 * LN_WARPS,),
+        (x, w, b, y, mean, rstd, scaling.site, scaling.replay, codes, codes_t, scale_inv,
+         np.int32(n), np.int32(c), cuda_build.acc_scalar(eps, x.dtype)),
+        shared_mem=c * LN_WORDS * 4)
+    return (y, mean, rstd, Fp8Tensor(codes, scale_inv, E4M3), Fp8Tensor(codes_t, scale_inv, E4M3))
+

@@ -94,58 +94,51 @@ extern "C" __global__ void fp8_quantize_t(const real* __restrict__ x, int rows, 
 }
 
 // fp8_quantize_t over 16-byte vectors, for rows % 16 == 0 and cols a whole number of vectors,
-// both arrays 16-byte aligned: a block of 256 threads casts a tile of TV x TV values, each
-// thread reading whole vectors of x along a row and writing 16 codes of q at a time (a
-// value-at-a-time kernel moved a third of the bandwidth: each access was 1 or 2 bytes).
-// The tile sits in shared memory transposed, TV + 4 bytes a row (rows of 4-byte words on
-// distinct banks for the vectors' scattered byte stores, and 16 codes read as 4 words).
-// q_rows as fp8_quantize_t's, a vector's codes stored as one access. A block takes tiles
-// gridDim.x apart; cuda.py launches a block a tile, for delayed scaling too (on the largest
-// tensors faster than 1,024 blocks taking several, benchmarks/results/fp8-h200.md).
-#define TV 64
-#define TV_PITCH (TV + 4)
-extern "C" __global__ void fp8_quantize_t_vec(const rf_vec* __restrict__ x, int rows, int cols,
-                                              SCALE_FROM, unsigned char* __restrict__ q,
-                                              float* __restrict__ scale_inv,
-                                              rf_codes* __restrict__ q_rows) {
-    __shared__ __align__(16) unsigned char tile[TV * TV_PITCH];  // [x's column][x's row]
+// both arrays 16-byte aligned: a block of TQ_THREADS threads a tile of TQ_ROWS x TQ_COLS
+// values (fp8.cuh's transposed tile: each thread reads a vector of four rows, 64 bytes in
+// flight, and stores a word of four codes a column), its codes written 16 at a time along q's
+// rows. (A tile of 64 x 64 whose threads stored each code by itself moved about 2.5 TB/s on
+// an H200: benchmarks/results/fp8-h200.md.) q_rows as fp8_quantize_t's, a vector's codes
+// stored as one access.
+extern "C" __global__ void __launch_bounds__(TQ_THREADS) fp8_quantize_t_vec(
+        const rf_vec* __restrict__ x, int rows, int cols, SCALE_FROM,
+        unsigned char* __restrict__ q, float* __restrict__ scale_inv,
+        rf_codes* __restrict__ q_rows) {
+    __shared__ unsigned int tile[TQ_COLS * TQ_WORDS];
     SCALE_BEGIN;
     if (blockIdx.x == 0 && threadIdx.x == 0) *scale_inv = 1.0f / scale;
-    const int row_vecs = cols / RF_VEC, tile_vecs = TV / RF_VEC;
-    const int col_tiles = (cols + TV - 1) / TV, tiles = col_tiles * ((rows + TV - 1) / TV);
-    for (int at_tile = blockIdx.x; at_tile < tiles; at_tile += gridDim.x) {
-        const int c0 = at_tile % col_tiles * TV, r0 = at_tile / col_tiles * TV;
-        for (int v = threadIdx.x; v < TV * tile_vecs; v += blockDim.x) {
-            int r = v / tile_vecs, cv = v % tile_vecs;
-            int c = c0 + cv * RF_VEC;
-            if (r0 + r < rows && c < cols) {
-                long long at = (long long)(r0 + r) * row_vecs + c / RF_VEC;
-                rf_codes codes = codes_of(x[at], scale, seen);
+    const int row_vecs = cols / RF_VEC, col_tiles = (cols + TQ_COLS - 1) / TQ_COLS;
+    const int c0 = blockIdx.x % col_tiles * TQ_COLS, r0 = blockIdx.x / col_tiles * TQ_ROWS;
+    for (int p = threadIdx.x; p < TQ_PAIRS; p += TQ_THREADS) {
+        int quad, cv;
+        tq_pair(p, quad, cv);
+        const int r = r0 + quad * 4, c = c0 + cv * RF_VEC;
+        if (r < rows && c < cols) {  // rows % 16 == 0: the quad's four rows are all there
+            const long long at = (long long)r * row_vecs + c / RF_VEC;
+            rf_vec v[4];
 #pragma unroll
-                for (int j = 0; j < RF_VEC; j++)
-                    tile[(cv * RF_VEC + j) * TV_PITCH + r] = codes.b[j];
-                if (q_rows) q_rows[at] = codes;
+            for (int i = 0; i < 4; i++) v[i] = x[at + (long long)i * row_vecs];
+            rf_codes codes[4];
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                codes[i] = codes_of(v[i], scale, seen);
+                if (q_rows) q_rows[at + (long long)i * row_vecs] = codes[i];
             }
+            tq_put(tile, quad, cv, codes);
         }
-        __syncthreads();
-        for (int t = threadIdx.x; t < TV * (TV / 16); t += blockDim.x) {
-            int oc = t / (TV / 16), part = t % (TV / 16);  // q's row (x's column), 16 codes
-            int c = c0 + oc, r = r0 + part * 16;
-            if (c < cols && r < rows) {
-                const unsigned int* from = (const unsigned int*)&tile[oc * TV_PITCH + part * 16];
-                *(uint4*)&q[(long long)c * rows + r] =
-                    make_uint4(from[0], from[1], from[2], from[3]);
-            }
-        }
-        __syncthreads();  // the next tile reuses the shared one
     }
+    __syncthreads();
+    tq_out(tile, q, rows, cols, r0, c0);
     SCALE_END;
 }
 
 // q_t (cols x rows) = q^T for FP8 codes q (rows x cols) made elsewhere (the cross-entropy's
 // gradient, xent.cu): tiles of TV x TV codes, each thread reading 16 codes of a row of q and
-// writing 16 of a row of q_t, through the tile in shared memory as fp8_quantize_t_vec's. For
-// rows and cols multiples of 16, both arrays 16-byte aligned.
+// writing 16 of a row of q_t, through a tile in shared memory of TV_PITCH bytes a row (rows
+// of 4-byte words on distinct banks for the scattered byte stores). For rows and cols
+// multiples of 16, both arrays 16-byte aligned.
+#define TV 64
+#define TV_PITCH (TV + 4)
 extern "C" __global__ void fp8_transpose_codes(const uint4* __restrict__ q, int rows, int cols,
                                                unsigned char* __restrict__ q_t) {
     __shared__ __align__(16) unsigned char tile[TV * TV_PITCH];  // [q's column][q's row]

@@ -5,7 +5,7 @@ Formats follow Transformer Engine's hybrid recipe: e4m3 (more precision) for act
 weights, e5m2 (more range) for gradients; the op says which operand is a gradient. Scaling is
 per tensor, by FP8_SCALING. Delayed (the run's default): in the replayed graph each cast is
 scaled by the amax its own site kept from the last replay and takes this one's while casting
-(`_scaling`), Transformer Engine's recipe; a value above the last amax saturates, and a
+(fp8_sites.py), Transformer Engine's recipe; a value above the last amax saturates, and a
 producer can write FP8 itself (`gelu_backward`). Current (RunPolicy's default, for direct
 engine use): each cast first takes its tensor's amax on the device (fp8/cuda.py), so a GEMM
 never sees a saturated value, at the cost of one more read of the tensor.
@@ -31,8 +31,9 @@ import numpy as np
 
 from ...precision import dtype_name
 from ..fp8 import cuda as casts
-from ..fp8.formats import E4M3, E5M2, Fp8Format, Fp8Tensor, decode_table, scale_of
+from ..fp8.formats import E4M3, E5M2, Fp8Format, Fp8Tensor, decode_table
 from .cublaslt import CublasLt, CublasLtUnsupported
+from .fp8_sites import Fp8Sites
 
 
 @dataclasses.dataclass(frozen=True)
@@ -130,10 +131,6 @@ def _rows(x: Any, what: str) -> Any:
     return x.reshape(-1, x.shape[-1])
 
 
-MAX_SITES = 8192  # site rows: a step's casts (4 a Linear) many times over
-MAX_CAPTURES = 64  # captured graphs with their own replay counts (delayed scaling)
-
-
 class Fp8Gemms:
     """matmul and the Linear layer's GEMM in FP8, on the kernel set's cuBLASLt handle (`lt`,
     the set's maker of it: cuBLASLt is made on first use). A problem cuBLASLt refused is
@@ -145,20 +142,20 @@ class Fp8Gemms:
 
     def __init__(self, lt: Callable[[], CublasLt], delayed: bool = False) -> None:
         self._lt = lt
-        self.delayed = delayed  # FP8_SCALING=delayed: see _scaling
-        self._sites: Any = None  # (MAX_SITES, 4) float32 rf_site rows: see _scaling
-        self._next_site = 0  # the row the next cast takes
-        self._captured = False  # whether the first capture has begun
-        self._in_capture = False  # whether the last cast was inside one
-        self._replays: Any = None  # delayed: uint32 (MAX_CAPTURES,), each capture's replays
-        self._capture = -1  # the capture under way's replay count, -1: none (current)
-        self._counts = 0  # replay counts taken
-        # the captured casts' tensors by site row: (what, format, shape, capture or None)
-        self._what: dict[int, tuple[str, Fp8Format, tuple[int, ...], int | None]] = {}
+        self.sites = Fp8Sites(lt, delayed)  # each cast's scaling (FP8_SCALING)
         self._refused: set[tuple[Any, ...]] = set()
         # shared(g)'s arrays, by _key: None until first cast, then (format, rows, transposed)
         self._shared: dict[tuple[Any, ...], tuple[Fp8Format, Fp8Tensor, Fp8Tensor] | None] = {}
         self._kept: Any = None  # the last linear's (keys, x^T's codes, w's codes): kept()
+        self._made: Any = None  # a LayerNorm's y for the next linear: (key, codes, y^T's)
+
+    @property
+    def delayed(self) -> bool:
+        return self.sites.delayed
+
+    def tensors(self) -> list[dict[str, Any]] | None:
+        """The captured steps' FP8 tensors (Fp8Sites.tensors)."""
+        return self.sites.tensors()
 
     @contextlib.contextmanager
     def shared(self, g: Any) -> Iterator[None]:
@@ -189,11 +186,11 @@ class Fp8Gemms:
         stored = _stored(x) if self._shared else None
         key = None if stored is None else _key(stored[0])
         if key is None or key not in self._shared:
-            return codes(x, fmt, self._scaling("matmul operand", fmt, x.shape))
+            return codes(x, fmt, self.sites.scaling("matmul operand", fmt, x.shape))
         made = self._shared[key]
         if made is None or made[0] is not fmt:
             made = (fmt, *casts.quantize_both(stored[0], fmt,
-                                              self._scaling("gradient", fmt, stored[0].shape)))
+                                              self.sites.scaling("gradient", fmt, stored[0].shape)))
             self._shared[key] = made
         return made[2] if stored[1] else made[1]
 
@@ -202,6 +199,7 @@ class Fp8Gemms:
         """a (..., M, K) @ b (K, N) in FP8, b 2-D (either may be a transposed view);
         `gradient` ("a" or "b"): the operand cast to e5m2. out: as GemmReference.matmul's
         (bfloat16, or float32 for a gradient buffer)."""
+        self._made = None  # a LayerNorm's codes are for the linear right after it only
         self._check(a, b)
         a2 = _rows(a, "a")
         shape = (*a.shape[:-1], b.shape[1])
@@ -222,14 +220,14 @@ class Fp8Gemms:
         """y = x @ w + b, or gelu of it (the pre-activation into `pre_gelu_out`), plus a
         `residual`: CublasLt.matmul_bias's contract with x and w cast to e4m3, the bias,
         GELU and residual in the FP8 GEMM's epilogue."""
-        self._kept = None
+        self._kept, made, self._made = None, self._made, None
         self._check(x, w)
         x2 = _rows(x, "x")
         shape = (*x.shape[:-1], w.shape[1])
         key = ("linear", x2.shape, w.shape, w.strides, gelu, pre_gelu_out is not None,
                residual is not None)
         self._known(key)
-        qx, qw, kept = self._forward_codes(x2, w)  # (M, K), (N, K)
+        qx, qw, kept = self._forward_codes(x2, w, made)  # (M, K), (N, K)
         y = self._new(shape, x.dtype)
         n = shape[-1]
 
@@ -254,17 +252,50 @@ class Fp8Gemms:
             return x, w
         return kept[1], kept[2]
 
-    def _forward_codes(self, x2: Any, w: Any) -> tuple[Fp8Tensor, Fp8Tensor, Any]:
+    def _forward_codes(self, x2: Any, w: Any, made: Any) -> tuple[Fp8Tensor, Fp8Tensor, Any]:
         """x's and w^T's codes for the forward GEMM, and (keys, x^T's, w's) codes for its
-        backward from the same casts (quantize_both: one read of each, one amax)."""
-        if not (x2.flags.c_contiguous and w.flags.c_contiguous):
-            return (codes(x2, E4M3, self._scaling("linear x", E4M3, x2.shape)),
-                    codes(w.T, E4M3, self._scaling("linear w", E4M3, w.shape)), None)
-        qx, qxt = casts.quantize_both(x2, E4M3, self._scaling("linear x", E4M3, x2.shape))
-        qw, qwt = casts.quantize_both(w, E4M3, self._scaling("linear w", E4M3, w.shape))
+        backward from the same casts (quantize_both: one read of each, one amax), or x's
+        both layouts as the LayerNorm before wrote them (`made`, by layernorm_forward)."""
+        if made is not None and made[0] == _key(x2):
+            qx, qxt = made[1], made[2]
+        elif x2.flags.c_contiguous:
+            qx, qxt = casts.quantize_both(x2, E4M3, self.sites.scaling("linear x", E4M3,
+                                                                       x2.shape))
+        else:
+            qx, qxt = codes(x2, E4M3, self.sites.scaling("linear x", E4M3, x2.shape)), None
+        if w.flags.c_contiguous:
+            qw, qwt = casts.quantize_both(w, E4M3, self.sites.scaling("linear w", E4M3, w.shape))
+        else:
+            qw, qwt = None, codes(w.T, E4M3, self.sites.scaling("linear w", E4M3, w.shape))
+        if qxt is None or qw is None:
+            return qx, qwt, None
         kept = ((_key(x2), _key(w)), Fp8Operand(None, qxt, x2.dtype),
                 Fp8Operand(qw, None, w.dtype))
         return qx, qwt, kept
+
+    def layernorm_forward(self, x: Any, w: Any, b: Any, eps: float
+                          ) -> tuple[Any, Any, Any] | None:
+        """LayerNorm's forward for the linear right after it: (y, mean, rstd) as the
+        LayerNorm kernels give them, with y's e4m3 codes in both layouts written by the same
+        pass (casts.layernorm_forward_codes) and kept for that linear, which takes them
+        instead of casting y (`_forward_codes`). Only with delayed scaling inside a capture:
+        the scale must be known before y is made, and the pass takes the site the linear's
+        cast of y would take (the eager warm-up step's cast, in the same order, seeds it).
+        None otherwise, or where the shapes do not fit: the caller then runs the LayerNorm
+        alone, and the linear casts y."""
+        if (not self.delayed or dtype_name(x.dtype) != "bfloat16" or x.ndim < 2
+                or not x.flags.c_contiguous):
+            return None
+        x2 = x.reshape(-1, x.shape[-1])  # (N, C)
+        if not casts.layernorm_codes_fit(x2, w, b) or not self._lt().stream.is_capturing():
+            return None
+        scaling = self.sites.scaling("linear x", E4M3, x2.shape)
+        if scaling.site is None:
+            return None
+        y, mean, rstd, q, q_t = casts.layernorm_forward_codes(x2, w, b, eps, scaling)
+        self._made = (_key(y), q, q_t)
+        lead = x.shape[:-1]
+        return y.reshape(x.shape), mean.reshape(*lead, 1), rstd.reshape(*lead, 1)
 
     def gelu_backward(self, dh: Any, pre: Any, bias: Any, sums_into: Any,
                       sum_rows: Callable[[Any, Any], Any]) -> Fp8Operand | None:
@@ -283,7 +314,7 @@ class Fp8Gemms:
         dh2, pre2 = dh.reshape(-1, dh.shape[-1]), pre.reshape(-1, pre.shape[-1])  # (N, C)
         if not casts.gelu_codes_fit(dh2, pre2, bias) or not self._lt().stream.is_capturing():
             return None
-        scaling = self._scaling("gelu gradient", E5M2, dh2.shape)
+        scaling = self.sites.scaling("gelu gradient", E5M2, dh2.shape)
         if scaling.site is None:
             return None
         q, q_t, part = casts.gelu_backward_codes(dh2, pre2, bias, scaling)
@@ -291,72 +322,6 @@ class Fp8Gemms:
         return Fp8Operand(q, q_t, dh.dtype)
 
     # ---- internals ------------------------------------------------------------------------
-    def tensors(self) -> list[dict[str, Any]] | None:
-        """Each tensor the captured steps cast to FP8, in the order of their casts: what it
-        is, its format and shape, the amax of its last replay and the scale that amax gives
-        (formats.scale_of; under delayed scaling the one its next replay takes). None before
-        a capture. Reads the device: a query after training, never inside a step."""
-        if not self._what:
-            return None
-
-        def host(a: Any) -> np.ndarray:
-            return np.asarray(a.get() if hasattr(a, "get") else a)
-
-        rows = host(self._sites[: max(self._what) + 1])
-        replays = host(self._replays) if self._replays is not None else None
-        out = []
-        for i, (what, fmt, shape, capture) in sorted(self._what.items()):
-            # delayed: replay r filled slot r % 3 (rf_site); current: slot 0, each replay
-            slot = 0 if capture is None or replays is None else int(replays[capture]) % 3
-            amax = rows[i, slot]
-            out.append({"tensor": what, "format": fmt.name, "shape": list(shape),
-                        "amax": float(amax), "scale": float(scale_of(amax, fmt))})
-        return out
-
-    def _scaling(self, what: str, fmt: Fp8Format, shape: tuple[int, ...]) -> casts.Scaling:
-        """The next cast's scaling, for the tensor `what` (fmt, shape). Inside the first
-        captured graph each cast takes a site row, in call order from row 0, that keeps the
-        amax of its replays (`tensors`): current scaling measures it there, delayed scaling
-        (FP8_SCALING=delayed) scales the next replay by it, each capture counting its
-        replays on the device (`_begin_capture`). Before that capture, each eager cast of a
-        delayed run measures its amax into the row of the same number, so the first replay
-        is scaled by the warm-up step's amax of the same cast (the same code, in the same
-        order). Other eager casts are current. A later capture's casts take the rows after
-        the first's, seeded only where eager casts before the first capture filled them (else
-        a delayed replay's first scale is 1); past MAX_CAPTURES, a capture scales currently."""
-        capturing = self._lt().stream.is_capturing()
-        if capturing and not self._in_capture:
-            self._begin_capture()
-        self._in_capture = capturing
-        if self._sites is None and not capturing:  # made in a capture, zeroed every replay
-            xp = self._lt().xp
-            self._sites = xp.zeros((MAX_SITES, 4), np.float32)
-            self._replays = xp.zeros(MAX_CAPTURES, np.uint32)
-        if ((self._captured and not capturing) or (not capturing and not self.delayed)
-                or self._sites is None or self._next_site >= MAX_SITES):
-            return casts.CURRENT
-        i, row = self._next_site, self._sites[self._next_site]
-        self._next_site += 1
-        if not capturing:
-            return casts.Scaling(amax=row[0:1])  # the slot the first replay reads
-        delayed = self.delayed and self._capture >= 0
-        self._what[i] = (what, fmt, tuple(shape), self._capture if delayed else None)
-        if not delayed:
-            return casts.Scaling(amax=row[0:1])
-        return casts.Scaling(site=row, replay=self._replays[self._capture:self._capture + 1])
-
-    def _begin_capture(self) -> None:
-        """A capture's first cast (the first cast inside a capture after one outside): the
-        first capture's casts take the site rows from 0 again; with delayed scaling, the
-        capture takes a replay count of its own and adds 1 to it as its first kernel (inside
-        the graph: once a replay, before any cast reads it)."""
-        if not self._captured:
-            self._captured, self._next_site = True, 0
-        self._capture = -1  # current scaling, unless it gets a replay count of its own
-        if self.delayed and self._replays is not None and self._counts < len(self._replays):
-            self._capture, self._counts = self._counts, self._counts + 1
-            self._replays[self._capture:self._capture + 1] += 1
-
     def _check(self, a: Any, b: Any) -> None:
         if dtype_name(a.dtype) != "bfloat16" or b.dtype != a.dtype or b.ndim != 2:
             raise CublasLtUnsupported(f"FP8 GEMMs take bfloat16 (..., K) x (K, N) operands, "

@@ -48,7 +48,15 @@ def _row_kernel(name: str, x: Any, *same: Any) -> Any:
 
 
 class CudaLayerNorm(LayerNormReference):
+    uses = ("fp8",)  # PRECISION=fp8's GEMMs (gemm/fp8.py), or None
     calls = ("sum_rows",)  # dw and db from the kernels' partial sums
+
+    def layernorm_forward_for_linear(self, x: Any, w: Any, b: Any, eps: float
+                                     ) -> tuple[Any, Any, Any]:
+        """In a PRECISION=fp8 run with delayed scaling, inside the captured step, y comes
+        with its FP8 codes for the next Linear (Fp8Gemms.layernorm_forward)."""
+        made = None if self.fp8 is None else self.fp8.layernorm_forward(x, w, b, eps)
+        return made if made is not None else self.layernorm_forward(x, w, b, eps)
 
     def layernorm_forward(self, x: Any, w: Any, b: Any, eps: float) -> tuple[Any, Any, Any]:
         xp = self.xp

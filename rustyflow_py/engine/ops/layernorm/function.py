@@ -16,9 +16,12 @@ class LayerNorm(Function):
     name = "layernorm"
     joins = (0,)
     eps: float
+    feeds_linear: bool = False  # y's only reader is the Linear right after (see layer_norm)
 
     def forward(self, x: Any, w: Any, b: Any) -> Any:
-        y, self.mean, self.rstd = self.kernels.layernorm_forward(x, w, b, self.eps)
+        kernel = (self.kernels.layernorm_forward_for_linear if self.feeds_linear
+                  else self.kernels.layernorm_forward)
+        y, self.mean, self.rstd = kernel(x, w, b, self.eps)
         self.x, self.w = x, w
         return y
 
@@ -28,6 +31,10 @@ class LayerNorm(Function):
                                                self.pending[0] if self.pending else None)
 
 
-def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5) -> Tensor:
-    return LayerNorm.apply(x, weight, bias, eps=eps)
+def layer_norm(x: Tensor, weight: Tensor, bias: Tensor, eps: float = 1e-5,
+               feeds_linear: bool = False) -> Tensor:
+    """LayerNorm over the last axis. `feeds_linear`: the output goes only into the Linear or
+    MLP called right after, so that a device may make that layer's GEMM operand in the same
+    pass (a PRECISION=fp8 run's FP8 codes: layernorm_forward_for_linear)."""
+    return LayerNorm.apply(x, weight, bias, eps=eps, feeds_linear=feeds_linear)
 

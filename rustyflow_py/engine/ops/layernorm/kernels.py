@@ -7,6 +7,12 @@ table.py's common ones); tests/test_kernel_contract.py holds each to the referen
         (y, mean, rstd) for x (..., C), w and b (C,): y (..., C) is the normalised x scaled
         by w and shifted by b; mean and rstd (..., 1) are its backward's inputs.
 
+    layernorm_forward_for_linear(x, w, b, eps) -> tuple[Any, Any, Any]
+        layernorm_forward's, for a y that only the Linear (or MLP) right after reads. A
+        device may make that layer's GEMM operand of y in the same pass, for the layer to
+        take: the GPU in a PRECISION=fp8 run (delayed scaling, inside a captured step)
+        writes y's FP8 codes with y, so that the Linear casts nothing of it.
+
     layernorm_backward(g, x, w, mean, rstd, into=(None, None), residual=None)
         -> tuple[Any, Any, Any]
         (dx (..., C), dw (C,), db (C,)) for upstream g (..., C), from the forward's x, w and
@@ -22,6 +28,7 @@ from .cpu import CpuLayerNorm
 from .cuda import CudaLayerNorm
 from .reference import LayerNormReference
 
-declare(("layernorm_forward", "layernorm_backward"), reference={ANY: LayerNormReference},
+declare(("layernorm_forward", "layernorm_forward_for_linear", "layernorm_backward"),
+        reference={ANY: LayerNormReference},
         cpu={(F32, F64): CpuLayerNorm, SIXTEEN: LayerNormReference},
         gpu={FLOATS: CudaLayerNorm})
