@@ -7,8 +7,9 @@ the very calls a training step makes (fp8/cuda.py), against PyTorch's cast of th
 - The MLP's GELU backward writing dpre's e5m2 codes itself (`gelu_backward_codes`, delayed),
   against the GELU backward with its bias sums (`gelu_backward`) followed by the delayed cast
   of its output.
-- The LayerNorm before a Linear writing its output's e4m3 codes too
-  (`layernorm_forward_codes`, delayed), against the LayerNorm followed by the delayed cast.
+- The LayerNorm next to a Linear writing its output's codes too (`layernorm_forward_codes`,
+  e4m3, and `layernorm_backward_codes`, e5m2, with the residual joined and dw's and db's
+  sums; delayed), against the LayerNorm followed by the delayed cast.
 
 Device time per call: `--calls` calls captured in one CUDA graph (on the backend's stream,
 as the trainer's step is; PyTorch's in a graph of its own), its replays timed by CUDA events,
@@ -162,7 +163,7 @@ def layernorm_rows(calls: int, windows: int) -> list[str]:
 
     from rustyflow_py.engine.library import get_backend
     from rustyflow_py.engine.ops.fp8 import cuda as casts
-    from rustyflow_py.engine.ops.fp8.formats import E4M3
+    from rustyflow_py.engine.ops.fp8.formats import E4M3, E5M2
     from rustyflow_py.engine.precision import bfloat16
 
     kernels = get_backend("gpu").kernels
@@ -173,16 +174,25 @@ def layernorm_rows(calls: int, windows: int) -> list[str]:
     site, replay = cp.zeros(4, np.float32), cp.zeros(1, np.uint32)
     site[:3] = 4.0
     delayed = casts.Scaling(site=site, replay=replay)
-
-    def apart() -> Any:
-        return casts.quantize_both(kernels.layernorm_forward(x, w, b, 1e-5)[0], E4M3, delayed)
-
-    def fused() -> Any:
-        return casts.layernorm_forward_codes(x, w, b, 1e-5, delayed)
-
-    us_apart, us_fused = median_us(apart, calls, windows), median_us(fused, calls, windows)
-    return [f"| LayerNorm, then the cast | {us_apart:.1f} | 1.00x |",
-            f"| LayerNorm writing the codes | {us_fused:.1f} | {us_apart / us_fused:.2f}x |"]
+    g, res = (rng.standard_normal(shape, dtype=np.float32).astype(bfloat16()) for _ in range(2))
+    _, mean, rstd = kernels.layernorm_forward(x, w, b, 1e-5)
+    sums = (cp.zeros(shape[1], np.float32), cp.zeros(shape[1], np.float32))
+    paths = {  # (forward, backward): apart, then writing the codes
+        "apart": (lambda: casts.quantize_both(kernels.layernorm_forward(x, w, b, 1e-5)[0],
+                                              E4M3, delayed),
+                  lambda: casts.quantize_both(
+                      kernels.layernorm_backward(g, x, w, mean, rstd, sums, res)[0], E5M2,
+                      delayed)),
+        "fused": (lambda: casts.layernorm_forward_codes(x, w, b, 1e-5, delayed),
+                  lambda: [kernels.sum_rows(part, into) for part, into in zip(
+                      casts.layernorm_backward_codes(g, x, w, mean, rstd, res, delayed)[1:3],
+                      sums, strict=True)])}
+    rows = []
+    for i, name in enumerate(("LayerNorm", "LayerNorm backward (residual joined)")):
+        apart, fused = (median_us(paths[k][i], calls, windows) for k in ("apart", "fused"))
+        rows += [f"| {name}, then the cast | {apart:.1f} | 1.00x |",
+                 f"| {name} writing the codes | {fused:.1f} | {apart / fused:.2f}x |"]
+    return rows
 
 
 def main() -> None:
@@ -206,8 +216,9 @@ def main() -> None:
              "| path | us | speed-up |", "|---|---:|---:|", *gelu_rows(args.calls, args.windows)]
     from rustyflow_py.engine.ops.fp8 import cuda as casts
 
-    if hasattr(casts, "layernorm_forward_codes"):  # absent in trees before it
-        lines += ["", "## LayerNorm's forward and its output's cast (e4m3, delayed, 16384 x 768)",
+    if hasattr(casts, "layernorm_backward_codes"):  # absent in trees before it
+        lines += ["", "## LayerNorm and its output's cast (delayed; forward e4m3, backward e5m2; "
+                  "16384 x 768)",
                   "", "| path | us | speed-up |", "|---|---:|---:|",
                   *layernorm_rows(args.calls, args.windows)]
     text = "\n".join(lines) + "\n"

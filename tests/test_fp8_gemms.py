@@ -316,6 +316,65 @@ def test_a_layernorm_before_a_linear_writes_the_codes_the_linear_takes(
         assert refused is None
 
 
+def test_a_layernorm_backward_writes_the_gradient_codes_the_next_layer_takes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fp8Gemms.layernorm_backward: with FP8_SCALING=delayed, inside a capture, LayerNorm's
+    backward writes dx's e5m2 codes in both layouts, taking the site that the shared(dx)
+    block of the layer before takes for dx's cast in the eager warm-up step. That block's
+    GEMMs read them and cast nothing of dx; a GEMM in between drops them. Otherwise None."""
+    from types import SimpleNamespace
+
+    from rustyflow_py.engine.ops.fp8 import cuda
+    from rustyflow_py.engine.ops.gemm import fp8
+    from rustyflow_py.engine.ops.gemm.fp8 import Fp8Gemms
+
+    sites: list[Any] = []
+    casts: list[tuple[int, ...]] = []
+
+    def fake_ln(g: Any, x: Any, w: Any, mean: Any, rstd: Any, res: Any, scaling: Any) -> Any:
+        sites.append(scaling.site)
+        part = np.zeros((x.shape[0] // 32, x.shape[1]), np.float32)
+        return (g.copy(), part, part, SimpleNamespace(codes="dx", fmt=E5M2),
+                SimpleNamespace(codes="dx^T", fmt=E5M2))
+
+    def fake_both(x: Any, fmt: Any, scaling: Any) -> Any:
+        casts.append(x.shape)
+        return SimpleNamespace(codes=x.shape), SimpleNamespace(codes=x.shape[::-1])
+
+    monkeypatch.setattr(cuda, "layernorm_backward_codes", fake_ln)
+    monkeypatch.setattr(cuda, "quantize_both", fake_both)
+    monkeypatch.setattr(cuda, "layernorm_codes_fit", lambda x, *_: x.shape[0] % 32 == 0)
+    monkeypatch.setattr(fp8, "_key", lambda x: (x.__array_interface__["data"][0], x.shape,
+                                                x.dtype.str))  # NumPy's address of x
+    stream = FakeStream()
+    gemms = Fp8Gemms(lambda: SimpleNamespace(stream=stream, xp=np), delayed=True)
+    x = np.ones((2, 16, 64), bf16())
+    stats = np.ones((2, 16, 1), np.float32)
+
+    def backward(x: Any = x, gemms: Any = gemms) -> Any:
+        return gemms.layernorm_backward(x, x, x[0, 0], stats, stats, x)
+
+    gemms.sites.scaling(*CAST)  # the warm-up step's cast of dx, in its shared() block
+    assert backward() is None and gemms.sites.next == 1  # eager: no site taken
+    stream.capturing = True
+    dx, pdw, pdb = backward()
+    assert dx.shape == x.shape and pdw.shape == (1, 64)
+    assert len(sites) == 1 and np.shares_memory(sites[0], gemms.sites.rows[0])
+    with gemms.shared(dx):
+        assert gemms._codes(dx.reshape(32, 64), E5M2).codes == "dx"
+        assert gemms._codes(dx.reshape(32, 64).T, E5M2).codes == "dx^T"
+    assert casts == [] and gemms.sites.next == 1
+    dx, _, _ = backward()
+    gemms._made = None  # (what a GEMM in between clears, with the gradient's codes)
+    gemms._made_grad = None
+    with gemms.shared(dx):
+        gemms._codes(dx.reshape(32, 64), E5M2)
+    assert casts == [(32, 64)]  # cast again
+    for refused in (backward(x=x.astype(np.float32)), backward(x=np.ones((2, 8, 64), bf16())),
+                    backward(gemms=Fp8Gemms(gemms._lt))):
+        assert refused is None
+
+
 def test_the_log_block_sums_up_the_fp8_casts() -> None:
     """The block's FP8 line: how many casts a step makes, its scaling, and per format the
     range of the last amax and scale; nothing without the record's tensors."""
@@ -629,6 +688,46 @@ def test_the_layernorm_writes_its_output_cast_at_the_delayed_scale(
     for off in ((x[:16], w, b), (xp.ascontiguousarray(x[:, :-128]), w[:-128], b[:-128]),
                 (x.astype(np.float32), w.astype(np.float32), b.astype(np.float32))):
         assert not cuda.layernorm_codes_fit(*off)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape, joined", [((64, 768), True), ((4096, 768), True),
+                                           ((128, 1024), False), ((32, 256), True)])
+def test_the_layernorm_backward_writes_its_gradient_cast_at_the_delayed_scale(
+        fp8_backend: Any, shape: tuple[int, int], joined: bool) -> None:
+    """casts.layernorm_backward_codes: the kernel set's bf16 LayerNorm backward's dx (the
+    residual stream's gradient joined, or none) bit for bit, its partial sums adding up to
+    dw and db, and dx's e5m2 codes at the site's last amax bit for bit as the NumPy recipe,
+    in both layouts with one read-back factor; the site keeps dx's amax."""
+    from rustyflow_py.engine.ops.fp8 import cuda
+
+    xp, rng, kernels = fp8_backend.xp, np.random.default_rng(24), fp8_backend.kernels
+    x = xp.asarray((rng.standard_normal(shape) * 3 + 1).astype(bf16()))
+    w = xp.asarray((rng.standard_normal(shape[1]) * 0.5 + 1).astype(bf16()))
+    g = xp.asarray((rng.standard_normal(shape) * 1e-3).astype(bf16()))
+    res = xp.asarray((rng.standard_normal(shape) * 1e-3).astype(bf16())) if joined else None
+    _, mean, rstd = kernels.layernorm_forward(x, w, w, 1e-5)
+    assert cuda.layernorm_codes_fit(x, w, w, g, *([res] if joined else []))
+    sums = [xp.zeros(shape[1], np.float32) for _ in range(2)]
+    want_dx = kernels.layernorm_backward(g, x, w, mean, rstd, tuple(sums), res)[0]
+    host = want_dx.get().astype(np.float32)
+    amax = float(np.abs(host).max())
+    site = xp.zeros(4, np.float32)
+    site[0] = last = amax / 2  # replay 1 reads slot 0, takes slot 1, clears slot 2
+    site[2] = 5.0
+    dx, pdw, pdb, q, q_t = cuda.layernorm_backward_codes(
+        g, x, w, mean, rstd, res, cuda.Scaling(site=site, replay=xp.ones(1, np.uint32)))
+    np.testing.assert_array_equal(dx.get(), want_dx.get())
+    for part, want in zip((pdw, pdb), sums, strict=True):
+        assert part.shape == (shape[0] // cuda.LN_ROWS, shape[1])
+        np.testing.assert_allclose(part.get().sum(axis=0), want.get(), rtol=1e-4,
+                                   atol=1e-6 * float(xp.abs(want).max()))
+    codes, scale_inv = quantize(host, E5M2, amax=last)
+    np.testing.assert_array_equal(q.codes.get(), codes)
+    np.testing.assert_array_equal(q_t.codes.get(), codes.T)
+    assert q.fmt is q_t.fmt is E5M2 and q_t.scale_inv is q.scale_inv
+    assert q.scale_inv.get()[0] == scale_inv
+    assert list(site.get()[:3]) == [last, amax, 0.0]  # read; taken; cleared for the next
 
 
 @pytest.mark.gpu

@@ -356,6 +356,12 @@ def test_layernorm(pair: Pair, dtype: Any, rows: int, width: int) -> None:
     joined = [k.layernorm_backward(g, x, w, f[1], f[2], residual=residual)[0]
               for k, f in zip((pair.mine, pair.ref), fwd, strict=True)]
     pair.close(*joined, dtype)
+    # for a Linear's output (no FP8 run here: the same backward)
+    for_linear = pair.mine.layernorm_backward_for_linear(g, x, w, fwd[0][1], fwd[0][2],
+                                                         residual=residual)
+    for mine, ref in zip(for_linear, pair.mine.layernorm_backward(
+            g, x, w, fwd[0][1], fwd[0][2], residual=residual), strict=True):
+        pair.close(mine, ref, dtype, tol=0.0)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -212,7 +212,7 @@ def test_training_in_16_bit_with_graph_replay(name: str,
     (forward, input and weight gradients): none of them fell back to bf16 there. With
     FP8_SCALING=delayed every cast inside the captured step is scaled from its site, and
     the producers that can write FP8 themselves do (at a width and batch their kernels take:
-    the MLP's GELU backward, the LayerNorms before a Linear)."""
+    the MLP's GELU backward, the LayerNorms next to a Linear, forward and backward)."""
     from rustyflow_py.engine.ops.gemm.fp8_sites import Fp8Sites
 
     precision, _, scaling = name.partition("-")
@@ -246,6 +246,14 @@ def test_training_in_16_bit_with_graph_replay(name: str,
         return real_ln(*args)
 
     monkeypatch.setattr(cuda, "layernorm_forward_codes", spy_ln)
+    ln_grad_codes: list[bool] = []  # the same, for each LayerNorm backward writing dx's
+    real_ln_grad = cuda.layernorm_backward_codes
+
+    def spy_ln_grad(*args: Any) -> Any:
+        ln_grad_codes.append(any(capturing for capturing, _ in scalings[-1:]))
+        return real_ln_grad(*args)
+
+    monkeypatch.setattr(cuda, "layernorm_backward_codes", spy_ln_grad)
     fp8_scaling = {"FP8_SCALING": scaling or "current"} if precision == "fp8" else {}
     # delayed: 128 rows a step, of 256 values: what the FP8-writing producers take
     wide = {"EMBED_DIM": 256, "NUM_HEADS": 4, "BATCH_SIZE": 8} if scaling == "delayed" else {}
@@ -273,6 +281,7 @@ def test_training_in_16_bit_with_graph_replay(name: str,
     # with delayed scaling the captured MLPs' GELU backward writes dpre as FP8 codes itself
     assert set(gelu_codes) == ({True} if scaling == "delayed" else set())
     assert set(ln_codes) == ({True} if scaling == "delayed" else set())
+    assert set(ln_grad_codes) == ({True} if scaling == "delayed" else set())
     losses = trainer.losses
     assert np.mean(losses[-5:]) < 0.5 * np.mean(losses[:5])
     assert math.isfinite(record["val_ppl"]) and math.isfinite(record["test_ppl"])

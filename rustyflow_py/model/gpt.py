@@ -224,7 +224,10 @@ class GPT:
         if score_from:
             x, t = ops.index(x, (slice(None), slice(score_from, t))), t - score_from
             targets = Tensor.wrap(targets.data[:, score_from:], targets.backend)  # (B, T')
-        x = ops.layer_norm(x, p["ln_f.weight"], p["ln_f.bias"], LN_EPS)
+        # x is the last block's MLP output where nothing came between (see _block)
+        last_mlp = (cfg.n_layer > 0 and cache is None and not score_from
+                    and not (train and cfg.rate(cfg.resid_dropout) > 0))
+        x = ops.layer_norm(x, p["ln_f.weight"], p["ln_f.bias"], LN_EPS, from_linear=last_mlp)
         if hidden:
             return x  # (B, T, E)
         h = ops.reshape(x, (b * t, cfg.n_embd))  # (B*T, E)
@@ -247,7 +250,10 @@ class GPT:
         attn_p = cfg.rate(cfg.attn_dropout) if train else 0.0
         resid_p = cfg.rate(cfg.resid_dropout) if train else 0.0
         attn_site, attn_out_site, mlp_out_site = block_sites(i)
-        h = ops.layer_norm(x, p["ln_1.weight"], p["ln_1.bias"], LN_EPS, feeds_linear=True)
+        # Without dropout each branch joins the residual stream inside its last GEMM, so the
+        # LayerNorms after block 0's first take their x from a Linear or MLP (from_linear)
+        h = ops.layer_norm(x, p["ln_1.weight"], p["ln_1.bias"], LN_EPS, feeds_linear=True,
+                           from_linear=i > 0 and resid_p == 0)
         qkv = ops.linear(h, p["attn.c_attn.weight"], p["attn.c_attn.bias"])  # (B, T, 3E)
         if cache is None:
             a = ops.causal_self_attention(qkv, cfg.n_head, attn_p, rng, attn_site)  # (B, T, E)
@@ -261,7 +267,8 @@ class GPT:
             x = x + self._dropout(ops.linear(a, w, b), resid_p, rng, attn_out_site)
         else:
             x = ops.linear(a, w, b, residual=x)  # (B, T, E)
-        h = ops.layer_norm(x, p["ln_2.weight"], p["ln_2.bias"], LN_EPS, feeds_linear=True)
+        h = ops.layer_norm(x, p["ln_2.weight"], p["ln_2.bias"], LN_EPS, feeds_linear=True,
+                           from_linear=resid_p == 0)
         mlp = (h, p["mlp.c_fc.weight"], p["mlp.c_fc.bias"], p["mlp.c_proj.weight"],
                p["mlp.c_proj.bias"])  # (B, T, E), through (B, T, 4E)
         if resid_p > 0:

@@ -21,7 +21,7 @@ _CAST = cuda_build.source(__file__, "fp8_cast.cu",
                           cuda_build.dtype_defines(np.float32) + ("-DRF_E4M3=1",))
 _GELU = cuda_build.source(__file__, "gelu_bwd_fp8.cu",
                           cuda_build.dtype_defines(np.float32) + ("-DRF_E4M3=0", "-DRF_DELAYED=1"))
-_LN = cuda_build.source(__file__, "layernorm_fwd_fp8.cu",
+_LN = cuda_build.source(__file__, "layernorm_fp8.cu",
                         cuda_build.dtype_defines(np.float32)
                         + ("-DRF_E4M3=1", "-DRF_DELAYED=1", "-DVPL=3"))
 STORAGE = ("float32", "bfloat16", "float16", "float64")  # the dtypes fp8_cast.cu is built for
@@ -31,7 +31,7 @@ TILE, TILE_ROWS = 32, 8  # fp8_quantize_t's tile and block: fp8_cast.cu's TILE, 
 # fp8_quantize_t_vec and gelu_bwd_codes
 TQ_ROWS, TQ_COLS, TQ_THREADS = 128, 64, 256
 CODES_TILE = 64  # fp8_transpose_codes's tile (fp8_cast.cu's TV): blocks of THREADS
-LN_ROWS, LN_WARPS, LN_WORDS = 32, 8, 9  # layernorm_fwd_fp8.cu's LQ_ROWS, LQ_WARPS, LQ_WORDS
+LN_ROWS, LN_WARPS, LN_WORDS = 32, 8, 9  # layernorm_fp8.cu's LQ_ROWS, LQ_WARPS, LQ_WORDS
 SHARED_BYTES = 48 * 1024  # a block's shared memory without opting in to more
 MAX_BLOCKS = 1024  # grid-stride beyond: 8 blocks of 256 threads per SM of an H100 and more
 
@@ -204,8 +204,9 @@ def gelu_backward_codes(g: Any, x: Any, bias: Any | None, scaling: Scaling
     return (Fp8Tensor(codes, scale_inv, E5M2), Fp8Tensor(codes_t, scale_inv, E5M2), part)
 
 
-def layernorm_codes_fit(x: Any, w: Any, b: Any) -> bool:
-    """Whether layernorm_forward_codes takes these: x (rows, c) of a 16-bit dtype, rows a
+def layernorm_codes_fit(x: Any, w: Any, b: Any, *rows: Any) -> bool:
+    """Whether layernorm_forward_codes (and with the arrays `rows` of x's shape, g and the
+    residual, layernorm_backward_codes) takes these: x (rows, c) of a 16-bit dtype, rows a
     multiple of LN_ROWS, c of 32 vectors (a warp's lanes each the same whole vectors of a
     row) and its tile within SHARED_BYTES; w and b (c,) of x's dtype; all C-contiguous and
     16-byte aligned."""
@@ -214,14 +215,14 @@ def layernorm_codes_fit(x: Any, w: Any, b: Any) -> bool:
     n, c = x.shape
     per = cuda_build.per_vector(x.dtype)
     return (per > 0 and n % LN_ROWS == 0 and c % (32 * per) == 0
-            and c * LN_WORDS * 4 <= SHARED_BYTES and cuda_build.vectors(x) > 0
+            and c * LN_WORDS * 4 <= SHARED_BYTES and cuda_build.vectors(x, *rows) > 0
             and w.shape == b.shape == (c,) and w.dtype == b.dtype == x.dtype
             and cuda_build.vectors(w, b) > 0)
 
 
 def layernorm_forward_codes(x: Any, w: Any, b: Any, eps: float, scaling: Scaling
                             ) -> tuple[Any, Any, Any, Fp8Tensor, Fp8Tensor]:
-    """LayerNorm's forward over x's rows (layernorm_fwd_fp8.cu) with y's e4m3 codes at a
+    """LayerNorm's forward over x's rows (layernorm_fp8.cu) with y's e4m3 codes at a
     delayed `scaling` in both layouts: (y, mean and rstd (rows, 1) in float32, y's codes
     (rows, c), y^T's (c, rows)). y is the LayerNorm kernels' y, bit for bit. For arrays
     layernorm_codes_fit takes."""
@@ -239,4 +240,28 @@ def layernorm_forward_codes(x: Any, w: Any, b: Any, eps: float, scaling: Scaling
          np.int32(n), np.int32(c), cuda_build.acc_scalar(eps, x.dtype)),
         shared_mem=c * LN_WORDS * 4)
     return (y, mean, rstd, Fp8Tensor(codes, scale_inv, E4M3), Fp8Tensor(codes_t, scale_inv, E4M3))
+
+
+def layernorm_backward_codes(g: Any, x: Any, w: Any, mean: Any, rstd: Any, residual: Any,
+                             scaling: Scaling) -> tuple[Any, Any, Any, Fp8Tensor, Fp8Tensor]:
+    """LayerNorm's backward over x's rows (layernorm_fp8.cu) with dx's e5m2 codes at a
+    delayed `scaling` in both layouts: (dx, with `residual` (or None) added, as the LayerNorm
+    kernels give it, bit for bit; the partial sums of dw and db, a row each per LN_ROWS rows
+    of x, in float32; dx's codes (rows, c); dx^T's (c, rows)). For arrays
+    layernorm_codes_fit(x, w, w, g[, residual]) takes; mean and rstd the forward's."""
+    import cupy
+
+    n, c = x.shape
+    dx = cupy.empty_like(x)
+    pdw, pdb = (cupy.empty((n // LN_ROWS, c), np.float32) for _ in range(2))
+    codes, codes_t = cupy.empty((n, c), np.uint8), cupy.empty((c, n), np.uint8)
+    scale_inv = cupy.empty(1, np.float32)
+    vpl = c // (32 * cuda_build.per_vector(x.dtype))
+    _LN.typed("ln_bwd_codes", x.dtype, g, w, defines=_defines(E5M2, True) + (f"-DVPL={vpl}",))(
+        (n // LN_ROWS,), (32 * LN_WARPS,),
+        (g, x, w, mean, rstd, np.uint64(0) if residual is None else residual, dx, pdw, pdb,
+         scaling.site, scaling.replay, codes, codes_t, scale_inv, np.int32(n), np.int32(c)),
+        shared_mem=c * LN_WORDS * 4)
+    return (dx, pdw, pdb, Fp8Tensor(codes, scale_inv, E5M2),
+            Fp8Tensor(codes_t, scale_inv, E5M2))
 

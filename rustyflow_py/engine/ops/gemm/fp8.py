@@ -148,6 +148,7 @@ class Fp8Gemms:
         self._shared: dict[tuple[Any, ...], tuple[Fp8Format, Fp8Tensor, Fp8Tensor] | None] = {}
         self._kept: Any = None  # the last linear's (keys, x^T's codes, w's codes): kept()
         self._made: Any = None  # a LayerNorm's y for the next linear: (key, codes, y^T's)
+        self._made_grad: Any = None  # a LayerNorm's dx for the next shared(): the same
 
     @property
     def delayed(self) -> bool:
@@ -169,10 +170,12 @@ class Fp8Gemms:
             return
         rows = g.reshape(-1, g.shape[-1]) if g.ndim != 2 and g.flags.c_contiguous else g
         if rows.ndim != 2 or not rows.flags.c_contiguous:
+            self._made_grad = None
             yield
             return
         key = _key(rows)
-        self._shared[key] = None
+        made, self._made_grad = self._made_grad, None
+        self._shared[key] = (E5M2, made[1], made[2]) if made and made[0] == key else None
         try:
             yield
         finally:
@@ -199,7 +202,8 @@ class Fp8Gemms:
         """a (..., M, K) @ b (K, N) in FP8, b 2-D (either may be a transposed view);
         `gradient` ("a" or "b"): the operand cast to e5m2. out: as GemmReference.matmul's
         (bfloat16, or float32 for a gradient buffer)."""
-        self._made = None  # a LayerNorm's codes are for the linear right after it only
+        # a LayerNorm's codes are for the linear (or shared() block) right after it only
+        self._made = self._made_grad = None
         self._check(a, b)
         a2 = _rows(a, "a")
         shape = (*a.shape[:-1], b.shape[1])
@@ -320,6 +324,30 @@ class Fp8Gemms:
         q, q_t, part = casts.gelu_backward_codes(dh2, pre2, bias, scaling)
         sum_rows(part, sums_into)
         return Fp8Operand(q, q_t, dh.dtype)
+
+    def layernorm_backward(self, g: Any, x: Any, w: Any, mean: Any, rstd: Any,
+                           residual: Any) -> tuple[Any, Any, Any] | None:
+        """LayerNorm's backward for the Linear or MLP whose output x was: (dx with `residual`
+        added, dw's and db's partial sums) as casts.layernorm_backward_codes gives them, with
+        dx's e5m2 codes in both layouts from the same pass, kept for the shared(dx) block of
+        that layer's backward, which takes them instead of casting dx. As layernorm_forward:
+        only with delayed scaling inside a capture, taking the site that block's cast of dx
+        would take; None otherwise, or where the shapes do not fit."""
+        arrays = (g, x) if residual is None else (g, x, residual)
+        if (not self.delayed or dtype_name(x.dtype) != "bfloat16" or x.ndim < 2
+                or any(a.shape != x.shape or not a.flags.c_contiguous for a in arrays)):
+            return None
+        g2, x2, *r2 = (a.reshape(-1, x.shape[-1]) for a in arrays)  # (N, C)
+        if (not casts.layernorm_codes_fit(x2, w, w, g2, *r2)
+                or not self._lt().stream.is_capturing()):
+            return None
+        scaling = self.sites.scaling("gradient", E5M2, x2.shape)
+        if scaling.site is None:
+            return None
+        dx, pdw, pdb, q, q_t = casts.layernorm_backward_codes(g2, x2, w, mean, rstd,
+                                                              r2[0] if r2 else None, scaling)
+        self._made_grad = (_key(dx), q, q_t)
+        return dx.reshape(x.shape), pdw, pdb
 
     # ---- internals ------------------------------------------------------------------------
     def _check(self, a: Any, b: Any) -> None:

@@ -111,6 +111,19 @@ class CudaLayerNorm(LayerNormReference):
                 dx = self.add(dx, res[0])
         return dx, self._param_grad(pdw, w, into[0]), self._param_grad(pdb, w, into[1])
 
+    def layernorm_backward_for_linear(
+        self, g: Any, x: Any, w: Any, mean: Any, rstd: Any,
+        into: tuple[Any, Any] = (None, None), residual: Any = None,
+    ) -> tuple[Any, Any, Any]:
+        """In a PRECISION=fp8 run with delayed scaling, inside the captured step, dx comes
+        with its FP8 codes for the layer before (Fp8Gemms.layernorm_backward)."""
+        made = (None if self.fp8 is None
+                else self.fp8.layernorm_backward(g, x, w, mean, rstd, residual))
+        if made is None:
+            return self.layernorm_backward(g, x, w, mean, rstd, into, residual)
+        dx, pdw, pdb = made
+        return dx, self._param_grad(pdw, w, into[0]), self._param_grad(pdb, w, into[1])
+
     def _param_grad(self, partial: Any, w: Any, into: Any) -> Any:
         """The column sums of `partial` (rows of acc): added into `into` (None returned), or
         as a gradient of w's dtype."""

@@ -19,6 +19,13 @@ table.py's common ones); tests/test_kernel_contract.py holds each to the referen
         its mean, rstd (..., 1). `into`: (dw's, db's) gradient buffers or None each; a given
         one receives its gradient, added, and None is returned in its place. `residual`
         (..., C): a gradient of x from elsewhere (the residual stream's), added to dx.
+
+    layernorm_backward_for_linear(g, x, w, mean, rstd, into=(None, None), residual=None)
+        -> tuple[Any, Any, Any]
+        layernorm_backward's, for an x that the Linear (or MLP) whose backward comes right
+        after made, dx (with the residual joined) being all of x's gradient. A device may
+        make that layer's GEMM operand of dx in the same pass: the GPU in a PRECISION=fp8
+        run (delayed scaling, inside a captured step) writes dx's FP8 codes with dx.
 """
 
 from __future__ import annotations
@@ -28,7 +35,8 @@ from .cpu import CpuLayerNorm
 from .cuda import CudaLayerNorm
 from .reference import LayerNormReference
 
-declare(("layernorm_forward", "layernorm_forward_for_linear", "layernorm_backward"),
+declare(("layernorm_forward", "layernorm_forward_for_linear", "layernorm_backward",
+         "layernorm_backward_for_linear"),
         reference={ANY: LayerNormReference},
         cpu={(F32, F64): CpuLayerNorm, SIXTEEN: LayerNormReference},
         gpu={FLOATS: CudaLayerNorm})

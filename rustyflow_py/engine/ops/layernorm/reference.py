@@ -51,3 +51,9 @@ class LayerNormReference(Family):
         dx -= xhat * (gw * xhat).mean(axis=-1, keepdims=True)
         dx *= rstd
         return dx, add_into(into[0], dw), add_into(into[1], db)
+
+    def layernorm_backward_for_linear(
+        self, g: Any, x: Any, w: Any, mean: Any, rstd: Any,
+        into: tuple[Any, Any] = (None, None), residual: Any = None,
+    ) -> tuple[Any, Any, Any]:
+        return self.layernorm_backward(g, x, w, mean, rstd, into, residual)
