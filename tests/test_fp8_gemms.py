@@ -750,17 +750,26 @@ def test_the_head_writes_its_gradient_in_e5m2_scaled_by_its_bound(
         fp8_backend: Any, vocab: int, w_into: bool) -> None:
     """The tied head of a PRECISION=fp8 run: the cross-entropy kernel writes d(logits) as
     e5m2 codes of (softmax - onehot) * 57344, read back by 1 / (57344 N), the pad columns
-    zero; the bf16 logits are not kept; dh and dW come from those codes in FP8, without a
+    zero; the bf16 logits are not kept, and are made a block of rows at a time (HEAD_BLOCKS
+    GEMMs from one cast of h and of W); dh and dW come from those codes in FP8, without a
     cast of the gradient."""
     from rustyflow_py.engine.ops.gemm.fp8 import Fp8Operand
+    from rustyflow_py.engine.ops.softmax_xent.cuda import HEAD_BLOCKS
 
     xp, rng, kernels = fp8_backend.xp, np.random.default_rng(15), fp8_backend.kernels
     n, e = 64, 96
     h = rng.standard_normal((n, e)).astype(bf16())
     w = (rng.standard_normal((vocab, e)) * 0.3).astype(bf16())
     targets = rng.integers(0, vocab, n).astype(np.int32)
+    products: list[tuple[int, ...]] = []
+
+    def mm(a: Any, b: Any, **kwargs: Any) -> Any:
+        products.append(a.shape)
+        return kernels.matmul(a, b, **kwargs)
+
     loss, state = kernels.lm_head_xent(xp.asarray(h), xp.asarray(w), xp.asarray(targets),
-                                       True, kernels.matmul)
+                                       True, mm)
+    assert products == [(n // HEAD_BLOCKS, e)] * HEAD_BLOCKS
     codes = state[3]
     assert isinstance(codes, Fp8Operand) and codes.shape == (n, -(-vocab // 64) * 64)
     # the logits the GEMM made, to bf16's rounding: the quantised product
@@ -924,6 +933,7 @@ def test_a_gpt_step_runs_every_linear_gemm_in_fp8(fp8_backend: Any,
     head (forward, input and weight gradients) all go through the FP8 GEMMs."""
     from helpers import spy_fp8_gemms
 
+    from rustyflow_py.engine.ops.softmax_xent.cuda import HEAD_BLOCKS
     from rustyflow_py.engine.tensor import Tensor
     from rustyflow_py.model.gpt import GPT, GPTConfig
 
@@ -937,17 +947,18 @@ def test_a_gpt_step_runs_every_linear_gemm_in_fp8(fp8_backend: Any,
     calls = [call.rpartition(":")[0] for call in recorded]  # "kind:gradient"
     # per block: qkv and proj Linears and the MLP's two in forward (4 linear calls); in
     # backward each of the 4 has an input gradient (gradient "a") and a weight gradient
-    # ("b"); the head: forward, input and weight gradient
+    # ("b"); the head: forward (a GEMM a block of 16 of the 64 rows), input and weight
+    # gradient
     assert calls.count("linear:None") == 4 * cfg.n_layer
     assert calls.count("matmul:a") == 4 * cfg.n_layer + 2
     assert calls.count("matmul:b") == 4 * cfg.n_layer
-    assert calls.count("matmul:None") == 1
+    assert calls.count("matmul:None") == HEAD_BLOCKS
     assert np.isfinite(fp8_backend.to_host(model.buffer.grad)).all()
     # every gradient a block's GEMMs read is cast once, both layouts; the logits' gradient
     # not at all (the cross-entropy kernel writes it in e5m2)
     gradient_casts = [kind for kind, fmt, _ in made if fmt is E5M2]
     assert gradient_casts == ["quantize_both"] * (4 * cfg.n_layer)
     # each Linear's x and w: one cast into both layouts in forward, none in backward; the
-    # head's h and weight are cast per GEMM (forward, then its two gradients)
+    # head's h and weight once for its forward's GEMMs, then for each gradient's
     casts = Counter(kind for kind, fmt, _ in made if fmt is E4M3)
     assert casts == {"quantize_both": 8 * cfg.n_layer, "quantize": 2, "quantize_t": 2}

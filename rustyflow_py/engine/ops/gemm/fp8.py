@@ -66,6 +66,13 @@ class Fp8Operand:
     def T(self) -> Fp8Operand:  # noqa: N802 (an array's name for it)
         return dataclasses.replace(self, q=self.q_t, q_t=self.q)
 
+    def block(self, rows: slice) -> Fp8Operand:
+        """The operand of a block of its rows, from the row codes without a copy."""
+        if self.q is None:
+            raise ValueError("a block of rows is taken from an operand's row codes")
+        return Fp8Operand(dataclasses.replace(self.q, codes=self.q.codes[rows]), None,
+                          self.dtype)
+
     def rows(self, fmt: Fp8Format) -> Fp8Tensor:
         """The codes (R, C) in `fmt`, or CublasLtUnsupported where they are kept otherwise."""
         if self.q is None or self.q.fmt is not fmt:
@@ -244,6 +251,13 @@ class Fp8Gemms:
         self._run(key, run)
         self._kept = kept
         return y
+
+    def operand(self, w: Any) -> Fp8Operand:
+        """w (R, C), C-contiguous, as the e4m3 codes of its rows, for several GEMMs that
+        take it with C reduced (as a, or as b with transpose_b; or blocks of its rows): one
+        cast for all of them."""
+        return Fp8Operand(codes(w, E4M3, self.sites.scaling("matmul operand", E4M3, w.shape)),
+                          None, w.dtype)
 
     def kept(self, x: Any, w: Any) -> tuple[Any, Any]:
         """(x, w) as the Linear's backward reads them, right after `linear(x, w, ...)`: the

@@ -21,6 +21,7 @@ VOCAB_PAD = 64  # the LM head's logits rows are padded to a multiple of this man
 # xent_fwd_grad's block: at 1024 threads two blocks fit an SM, so about 264 rows are read at a
 # time (26 MB of GPT-2's bf16 logits), and a row's second read finds it in the 50 MB L2
 _FUSED_THREADS = 1024
+HEAD_BLOCKS = 4  # PRECISION=fp8: the head's logits are made this many blocks of rows at a time
 
 
 def _row_stride(x: Any) -> int:
@@ -88,12 +89,12 @@ class CudaCrossEntropy(CrossEntropyReference):
             wp = self.xp.empty((vp, e), dtype=w.dtype)  # (Vp, E)
             wp[:v] = w
             wp[v:] = 0
-        padded = mm(h, wp, transpose_b=True)  # (N, Vp)
-        if (need_grad and self.fp8 is not None and dtype_name(padded.dtype) == "bfloat16"
-                and padded.shape[0] % 16 == 0):
+        if (need_grad and self.fp8 is not None and dtype_name(h.dtype) == "bfloat16"
+                and h.shape[0] % 16 == 0):
             # the head's FP8 GEMMs read the gradient as codes: the bf16 logits are not kept
-            loss, codes = self._loss_and_codes(padded, targets, v)
+            loss, codes = self._loss_and_codes(h, wp, targets, v, mm)
             return loss, (None, h, wp, codes, v)
+        padded = mm(h, wp, transpose_b=True)  # (N, Vp)
         if need_grad and padded.dtype != np.float16:
             # the loss and (softmax - onehot) / N in one pass; backward scales by g on the
             # (N, E) side. Not float16: its gradients are loss-scaled, and (softmax -
@@ -114,23 +115,34 @@ class CudaCrossEntropy(CrossEntropyReference):
                            np.int32(_row_stride(logits)), _vec(logits)))
         return nll.mean()
 
-    def _loss_and_codes(self, padded: Any, targets: Any, v: int) -> tuple[Any, Fp8Operand]:
-        """_loss_and_grad for a PRECISION=fp8 run: the gradient (N, Vp) as e5m2 codes scaled
-        by its bound 1 / N (xent_fwd_grad_e5m2), the pad columns zero. It needs no amax pass
-        and no cast; the codes (a byte a logit) replace the bf16 gradient (two), and the bf16
-        logits are not kept for backward."""
+    def _loss_and_codes(self, h: Any, wp: Any, targets: Any, v: int, mm: Callable[..., Any]
+                        ) -> tuple[Any, Fp8Operand]:
+        """The logits h @ Wp^T with _loss_and_grad's work for a PRECISION=fp8 run: the
+        gradient (N, Vp) as e5m2 codes scaled by its bound 1 / N (xent_fwd_grad_e5m2), the
+        pad columns zero. It needs no amax pass and no cast; the codes (a byte a logit)
+        replace the bf16 gradient (two), and the bf16 logits are not kept for backward. They
+        are made HEAD_BLOCKS blocks of rows at a time, each block's codes written before the
+        next block's logits exist, so that the codes are held beside one block of bf16
+        logits, not all of them (which took more memory than a bf16 run's head)."""
         xp = self.xp
         targets = xp.ascontiguousarray(targets, dtype=np.int32)
-        n, vp = padded.shape
+        n, vp = h.shape[0], wp.shape[0]
         lse = xp.empty(n, dtype=np.float32)
         nll = xp.empty_like(lse)
         codes = xp.empty((n, vp), np.uint8)
-        _XENT.typed("xent_fwd_grad_e5m2", padded.dtype)(
-            (n,), (_FUSED_THREADS,), (padded, targets, lse, nll, codes, np.int32(v),
-                                      np.int32(_row_stride(padded)), np.int32(vp),
-                                      _vec(padded)))
+        block = n // HEAD_BLOCKS if n % (16 * HEAD_BLOCKS) == 0 else n  # FP8 GEMMs: 16 rows
+        h_codes, w_codes = self.fp8.operand(h), self.fp8.operand(wp)  # once for all blocks
+        for r0 in range(0, n, block):
+            rows = slice(r0, r0 + block)
+            logits = mm(h_codes.block(rows), w_codes, transpose_b=True)  # (block, Vp)
+            _XENT.typed("xent_fwd_grad_e5m2", logits.dtype)(
+                (block,), (_FUSED_THREADS,), (logits, targets[rows], lse[rows], nll[rows],
+                                              codes[rows], np.int32(v),
+                                              np.int32(_row_stride(logits)), np.int32(vp),
+                                              _vec(logits)))
+            del logits  # before the next block's
         scale_inv = xp.full(1, 1.0 / (E5M2.max * n), np.float32)
-        return nll.mean(), Fp8Operand(Fp8Tensor(codes, scale_inv, E5M2), None, padded.dtype)
+        return nll.mean(), Fp8Operand(Fp8Tensor(codes, scale_inv, E5M2), None, h.dtype)
 
     def _head_grads(self, padded: Any, wp: Any, h: Any, v: int, need_h: bool, need_w: bool,
                     mm: Callable[..., Any], w_into: Any) -> tuple[Any, Any]:
