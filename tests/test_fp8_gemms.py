@@ -654,7 +654,8 @@ def test_the_gelu_backward_writes_its_output_cast_at_the_delayed_scale(
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", [(64, 768), (4096, 768), (128, 1024), (32, 256)])
+# rows of 32 vectors a lane's whole number (768, 1024) or not (384, 128: lanes without some)
+@pytest.mark.parametrize("shape", [(64, 768), (4096, 768), (128, 1024), (32, 384), (64, 128)])
 def test_the_layernorm_writes_its_output_cast_at_the_delayed_scale(
         fp8_backend: Any, shape: tuple[int, int]) -> None:
     """casts.layernorm_forward_codes: the kernel set's bf16 LayerNorm forward, y, mean and
@@ -685,14 +686,17 @@ def test_the_layernorm_writes_its_output_cast_at_the_delayed_scale(
     assert q.fmt is q_t.fmt is E4M3 and q_t.scale_inv is q.scale_inv
     assert q.scale_inv.get()[0] == scale_inv
     assert list(site.get()[:3]) == [amax, 0.0, last]  # taken; cleared for the next; read
-    for off in ((x[:16], w, b), (xp.ascontiguousarray(x[:, :-128]), w[:-128], b[:-128]),
-                (x.astype(np.float32), w.astype(np.float32), b.astype(np.float32))):
+    wide = xp.ones((32, 1536), bf16())  # its tile past a block's shared memory
+    for off in ((x[:16], w, b), (xp.ascontiguousarray(x[:, :-4]), w[:-4], b[:-4]),
+                (x.astype(np.float32), w.astype(np.float32), b.astype(np.float32)),
+                (wide, wide[0], wide[0])):
         assert not cuda.layernorm_codes_fit(*off)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("shape, joined", [((64, 768), True), ((4096, 768), True),
-                                           ((128, 1024), False), ((32, 256), True)])
+                                           ((128, 1024), False), ((32, 384), True),
+                                           ((64, 128), True)])
 def test_the_layernorm_backward_writes_its_gradient_cast_at_the_delayed_scale(
         fp8_backend: Any, shape: tuple[int, int], joined: bool) -> None:
     """casts.layernorm_backward_codes: the kernel set's bf16 LayerNorm backward's dx (the

@@ -23,7 +23,7 @@ _GELU = cuda_build.source(__file__, "gelu_bwd_fp8.cu",
                           cuda_build.dtype_defines(np.float32) + ("-DRF_E4M3=0", "-DRF_DELAYED=1"))
 _LN = cuda_build.source(__file__, "layernorm_fp8.cu",
                         cuda_build.dtype_defines(np.float32)
-                        + ("-DRF_E4M3=1", "-DRF_DELAYED=1", "-DVPL=3"))
+                        + ("-DRF_E4M3=1", "-DRF_DELAYED=1", "-DVPL=3", "-DLQ_PARTIAL=0"))
 STORAGE = ("float32", "bfloat16", "float16", "float64")  # the dtypes fp8_cast.cu is built for
 THREADS = 256
 TILE, TILE_ROWS = 32, 8  # fp8_quantize_t's tile and block: fp8_cast.cu's TILE, TILE_ROWS
@@ -207,17 +207,22 @@ def gelu_backward_codes(g: Any, x: Any, bias: Any | None, scaling: Scaling
 def layernorm_codes_fit(x: Any, w: Any, b: Any, *rows: Any) -> bool:
     """Whether layernorm_forward_codes (and with the arrays `rows` of x's shape, g and the
     residual, layernorm_backward_codes) takes these: x (rows, c) of a 16-bit dtype, rows a
-    multiple of LN_ROWS, c of 32 vectors (a warp's lanes each the same whole vectors of a
-    row) and its tile within SHARED_BYTES; w and b (c,) of x's dtype; all C-contiguous and
-    16-byte aligned."""
+    multiple of LN_ROWS, c whole vectors and its tile within SHARED_BYTES; w and b (c,) of
+    x's dtype; all C-contiguous and 16-byte aligned."""
     if x.ndim != 2 or x.itemsize != 2:
         return False
     n, c = x.shape
     per = cuda_build.per_vector(x.dtype)
-    return (per > 0 and n % LN_ROWS == 0 and c % (32 * per) == 0
+    return (per > 0 and n % LN_ROWS == 0 and c % per == 0
             and c * LN_WORDS * 4 <= SHARED_BYTES and cuda_build.vectors(x, *rows) > 0
             and w.shape == b.shape == (c,) and w.dtype == b.dtype == x.dtype
             and cuda_build.vectors(w, b) > 0)
+
+
+def _lanes(x: Any) -> tuple[str, ...]:
+    """layernorm_fp8.cu's VPL (a lane's vectors of a row) and LQ_PARTIAL for x's rows."""
+    vecs = x.shape[1] // cuda_build.per_vector(x.dtype)
+    return f"-DVPL={-(-vecs // 32)}", f"-DLQ_PARTIAL={int(vecs % 32 != 0)}"
 
 
 def layernorm_forward_codes(x: Any, w: Any, b: Any, eps: float, scaling: Scaling
@@ -233,8 +238,7 @@ def layernorm_forward_codes(x: Any, w: Any, b: Any, eps: float, scaling: Scaling
     mean, rstd = cupy.empty((n, 1), np.float32), cupy.empty((n, 1), np.float32)
     codes, codes_t = cupy.empty((n, c), np.uint8), cupy.empty((c, n), np.uint8)
     scale_inv = cupy.empty(1, np.float32)
-    vpl = c // (32 * cuda_build.per_vector(x.dtype))
-    _LN.typed("ln_fwd_codes", x.dtype, w, b, defines=_defines(E4M3, True) + (f"-DVPL={vpl}",))(
+    _LN.typed("ln_fwd_codes", x.dtype, w, b, defines=_defines(E4M3, True) + _lanes(x))(
         (n // LN_ROWS,), (32 * LN_WARPS,),
         (x, w, b, y, mean, rstd, scaling.site, scaling.replay, codes, codes_t, scale_inv,
          np.int32(n), np.int32(c), cuda_build.acc_scalar(eps, x.dtype)),
@@ -256,8 +260,7 @@ def layernorm_backward_codes(g: Any, x: Any, w: Any, mean: Any, rstd: Any, resid
     pdw, pdb = (cupy.empty((n // LN_ROWS, c), np.float32) for _ in range(2))
     codes, codes_t = cupy.empty((n, c), np.uint8), cupy.empty((c, n), np.uint8)
     scale_inv = cupy.empty(1, np.float32)
-    vpl = c // (32 * cuda_build.per_vector(x.dtype))
-    _LN.typed("ln_bwd_codes", x.dtype, g, w, defines=_defines(E5M2, True) + (f"-DVPL={vpl}",))(
+    _LN.typed("ln_bwd_codes", x.dtype, g, w, defines=_defines(E5M2, True) + _lanes(x))(
         (n // LN_ROWS,), (32 * LN_WARPS,),
         (g, x, w, mean, rstd, np.uint64(0) if residual is None else residual, dx, pdw, pdb,
          scaling.site, scaling.replay, codes, codes_t, scale_inv, np.int32(n), np.int32(c)),

@@ -12,12 +12,23 @@
 // of LQ_WARPS warps takes LQ_ROWS rows; its tile keeps the columns as rows of LQ_WORDS words,
 // the quad's slot rotated by the column's group of 32 (tile_at), so that a warp's stores land
 // on 32 distinct banks; the tile then goes out 16 codes an access along the transpose's rows.
-// For 16-bit rows of c a multiple of 32 vectors (VPL = c / 256), rows a multiple of LQ_ROWS,
-// arrays 16-byte aligned; c * LQ_WORDS words of shared memory (dynamic).
+// For 16-bit rows of whole vectors (a lane VPL of them, the last ones where the row has them,
+// as ln_fwd_rows), rows a multiple of LQ_ROWS, arrays 16-byte aligned; c * LQ_WORDS words of
+// shared memory (dynamic).
 #include "types.cuh"
 #include "vec.cuh"
 #include "warp_reduce.cuh"
 #include "fp8.cuh"
+
+// Whether this lane has vector j of a row: LQ_PARTIAL = 1 (a -D option) for rows of fewer
+// than 32 * VPL vectors, where the last ones are missing from some lanes; 0 compiles the
+// checks away (a lane's whole number of vectors, GPT-2's 768: the checks cost the backward
+// 18 us a call there).
+#if LQ_PARTIAL
+#define LANE_HAS(j) (lane + 32 * (j) < vc)
+#else
+#define LANE_HAS(j) true
+#endif
 
 #define LQ_WARPS 8
 #define LQ_ROWS (4 * LQ_WARPS)
@@ -67,6 +78,7 @@ extern "C" __global__ void __launch_bounds__(32 * LQ_WARPS) ln_fwd_codes(
     for (int i = 0; i < 4; ++i)
 #pragma unroll
         for (int j = 0; j < VPL; ++j) {
+            if (!LANE_HAS(j)) continue;  // a row of fewer than 32 * VPL vectors
             xv[i][j] = x[(long long)(row + i) * vc + lane + 32 * j];
 #pragma unroll
             for (int k = 0; k < RF_VEC; ++k) s[i] += (acc)xv[i][j].v[k];
@@ -80,6 +92,7 @@ extern "C" __global__ void __launch_bounds__(32 * LQ_WARPS) ln_fwd_codes(
         for (int j = 0; j < VPL; ++j)
 #pragma unroll
             for (int k = 0; k < RF_VEC; ++k) {
+                if (!LANE_HAS(j)) continue;
                 const acc d = (acc)xv[i][j].v[k] - m[i];
                 v += d * d;
             }
@@ -88,6 +101,7 @@ extern "C" __global__ void __launch_bounds__(32 * LQ_WARPS) ln_fwd_codes(
 #pragma unroll
     for (int j = 0; j < VPL; ++j) {
         const int at = lane + 32 * j;  // the vector's index in a row
+        if (!LANE_HAS(j)) continue;
         const rf_vec wv = w[at], bv = b[at];
         rf_codes codes[4];
 #pragma unroll
@@ -136,7 +150,7 @@ extern "C" __global__ void __launch_bounds__(32 * LQ_WARPS) ln_bwd_codes(
     acc dw[VPL][RF_VEC], db[VPL][RF_VEC];
 #pragma unroll
     for (int j = 0; j < VPL; ++j) {
-        wv[j] = w[lane + 32 * j];
+        if (LANE_HAS(j)) wv[j] = w[lane + 32 * j];
 #pragma unroll
         for (int k = 0; k < RF_VEC; ++k) dw[j][k] = db[j][k] = 0;
     }
@@ -149,6 +163,7 @@ extern "C" __global__ void __launch_bounds__(32 * LQ_WARPS) ln_bwd_codes(
         rf_vec ga[VPL], xa[VPL];
 #pragma unroll
         for (int j = 0; j < VPL; ++j) {
+            if (!LANE_HAS(j)) continue;
             ga[j] = g[off + lane + 32 * j];
             xa[j] = x[off + lane + 32 * j];
         }
@@ -157,6 +172,7 @@ extern "C" __global__ void __launch_bounds__(32 * LQ_WARPS) ln_bwd_codes(
         for (int j = 0; j < VPL; ++j)
 #pragma unroll
             for (int k = 0; k < RF_VEC; ++k) {
+                if (!LANE_HAS(j)) continue;
                 const acc gv = (acc)ga[j].v[k], xh = ((acc)xa[j].v[k] - m) * r;
                 const acc gw = gv * (acc)wv[j].v[k];
                 s1 += gw;
@@ -168,6 +184,7 @@ extern "C" __global__ void __launch_bounds__(32 * LQ_WARPS) ln_bwd_codes(
         s2 = warp_sum(s2) / c;
 #pragma unroll
         for (int j = 0; j < VPL; ++j) {
+            if (!LANE_HAS(j)) continue;
             const long long at = off + lane + 32 * j;
             rf_vec o;
             if (res) o = res[at];
@@ -184,6 +201,7 @@ extern "C" __global__ void __launch_bounds__(32 * LQ_WARPS) ln_bwd_codes(
     }
 #pragma unroll
     for (int j = 0; j < VPL; ++j) {
+        if (!LANE_HAS(j)) continue;
         const rf_codes four[4] = {codes[0][j], codes[1][j], codes[2][j], codes[3][j]};
         tile_put(tile, four, (lane + 32 * j) * RF_VEC, quad);
     }
@@ -197,7 +215,8 @@ extern "C" __global__ void __launch_bounds__(32 * LQ_WARPS) ln_bwd_codes(
         for (int j = 0; j < VPL; ++j)
 #pragma unroll
             for (int k = 0; k < RF_VEC; ++k)
-                sums[quad * c + (lane + 32 * j) * RF_VEC + k] = pass ? db[j][k] : dw[j][k];
+                if (LANE_HAS(j))
+                    sums[quad * c + (lane + 32 * j) * RF_VEC + k] = pass ? db[j][k] : dw[j][k];
         __syncthreads();
         acc* part = pass ? pdb : pdw;
         for (int col = threadIdx.x; col < c; col += blockDim.x) {
