@@ -381,8 +381,9 @@ class Config(_Rules):
     # (benchmarks/results/fp8-h200.md)
     fp8_scaling: str = key("delayed", "PRECISION=fp8's scaling of each tensor cast "
         "to FP8: delayed (in the replayed CUDA graph, by the amax the same cast measured in "
-        "the step before, taken while casting; faster, and the GELU backward writes its "
-        "gradient's FP8 itself) or current (an amax pass over the tensor first)",
+        "the step before, taken while casting; faster, and the GELU backward and the "
+        "LayerNorms next to a Linear write their FP8 themselves) or current (an amax pass "
+        "over the tensor first)",
         choices=("delayed", "current"), needs=("PRECISION", "fp8"), does="scales FP8 casts")
     attention: str = key("auto", "GPU attention: own (the fused flash-style kernel for "
         "tf32, bf16 and fp16 runs), cudnn (cuDNN's fused SDPA: bf16/fp16 without attention "

@@ -6,9 +6,11 @@ weights, e5m2 (more range) for gradients; the op says which operand is a gradien
 per tensor, by FP8_SCALING. Delayed (the run's default): in the replayed graph each cast is
 scaled by the amax its own site kept from the last replay and takes this one's while casting
 (fp8_sites.py), Transformer Engine's recipe; a value above the last amax saturates, and a
-producer can write FP8 itself (`gelu_backward`). Current (RunPolicy's default, for direct
-engine use): each cast first takes its tensor's amax on the device (fp8/cuda.py), so a GEMM
-never sees a saturated value, at the cost of one more read of the tensor.
+producer can write FP8 itself, the scale being known before it runs: the MLP's GELU backward
+(`gelu_backward`) and the LayerNorm next to a Linear (`layernorm_forward`,
+`layernorm_backward`), whose codes the GEMMs after them take. Current (RunPolicy's default,
+for direct engine use): each cast first takes its tensor's amax on the device (fp8/cuda.py),
+so a GEMM never sees a saturated value, at the cost of one more read of the tensor.
 
 FP8 GEMMs take both operands with the reduced axis contiguous (the "TN" layout), so an operand
 stored the other way round (a weight, or an activation or gradient whose rows are the reduced
