@@ -195,6 +195,13 @@ def test_an_fp8_operand_holds_either_layout_or_both() -> None:
         cols_only.rows(E5M2)
     with pytest.raises(CublasLtUnsupported, match=r"kept as e5m2, not e4m3 rows"):
         pair.rows(E4M3)
+    # a block of rows (the head's logits a block at a time): its row codes, not a copy
+    block = pair.block(slice(8, 24))
+    assert block.shape == (16, 48) and block.q_t is None and block.q.scale_inv is q.scale_inv
+    assert np.shares_memory(block.q.codes, codes)
+    np.testing.assert_array_equal(block.dense(np), want[8:24].astype(np.float32))
+    with pytest.raises(ValueError, match="row codes"):
+        cols_only.block(slice(0, 8))
 
 
 def test_the_gelu_backward_writes_codes_only_from_a_delayed_site(
