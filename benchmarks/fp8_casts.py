@@ -159,6 +159,8 @@ def gelu_rows(calls: int, windows: int) -> list[str]:
 
 
 def layernorm_rows(calls: int, windows: int) -> list[str]:
+    """The LayerNorm's forward and backward writing their output's codes, each against the
+    plain kernel followed by the delayed cast, at x's shape."""
     import cupy as cp
 
     from rustyflow_py.engine.library import get_backend

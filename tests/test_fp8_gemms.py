@@ -6,6 +6,7 @@ a float64 product of the same quantised operands in every layout a step uses, an
 from __future__ import annotations
 
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -140,7 +141,7 @@ def test_delayed_scaling_sites_follow_the_warm_up_steps_casts() -> None:
 
 @pytest.mark.parametrize("delayed", [False, True], ids=["current", "delayed"])
 def test_the_run_record_gets_each_captured_casts_amax_and_scale(delayed: bool) -> None:
-    """Fp8Gemms.tensors(): each cast of the captured step, in order, with what it is, its
+    """Fp8Sites.tensors(): each cast of the captured step, in order, with what it is, its
     format and shape, the amax its site row kept from the last replay (current scaling:
     measured there; delayed: the slot the last replay filled, by its capture's count) and
     the scale that amax gives; nothing before a capture."""
@@ -152,7 +153,7 @@ def test_the_run_record_gets_each_captured_casts_amax_and_scale(delayed: bool) -
     stream = FakeStream()
     gemms = Fp8Gemms(lambda: SimpleNamespace(stream=stream, xp=np), delayed=delayed)
     gemms.sites.scaling(*CAST)  # a warm-up cast
-    assert gemms.tensors() is None
+    assert gemms.sites.tensors() is None
     stream.capturing = True
     made = [gemms.sites.scaling("linear w", E4M3, (32, 48)),
             gemms.sites.scaling("gradient", E5M2, (16, 48))]
@@ -163,7 +164,7 @@ def test_the_run_record_gets_each_captured_casts_amax_and_scale(delayed: bool) -
             s.replay[0] = 4
         else:
             s.amax[0] = amax
-    assert gemms.tensors() == [
+    assert gemms.sites.tensors() == [
         {"tensor": "linear w", "format": "e4m3", "shape": [32, 48], "amax": 0.5,
          "scale": float(scale_of(0.5, E4M3))},
         {"tensor": "gradient", "format": "e5m2", "shape": [16, 48], "amax": 3000.0,
@@ -239,7 +240,7 @@ def test_the_gelu_backward_writes_codes_only_from_a_delayed_site(
 
     for _ in range(2):
         gemms.sites.scaling(*CAST)  # the warm-up step's casts before dpre's
-    assert backward() is None and gemms.sites.next == 2  # eager: no site taken
+    assert backward() is None and gemms.sites.next_row == 2  # eager: no site taken
     stream.capturing = True
     gemms.sites.scaling(*CAST), gemms.sites.scaling(*CAST)  # the captured casts before dpre's
     out = backward()
@@ -251,7 +252,7 @@ def test_the_gelu_backward_writes_codes_only_from_a_delayed_site(
                     backward(dh=np.zeros((2, 4, 64), bf16())),
                     Fp8Gemms(gemms._lt).gelu_backward(dh, dh, None, sums, add_rows)):
         assert refused is None
-    assert len(made) == 1 and gemms.sites.next == 3
+    assert len(made) == 1 and gemms.sites.next_row == 3
 
 
 def test_a_layernorm_before_a_linear_writes_the_codes_the_linear_takes(
@@ -303,7 +304,7 @@ def test_a_layernorm_before_a_linear_writes_the_codes_the_linear_takes(
         return gemms.layernorm_forward(x, lnw, lnw, 1e-5)
 
     gemms.sites.scaling(*CAST)  # the warm-up step's cast before y's
-    assert layernorm() is None and gemms.sites.next == 1  # eager: no site taken
+    assert layernorm() is None and gemms.sites.next_row == 1  # eager: no site taken
     stream.capturing = True
     gemms.sites.scaling(*CAST)  # the captured cast before y's
     y, mean, rstd = layernorm()
@@ -311,7 +312,7 @@ def test_a_layernorm_before_a_linear_writes_the_codes_the_linear_takes(
     assert len(ln_sites) == 1 and np.shares_memory(ln_sites[0], gemms.sites.rows[1])
     gemms.linear(y, w, b)
     assert taken == [("y", (96, 64))] and casts == [(64, 96)]  # y's codes; only w cast
-    assert gemms.sites.next == 3  # y's site, then w's: the eager step's order
+    assert gemms.sites.next_row == 3  # y's site, then w's: the eager step's order
     for other in ("matmul", "linear"):
         y, _, _ = layernorm()
         gemms.matmul(y, w) if other == "matmul" else gemms.linear(x, w, b)
@@ -348,13 +349,19 @@ def test_a_layernorm_backward_writes_the_gradient_codes_the_next_layer_takes(
         casts.append(x.shape)
         return SimpleNamespace(codes=x.shape), SimpleNamespace(codes=x.shape[::-1])
 
+    def fake_one(x: Any, fmt: Any, scaling: Any) -> Any:
+        return SimpleNamespace(codes=x.shape)
+
     monkeypatch.setattr(cuda, "layernorm_backward_codes", fake_ln)
     monkeypatch.setattr(cuda, "quantize_both", fake_both)
+    monkeypatch.setattr(cuda, "quantize", fake_one)
+    monkeypatch.setattr(cuda, "quantize_t", fake_one)
     monkeypatch.setattr(cuda, "layernorm_codes_fit", lambda x, *_: x.shape[0] % 32 == 0)
     monkeypatch.setattr(fp8, "_key", lambda x: (x.__array_interface__["data"][0], x.shape,
                                                 x.dtype.str))  # NumPy's address of x
     stream = FakeStream()
-    gemms = Fp8Gemms(lambda: SimpleNamespace(stream=stream, xp=np), delayed=True)
+    lt = SimpleNamespace(stream=stream, xp=np, matmul_fp8=lambda *_, **__: None)
+    gemms = Fp8Gemms(lambda: lt, delayed=True)
     x = np.ones((2, 16, 64), bf16())
     stats = np.ones((2, 16, 1), np.float32)
 
@@ -362,7 +369,7 @@ def test_a_layernorm_backward_writes_the_gradient_codes_the_next_layer_takes(
         return gemms.layernorm_backward(x, x, x[0, 0], stats, stats, x)
 
     gemms.sites.scaling(*CAST)  # the warm-up step's cast of dx, in its shared() block
-    assert backward() is None and gemms.sites.next == 1  # eager: no site taken
+    assert backward() is None and gemms.sites.next_row == 1  # eager: no site taken
     stream.capturing = True
     dx, pdw, pdb = backward()
     assert dx.shape == x.shape and pdw.shape == (1, 64)
@@ -370,16 +377,40 @@ def test_a_layernorm_backward_writes_the_gradient_codes_the_next_layer_takes(
     with gemms.shared(dx):
         assert gemms._codes(dx.reshape(32, 64), E5M2).codes == "dx"
         assert gemms._codes(dx.reshape(32, 64).T, E5M2).codes == "dx^T"
-    assert casts == [] and gemms.sites.next == 1
+    assert casts == [] and gemms.sites.next_row == 1
     dx, _, _ = backward()
-    gemms._made = None  # (what a GEMM in between clears, with the gradient's codes)
-    gemms._made_grad = None
+    gemms.matmul(dx, np.ones((64, 32), bf16()))  # a GEMM in between
+    casts.clear()
     with gemms.shared(dx):
         gemms._codes(dx.reshape(32, 64), E5M2)
     assert casts == [(32, 64)]  # cast again
     for refused in (backward(x=x.astype(np.float32)), backward(x=np.ones((2, 8, 64), bf16())),
                     backward(gemms=Fp8Gemms(gemms._lt))):
         assert refused is None
+
+
+def test_the_launchers_tiles_are_the_kernels() -> None:
+    """The tile sizes fp8/cuda.py launches with are the ones fp8.cuh and layernorm_fp8.cu
+    define (a grid or shared memory off by one would read or write out of bounds)."""
+    import re
+
+    from rustyflow_py.engine.ops.fp8 import cuda
+    from rustyflow_py.engine.ops.layernorm.cuda import MAX_CPL
+
+    def defines(path: Path) -> dict[str, str]:
+        return dict(re.findall(r"^#define (\w+) (.+?)\s*$", path.read_text(), re.MULTILINE))
+
+    here = Path(cuda.__file__).parent
+    tile = defines(here.parent / "cuda_include" / "fp8.cuh")
+    assert (int(tile["TQ_ROWS"]), int(tile["TQ_COLS"]), int(tile["TQ_THREADS"])) == (
+        cuda.TQ_ROWS, cuda.TQ_COLS, cuda.TQ_THREADS)
+    ln = defines(here / "layernorm_fp8.cu")
+    warps = int(ln["LQ_WARPS"])
+    assert (ln["LQ_ROWS"], ln["LQ_WORDS"]) == ("(4 * LQ_WARPS)", "(LQ_WARPS + 1)")
+    assert (cuda.LN_WARPS, cuda.LN_ROWS, cuda.LN_WORDS) == (warps, 4 * warps, warps + 1)
+    assert cuda.LN_MAX_WIDTH * cuda.LN_WORDS * 4 <= 48 * 1024  # without opting in to more
+    assert cuda.LN_MAX_WIDTH == 32 * MAX_CPL  # the LayerNorm kernels' one-pass rows
+    assert int(defines(here / "fp8_cast.cu")["TV"]) == cuda.CODES_TILE
 
 
 def test_the_log_block_sums_up_the_fp8_casts() -> None:

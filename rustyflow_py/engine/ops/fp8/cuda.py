@@ -32,7 +32,9 @@ TILE, TILE_ROWS = 32, 8  # fp8_quantize_t's tile and block: fp8_cast.cu's TILE, 
 TQ_ROWS, TQ_COLS, TQ_THREADS = 128, 64, 256
 CODES_TILE = 64  # fp8_transpose_codes's tile (fp8_cast.cu's TV): blocks of THREADS
 LN_ROWS, LN_WARPS, LN_WORDS = 32, 8, 9  # layernorm_fp8.cu's LQ_ROWS, LQ_WARPS, LQ_WORDS
-SHARED_BYTES = 48 * 1024  # a block's shared memory without opting in to more
+# layernorm/cuda.py's register-row width (32 * MAX_CPL); its tile, 4 * LN_WORDS bytes a
+# column, stays within the 48 KiB a block has without opting in to more
+LN_MAX_WIDTH = 1024
 MAX_BLOCKS = 1024  # grid-stride beyond: 8 blocks of 256 threads per SM of an H100 and more
 
 
@@ -207,14 +209,16 @@ def gelu_backward_codes(g: Any, x: Any, bias: Any | None, scaling: Scaling
 def layernorm_codes_fit(x: Any, w: Any, b: Any, *rows: Any) -> bool:
     """Whether layernorm_forward_codes (and with the arrays `rows` of x's shape, g and the
     residual, layernorm_backward_codes) takes these: x (rows, c) of a 16-bit dtype, rows a
-    multiple of LN_ROWS, c whole vectors and its tile within SHARED_BYTES; w and b (c,) of
-    x's dtype; all C-contiguous and 16-byte aligned."""
+    multiple of LN_ROWS, c whole vectors and at most LN_MAX_WIDTH (the widest rows the
+    LayerNorm kernels hold in registers: wider ones they take in several passes, which round
+    otherwise, and y would not be theirs bit for bit); w and b (c,) of x's dtype; all
+    C-contiguous and 16-byte aligned."""
     if x.ndim != 2 or x.itemsize != 2:
         return False
     n, c = x.shape
     per = cuda_build.per_vector(x.dtype)
-    return (per > 0 and n % LN_ROWS == 0 and c % per == 0
-            and c * LN_WORDS * 4 <= SHARED_BYTES and cuda_build.vectors(x, *rows) > 0
+    return (per > 0 and n % LN_ROWS == 0 and c % per == 0 and c <= LN_MAX_WIDTH
+            and cuda_build.vectors(x, *rows) > 0
             and w.shape == b.shape == (c,) and w.dtype == b.dtype == x.dtype
             and cuda_build.vectors(w, b) > 0)
 

@@ -66,8 +66,8 @@ class CudaGemm(GemmReference):
         return super().shared_gradient(g) if self.fp8 is None else self.fp8.shared(g)
 
     def fp8_tensors(self) -> list[dict[str, Any]] | None:
-        """In a PRECISION=fp8 run, the captured step's casts (Fp8Gemms.tensors)."""
-        return None if self.fp8 is None else self.fp8.tensors()
+        """In a PRECISION=fp8 run, the captured step's casts (Fp8Sites.tensors)."""
+        return None if self.fp8 is None else self.fp8.sites.tensors()
 
     def sum_rows(self, x: Any, into: Any = None) -> Any:
         """Column sums as ones(1, N) @ x, one bandwidth-bound GEMM: for 16-bit x a cuBLASLt

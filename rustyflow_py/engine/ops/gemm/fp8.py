@@ -159,14 +159,6 @@ class Fp8Gemms:
         self._made: Any = None  # a LayerNorm's y for the next linear: (key, codes, y^T's)
         self._made_grad: Any = None  # a LayerNorm's dx for the next shared(): the same
 
-    @property
-    def delayed(self) -> bool:
-        return self.sites.delayed
-
-    def tensors(self) -> list[dict[str, Any]] | None:
-        """The captured steps' FP8 tensors (Fp8Sites.tensors)."""
-        return self.sites.tensors()
-
     @contextlib.contextmanager
     def shared(self, g: Any) -> Iterator[None]:
         """A block whose GEMMs read g (..., C) both as rows (an input gradient's GEMM) and
@@ -233,7 +225,7 @@ class Fp8Gemms:
         """y = x @ w + b, or gelu of it (the pre-activation into `pre_gelu_out`), plus a
         `residual`: CublasLt.matmul_bias's contract with x and w cast to e4m3, the bias,
         GELU and residual in the FP8 GEMM's epilogue."""
-        self._kept, made, self._made = None, self._made, None
+        self._kept, made, self._made, self._made_grad = None, self._made, None, None
         self._check(x, w)
         x2 = _rows(x, "x")
         shape = (*x.shape[:-1], w.shape[1])
@@ -303,11 +295,11 @@ class Fp8Gemms:
         cast of y would take (the eager warm-up step's cast, in the same order, seeds it).
         None otherwise, or where the shapes do not fit: the caller then runs the LayerNorm
         alone, and the linear casts y."""
-        if (not self.delayed or dtype_name(x.dtype) != "bfloat16" or x.ndim < 2
+        if (not self.sites.delayed or dtype_name(x.dtype) != "bfloat16" or x.ndim < 2
                 or not x.flags.c_contiguous):
             return None
         x2 = x.reshape(-1, x.shape[-1])  # (N, C)
-        if not casts.layernorm_codes_fit(x2, w, b) or not self._lt().stream.is_capturing():
+        if not casts.layernorm_codes_fit(x2, w, b) or not self._capturing():
             return None
         scaling = self.sites.scaling("linear x", E4M3, x2.shape)
         if scaling.site is None:
@@ -327,12 +319,12 @@ class Fp8Gemms:
         separate cast of dpre would take (the warm-up step's eager casts, in the same order,
         seed it). None otherwise, or where the shapes do not fit: the caller then runs the
         bf16 GELU backward, and the GEMMs that read dpre cast it."""
-        if (not self.delayed or sums_into is None or sums_into.dtype != np.float32
+        if (not self.sites.delayed or sums_into is None or sums_into.dtype != np.float32
                 or dtype_name(dh.dtype) != "bfloat16" or dh.shape != pre.shape
                 or not (dh.flags.c_contiguous and pre.flags.c_contiguous)):
             return None
         dh2, pre2 = dh.reshape(-1, dh.shape[-1]), pre.reshape(-1, pre.shape[-1])  # (N, C)
-        if not casts.gelu_codes_fit(dh2, pre2, bias) or not self._lt().stream.is_capturing():
+        if not casts.gelu_codes_fit(dh2, pre2, bias) or not self._capturing():
             return None
         scaling = self.sites.scaling("gelu gradient", E5M2, dh2.shape)
         if scaling.site is None:
@@ -350,12 +342,12 @@ class Fp8Gemms:
         only with delayed scaling inside a capture, taking the site that block's cast of dx
         would take; None otherwise, or where the shapes do not fit."""
         arrays = (g, x) if residual is None else (g, x, residual)
-        if (not self.delayed or dtype_name(x.dtype) != "bfloat16" or x.ndim < 2
+        if (not self.sites.delayed or dtype_name(x.dtype) != "bfloat16" or x.ndim < 2
                 or any(a.shape != x.shape or not a.flags.c_contiguous for a in arrays)):
             return None
         g2, x2, *r2 = (a.reshape(-1, x.shape[-1]) for a in arrays)  # (N, C)
         if (not casts.layernorm_codes_fit(x2, w, w, g2, *r2)
-                or not self._lt().stream.is_capturing()):
+                or not self._capturing()):
             return None
         scaling = self.sites.scaling("gradient", E5M2, x2.shape)
         if scaling.site is None:
@@ -366,6 +358,14 @@ class Fp8Gemms:
         return dx.reshape(x.shape), pdw, pdb
 
     # ---- internals ------------------------------------------------------------------------
+    def _capturing(self) -> bool:
+        """Whether a capture is under way, for the producers that write codes: not where
+        cuBLASLt cannot be had (they then run their plain kernels, as without FP8)."""
+        try:
+            return self._lt().stream.is_capturing()
+        except CublasLtUnsupported:
+            return False
+
     def _check(self, a: Any, b: Any) -> None:
         if dtype_name(a.dtype) != "bfloat16" or b.dtype != a.dtype or b.ndim != 2:
             raise CublasLtUnsupported(f"FP8 GEMMs take bfloat16 (..., K) x (K, N) operands, "

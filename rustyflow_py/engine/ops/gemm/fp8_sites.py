@@ -31,7 +31,7 @@ class Fp8Sites:
         self._lt = lt
         self.delayed = delayed  # FP8_SCALING=delayed: see scaling
         self.rows: Any = None  # (MAX_SITES, 4) float32 rf_site rows
-        self.next = 0  # the row the next cast takes
+        self.next_row = 0  # the row the next cast takes
         self._captured = False  # whether the first capture has begun
         self._in_capture = False  # whether the last cast was inside one
         self.replays: Any = None  # delayed: uint32 (MAX_CAPTURES,), each capture's replays
@@ -82,10 +82,10 @@ class Fp8Sites:
             self.rows = xp.zeros((MAX_SITES, 4), np.float32)
             self.replays = xp.zeros(MAX_CAPTURES, np.uint32)
         if ((self._captured and not capturing) or (not capturing and not self.delayed)
-                or self.rows is None or self.next >= MAX_SITES):
+                or self.rows is None or self.next_row >= MAX_SITES):
             return casts.CURRENT
-        i, row = self.next, self.rows[self.next]
-        self.next += 1
+        i, row = self.next_row, self.rows[self.next_row]
+        self.next_row += 1
         if not capturing:
             return casts.Scaling(amax=row[0:1])  # the slot the first replay reads
         delayed = self.delayed and self._capture >= 0
@@ -100,7 +100,7 @@ class Fp8Sites:
         capture takes a replay count of its own and adds 1 to it as its first kernel (inside
         the graph: once a replay, before any cast reads it)."""
         if not self._captured:
-            self._captured, self.next = True, 0
+            self._captured, self.next_row = True, 0
         self._capture = -1  # current scaling, unless it gets a replay count of its own
         if self.delayed and self.replays is not None and self._counts < len(self.replays):
             self._capture, self._counts = self._counts, self._counts + 1
