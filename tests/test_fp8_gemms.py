@@ -255,6 +255,31 @@ def test_the_gelu_backward_writes_codes_only_from_a_delayed_site(
     assert len(made) == 1 and gemms.sites.next_row == 3
 
 
+def fake_casts(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """Host stand-ins for the FP8 casts, on NumPy arrays: each records its source shape
+    (returned list) and gives codes named by their shape; _key reads NumPy's address."""
+    from types import SimpleNamespace
+
+    from rustyflow_py.engine.ops.fp8 import cuda
+    from rustyflow_py.engine.ops.gemm import fp8
+
+    made: list[tuple[int, ...]] = []
+
+    def both(x: Any, fmt: Any, scaling: Any) -> Any:
+        made.append(x.shape)
+        return SimpleNamespace(codes=x.shape), SimpleNamespace(codes=x.shape[::-1])
+
+    def one(x: Any, fmt: Any, scaling: Any) -> Any:
+        made.append(x.shape)
+        return SimpleNamespace(codes=x.shape)
+
+    for name, fake in (("quantize_both", both), ("quantize", one), ("quantize_t", one)):
+        monkeypatch.setattr(cuda, name, fake)
+    monkeypatch.setattr(fp8, "_key", lambda x: (x.__array_interface__["data"][0], x.shape,
+                                                x.dtype.str))
+    return made
+
+
 def test_a_layernorm_before_a_linear_writes_the_codes_the_linear_takes(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """Fp8Gemms.layernorm_forward: with FP8_SCALING=delayed, inside a capture, for bfloat16
@@ -265,11 +290,10 @@ def test_a_layernorm_before_a_linear_writes_the_codes_the_linear_takes(
     from types import SimpleNamespace
 
     from rustyflow_py.engine.ops.fp8 import cuda
-    from rustyflow_py.engine.ops.gemm import fp8
     from rustyflow_py.engine.ops.gemm.fp8 import Fp8Gemms
 
     ln_sites: list[Any] = []
-    casts: list[tuple[int, ...]] = []
+    casts = fake_casts(monkeypatch)
 
     def fake_ln(x: Any, w: Any, b: Any, eps: float, scaling: Any) -> Any:
         ln_sites.append(scaling.site)
@@ -277,20 +301,7 @@ def test_a_layernorm_before_a_linear_writes_the_codes_the_linear_takes(
         return (x.copy(), stats, stats, SimpleNamespace(codes="y"),
                 SimpleNamespace(codes="y^T"))
 
-    def fake_both(x: Any, fmt: Any, scaling: Any) -> Any:
-        casts.append(x.shape)
-        return SimpleNamespace(codes=x.shape), SimpleNamespace(codes=x.shape[::-1])
-
-    def fake_one(x: Any, fmt: Any, scaling: Any) -> Any:
-        casts.append(x.shape)
-        return SimpleNamespace(codes=x.shape)
-
     monkeypatch.setattr(cuda, "layernorm_forward_codes", fake_ln)
-    monkeypatch.setattr(cuda, "quantize_both", fake_both)
-    monkeypatch.setattr(cuda, "quantize", fake_one)
-    monkeypatch.setattr(cuda, "quantize_t", fake_one)
-    monkeypatch.setattr(fp8, "_key", lambda x: (x.__array_interface__["data"][0], x.shape,
-                                                x.dtype.str))  # NumPy's address of x
     monkeypatch.setattr(cuda, "layernorm_codes_fit", lambda x, w, b: x.shape[0] % 32 == 0)
     taken: list[tuple[Any, Any]] = []
     stream = FakeStream()
@@ -333,11 +344,10 @@ def test_a_layernorm_backward_writes_the_gradient_codes_the_next_layer_takes(
     from types import SimpleNamespace
 
     from rustyflow_py.engine.ops.fp8 import cuda
-    from rustyflow_py.engine.ops.gemm import fp8
     from rustyflow_py.engine.ops.gemm.fp8 import Fp8Gemms
 
     sites: list[Any] = []
-    casts: list[tuple[int, ...]] = []
+    casts = fake_casts(monkeypatch)
 
     def fake_ln(g: Any, x: Any, w: Any, mean: Any, rstd: Any, res: Any, scaling: Any) -> Any:
         sites.append(scaling.site)
@@ -345,20 +355,8 @@ def test_a_layernorm_backward_writes_the_gradient_codes_the_next_layer_takes(
         return (g.copy(), part, part, SimpleNamespace(codes="dx", fmt=E5M2),
                 SimpleNamespace(codes="dx^T", fmt=E5M2))
 
-    def fake_both(x: Any, fmt: Any, scaling: Any) -> Any:
-        casts.append(x.shape)
-        return SimpleNamespace(codes=x.shape), SimpleNamespace(codes=x.shape[::-1])
-
-    def fake_one(x: Any, fmt: Any, scaling: Any) -> Any:
-        return SimpleNamespace(codes=x.shape)
-
     monkeypatch.setattr(cuda, "layernorm_backward_codes", fake_ln)
-    monkeypatch.setattr(cuda, "quantize_both", fake_both)
-    monkeypatch.setattr(cuda, "quantize", fake_one)
-    monkeypatch.setattr(cuda, "quantize_t", fake_one)
     monkeypatch.setattr(cuda, "layernorm_codes_fit", lambda x, *_: x.shape[0] % 32 == 0)
-    monkeypatch.setattr(fp8, "_key", lambda x: (x.__array_interface__["data"][0], x.shape,
-                                                x.dtype.str))  # NumPy's address of x
     stream = FakeStream()
     lt = SimpleNamespace(stream=stream, xp=np, matmul_fp8=lambda *_, **__: None)
     gemms = Fp8Gemms(lambda: lt, delayed=True)
