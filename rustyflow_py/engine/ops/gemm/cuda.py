@@ -134,18 +134,14 @@ class CudaGemm(GemmReference):
                     pass
         return super().linear(x, w, b, gelu, gemm, residual)
 
-    def linear_dgelu(self, g: Any, w: Any, state: Any, gemm: Callable[..., Any],
-                     db_into: Any = None) -> Any:
+    def _dgelu(self, dh: Any, pre: Any, bias: Any, db_into: Any) -> Any:
         """In a PRECISION=fp8 run with delayed scaling, inside the captured step, dpre comes
         as e5m2 codes in both layouts from the GELU backward's own pass (Fp8Gemms.
         gelu_backward: no bf16 dpre, no cast of it), an Fp8Operand that matmul and
         linear_grads take in its place."""
-        if self.fp8 is None or db_into is None:
-            return super().linear_dgelu(g, w, state, gemm, db_into)
-        pre, bias = state
-        dh = gemm(self.matmul, g, w, transpose_b=True, gradient="a")  # (..., 4E)
-        codes = self.fp8.gelu_backward(dh, pre, bias, db_into, self.sum_rows)
-        return self.gelu_backward(dh, pre, bias, db_into) if codes is None else codes
+        codes = (None if self.fp8 is None or db_into is None
+                 else self.fp8.gelu_backward(dh, pre, bias, db_into, self.sum_rows))
+        return super()._dgelu(dh, pre, bias, db_into) if codes is None else codes
 
     def linear_grads(self, x: Any, g: Any, gemm: Callable[..., Any],
                      into: tuple[Any, Any] = (None, None), bias: bool = True

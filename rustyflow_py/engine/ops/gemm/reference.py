@@ -69,5 +69,9 @@ class GemmReference(Family):
     def linear_dgelu(self, g: Any, w: Any, state: Any, gemm: Callable[..., Any],
                      db_into: Any = None) -> Any:
         pre, bias = state  # bias None: pre already has it (a fused backend's state)
-        return self.gelu_backward(gemm(self.matmul, g, w, transpose_b=True, gradient="a"), pre,
-                                  bias, db_into)
+        dh = gemm(self.matmul, g, w, transpose_b=True, gradient="a")  # (..., 4E)
+        return self._dgelu(dh, pre, bias, db_into)
+
+    def _dgelu(self, dh: Any, pre: Any, bias: Any, db_into: Any) -> Any:
+        """linear_dgelu's GELU backward of dh, where a device may make dpre otherwise."""
+        return self.gelu_backward(dh, pre, bias, db_into)
