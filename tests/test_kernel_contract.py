@@ -625,6 +625,21 @@ def test_scatter_add_rows(pair: Pair, dtype: Any) -> None:
     pair.close(*grads, dtype, tol=1e-5)
 
 
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["float16", "bfloat16"])
+def test_16_bit_rows_into_a_float32_table_on_the_gpu(device: str, name: str) -> None:
+    """Mixed precision's embedding rows: 16-bit, added into the float32 gradient as they are,
+    as the reference adds them widened first."""
+    pair, dtype = sixteen_bit(device, name)
+    idx = pair.ints(9, 64, 3)
+    rows = pair.dev(pair.rng.standard_normal((64, 3, 96)).astype(dtype))
+    start = pair.randn(9, 96, dtype=np.float32)
+    grads = [start.copy(), start.copy()]
+    pair.mine.scatter_add_rows(grads[0], idx, rows)
+    pair.ref.scatter_add_rows(grads[1], idx, rows.astype(np.float32))
+    pair.close(*grads, np.float32, tol=1e-5)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_l2_norm(pair: Pair, dtype: Any) -> None:
     g = pair.randn(300_001, dtype=dtype)  # several blocks on the CPU

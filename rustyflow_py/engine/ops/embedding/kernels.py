@@ -12,8 +12,9 @@ from __future__ import annotations
 
 from ..table import ANY, FLOATS, declare
 from .cpu import CpuEmbedding
+from .cuda import CudaEmbedding
 from .reference import EmbeddingReference
 
 # keyed by dst, the (V, E) gradient buffer (float32 under mixed precision)
 declare("scatter_add_rows", reference={ANY: EmbeddingReference}, cpu={FLOATS: CpuEmbedding},
-        gpu={FLOATS: EmbeddingReference})
+        gpu={FLOATS: CudaEmbedding})
