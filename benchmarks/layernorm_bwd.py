@@ -4,11 +4,14 @@ Times the very call a training step makes (`backend.kernels.layernorm_backward`:
 residual gradient joined, and dw, db summed into float32 gradient buffers) and PyTorch's
 `aten.native_layer_norm_backward` on the same inputs (without the residual join, which PyTorch
 does in a separate add: timed apart, and added in the PyTorch+add column). Device time per call
-from CUDA events over many calls, median of windows. `--warps` sweeps the kernel's warp count
-(LN_BWD_WARPS), the knob that sets how many rows each warp takes, and `--ahead` whether
-its next row's loads go ahead of this row's sums (LN_AHEAD_ITEMSIZES: every dtype or none).
+from CUDA events over many calls, median of windows. The flags sweep layernorm/cuda.py's
+settings (KNOBS below), every combination of the values given: `--warps` (LN_BWD_WARPS, how
+many rows each warp of the register-row kernel takes), `--block-warps` (its warps a block)
+and `--ahead` (whether its next row's loads go ahead of this row's sums: 1 for float32 and
+16 bits, 0 for none).
 
-    python benchmarks/layernorm_bwd.py --rows 16384 --cols 768 --dtypes bf16,fp32
+    python benchmarks/layernorm_bwd.py --rows 16384 --cols 768 --dtypes bf16,fp32 \
+        --warps 1024,1536 --block-warps 4,8
 """
 
 from __future__ import annotations
@@ -60,9 +63,10 @@ class TorchEvent:
         return start.event.elapsed_time(self.event)
 
 
-def one_dtype(name: str, n: int, c: int, sweep: list[tuple[int, int]], calls: int,
+def one_dtype(name: str, n: int, c: int, sweep: list[dict[str, Any]], calls: int,
               windows: int) -> None:
-    """The table's rows of one dtype: ours at each (warp count, ahead), PyTorch's beside."""
+    """The table's rows of one dtype: ours at each setting of the sweep (layernorm/cuda.py's
+    module constants by name), PyTorch's beside."""
     import cupy as cp
     import torch
 
@@ -90,16 +94,29 @@ def one_dtype(name: str, n: int, c: int, sweep: list[tuple[int, int]], calls: in
     torch_us = time_calls(theirs, TorchEvent, calls, windows)
     torch_add_us = time_calls(lambda: theirs()[0] + tres, TorchEvent, calls, windows)
     moved = x.nbytes * 4  # g, x and the residual read, dx written
-    own = ln_cuda.LN_AHEAD_ITEMSIZES
-    for warps, ahead in sweep:
-        ln_cuda.LN_BWD_WARPS = warps
-        ln_cuda.LN_AHEAD_ITEMSIZES = own if ahead < 0 else frozenset({2, 4, 8} if ahead else ())
+    own = {k: getattr(ln_cuda, k) for k in KNOBS.values()}
+    for setting in sweep:
+        for key, value in setting.items():
+            setattr(ln_cuda, key, value)
         us = time_calls(lambda: kernels.layernorm_backward(g, x, w, mean, rstd, (dw, db), res),
                         CupyEvent, calls, windows)
-        shown = "own" if ahead < 0 else ahead
-        print(f"| {name} | {warps} | {shown} | {us:.1f} | {moved / us / 1e3:,.0f} | "
-              f"{torch_us:.1f} | "
+        shown = ", ".join(f"{k}={_shown(v)}" for k, v in setting.items()) or "its own"
+        print(f"| {name} | {shown} | {us:.1f} | {moved / us / 1e3:,.0f} | {torch_us:.1f} | "
               f"{torch_add_us:.1f} | {us / torch_add_us:.2f} |")
+        for key, value in own.items():
+            setattr(ln_cuda, key, value)
+
+
+def _shown(value: Any) -> str:
+    return "/".join(map(str, sorted(value))) or "none" if isinstance(value, frozenset) else str(
+        value)
+
+
+# each flag: the layernorm/cuda.py constant it sets (values: comma-separated; the itemsize
+# sets as 0 = none, 1 = float32 and 16 bits)
+KNOBS = {"warps": "LN_BWD_WARPS", "block_warps": "LN_BWD_BLOCK_WARPS",
+         "ahead": "LN_AHEAD_ITEMSIZES"}
+SETS = {"ahead"}
 
 
 def main() -> None:
@@ -107,25 +124,30 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=16384)
     p.add_argument("--cols", type=int, default=768)
     p.add_argument("--dtypes", default="bf16,fp32")
-    p.add_argument("--warps", default="", help="comma-separated LN_BWD_WARPS values to sweep")
-    p.add_argument("--ahead", default="", help="comma-separated 0/1: the next row's loads "
-                   "ahead or not, for every dtype (default: the kernel's own choice)")
+    for flag, const in KNOBS.items():
+        p.add_argument(f"--{flag.replace('_', '-')}", default="",
+                       help=f"comma-separated values of {const} to sweep")
     p.add_argument("--calls", type=int, default=200)
     p.add_argument("--windows", type=int, default=5)
     args = p.parse_args()
 
+    import itertools
+
     import cupy as cp
 
-    from rustyflow_py.engine.ops.layernorm import cuda as ln_cuda
-
-    warps = [int(w) for w in args.warps.split(",") if w] or [ln_cuda.LN_BWD_WARPS]
-    aheads = [int(a) for a in args.ahead.split(",") if a] or [-1]
-    sweep = [(w, a) for w in warps for a in aheads]
+    axes = []
+    for flag, const in KNOBS.items():
+        values = [int(v) for v in getattr(args, flag).split(",") if v]
+        if flag in SETS:
+            axes.append([(const, frozenset({2, 4} if v else ())) for v in values])
+        else:
+            axes.append([(const, v) for v in values])
+    sweep = [dict(c) for c in itertools.product(*[a for a in axes if a])]
     device = cp.cuda.runtime.getDeviceProperties(0)["name"].decode()
     print(f"LayerNorm backward, {args.rows} x {args.cols}, {device}")
-    print("| dtype | LN_BWD_WARPS | ahead | rustyflow us | rustyflow GB/s | torch us | "
-          "torch + add us | ratio vs torch + add |")
-    print("|---|---:|---|---:|---:|---:|---:|---:|")
+    print("| dtype | setting | rustyflow us | rustyflow GB/s | torch us | torch + add us | "
+          "ratio vs torch + add |")
+    print("|---|---|---:|---:|---:|---:|---:|")
     for name in args.dtypes.split(","):
         one_dtype(name, args.rows, args.cols, sweep, args.calls, args.windows)
 

@@ -29,11 +29,12 @@ LN_BWD_WARPS = 1024  # ln_bwd_rows' warps (and rows of partial sums): about 8 pe
 # (LN_AHEAD): faster for float32 rows; no faster for bf16 ones, and slower for float64 ones,
 # whose registers it pushes to the limit (benchmarks/results/layernorm-bwd-h100.md)
 LN_AHEAD_ITEMSIZES = frozenset({4})
+LN_BWD_BLOCK_WARPS = 4  # ln_bwd_rows' warps a block (benchmarks/results/layernorm-bwd-h200.md)
 
 
 def _row_kernel(name: str, x: Any, *same: Any) -> Any:
-    """ln_<name>_rows for x's rows when a row fits the lanes' registers (else None: the
-    multi-pass kernels): over 16-byte vectors when the rows are whole vectors and x and
+    """The register-row kernel `name` for x's rows when a row fits the lanes' registers (else
+    None: the multi-pass kernels): over 16-byte vectors when the rows are whole vectors and x and
     `same` (the other arrays of x's dtype) are aligned, else a value at a time."""
     c, per = x.shape[-1], cuda_build.per_vector(x.dtype)
     if not (per and c % per == 0
@@ -43,7 +44,7 @@ def _row_kernel(name: str, x: Any, *same: Any) -> Any:
     if vpl * per > MAX_CPL:
         return None
     ahead = int(x.dtype.itemsize in LN_AHEAD_ITEMSIZES)
-    return _ROWS.typed(f"ln_{name}_rows", x.dtype, *same,
+    return _ROWS.typed(name, x.dtype, *same,
                        defines=(f"-DVPL={vpl}", f"-DLN_VEC={per}", f"-DLN_AHEAD={ahead}"))
 
 
@@ -66,7 +67,7 @@ class CudaLayerNorm(LayerNormReference):
         y = xp.empty_like(x)
         mean = xp.empty(x.shape[:-1] + (1,), dtype=accumulate_dtype(x.dtype))
         rstd = xp.empty_like(mean)
-        kernel = _row_kernel("fwd", x, w, b) or _WIDE.typed("ln_fwd", x.dtype, w, b)
+        kernel = _row_kernel("ln_fwd_rows", x, w, b) or _WIDE.typed("ln_fwd", x.dtype, w, b)
         kernel(*warp_grid(n), (x, w, b, y, mean, rstd, np.int32(n), np.int32(c),
                                acc_scalar(eps, x.dtype)))
         return y, mean, rstd
@@ -88,14 +89,15 @@ class CudaLayerNorm(LayerNormReference):
         n = x.size // c
         dx = xp.empty_like(x)
         acc = accumulate_dtype(x.dtype)
-        kernel = _row_kernel("bwd", x, g, w, *res)
+        kernel = _row_kernel("ln_bwd_rows", x, g, w, *res)
         if kernel is not None:  # one pass; about LN_BWD_WARPS warps, each a row of partials
             rows = -(-n // LN_BWD_WARPS)
             warps = -(-n // rows)
             pdw = xp.empty((warps, c), dtype=acc)
             pdb = xp.empty_like(pdw)
-            kernel(*warp_grid(warps), (g, x, w, mean, rstd, res[0] if res else np.uint64(0), dx,
-                                       pdw, pdb, np.int32(n), np.int32(c), np.int32(rows)))
+            kernel((-(-warps // LN_BWD_BLOCK_WARPS),), (32 * LN_BWD_BLOCK_WARPS,),
+                   (g, x, w, mean, rstd, res[0] if res else np.uint64(0), dx, pdw, pdb,
+                    np.int32(n), np.int32(c), np.int32(rows)))
         else:
             _WIDE.typed("ln_bwd_dx", x.dtype, g, w)(
                 *warp_grid(n), (g, x, w, mean, rstd, dx, np.int32(n), np.int32(c)))

@@ -84,7 +84,7 @@ __device__ __forceinline__ void load_row(const ln_vec* __restrict__ g,
 // also feeds the residual stream, the two gradients join in this pass.
 // LN_AHEAD (a -D option; layernorm/cuda.py says for which dtypes): 1 issues the next row's
 // loads, residual included, before this row's sums, so they are in flight while it sums;
-// 0 loads each row when its turn comes, and its residual as dx is written.
+// 0 loads each row (residual included) when its turn comes.
 extern "C" __global__ void ln_bwd_rows(const ln_vec* __restrict__ g,
                                        const ln_vec* __restrict__ x,
                                        const ln_vec* __restrict__ w, const acc* __restrict__ mean,
@@ -96,18 +96,35 @@ extern "C" __global__ void ln_bwd_rows(const ln_vec* __restrict__ g,
     int start = warp * rows;
     if (start >= n) return;
     int stop = min(n, start + rows), vc = c / LN_VEC;
-    acc dw[VPL][LN_VEC], db[VPL][LN_VEC], wv[VPL][LN_VEC];
+    // Without LN_AHEAD, w stays in its own dtype (converted where used), and g and x too:
+    // the dx loop converts them again rather than holding float copies across the sums, so
+    // that fewer registers bound how many warps fit an SM
+    acc dw[VPL][LN_VEC], db[VPL][LN_VEC];
+#if LN_AHEAD
+    acc wv[VPL][LN_VEC];
+#define LN_W(j, k) wv[j][k]
+#else
+    ln_vec wp[VPL];
+#define LN_W(j, k) ((acc)wp[j].v[k])
+#endif
 #pragma unroll
     for (int j = 0; j < VPL; ++j) {
         int i = lane + 32 * j;
         ln_vec a;
+#pragma unroll
+        for (int k = 0; k < LN_VEC; ++k) a.v[k] = (real)0;
         if (i < vc) a = w[i];
 #pragma unroll
         for (int k = 0; k < LN_VEC; ++k) {
             dw[j][k] = 0;
             db[j][k] = 0;
-            wv[j][k] = i < vc ? (acc)a.v[k] : (acc)0;
+#if LN_AHEAD
+            wv[j][k] = (acc)a.v[k];
+#endif
         }
+#if !LN_AHEAD
+        wp[j] = a;
+#endif
     }
     ln_vec ga[VPL], xa[VPL], ra[VPL];  // a row's loads (with LN_AHEAD, the next row's)
     acc m, r;
@@ -117,27 +134,30 @@ extern "C" __global__ void ln_bwd_rows(const ln_vec* __restrict__ g,
     for (int row = start; row < stop; ++row) {
         long long off = (long long)row * vc;
 #if !LN_AHEAD
-        load_row(g, x, nullptr, mean, rstd, row, vc, lane, ga, xa, ra, m, r);
+        load_row(g, x, res, mean, rstd, row, vc, lane, ga, xa, ra, m, r);
 #endif
-        acc s1 = 0, s2 = 0, gv[VPL][LN_VEC], xh[VPL][LN_VEC];
+        acc s1 = 0, s2 = 0;
 #if LN_AHEAD
-        acc rv[VPL][LN_VEC];  // this row's residual, before the next row's loads replace it
+        // this row's values, before the next row's loads replace them
+        acc gv[VPL][LN_VEC], xh[VPL][LN_VEC], rv[VPL][LN_VEC];
 #endif
 #pragma unroll
         for (int j = 0; j < VPL; ++j) {
             int i = lane + 32 * j;
 #pragma unroll
             for (int k = 0; k < LN_VEC; ++k) {
-                gv[j][k] = i < vc ? (acc)ga[j].v[k] : (acc)0;
-                xh[j][k] = i < vc ? ((acc)xa[j].v[k] - m) * r : (acc)0;
+                acc gk = i < vc ? (acc)ga[j].v[k] : (acc)0;
+                acc xk = i < vc ? ((acc)xa[j].v[k] - m) * r : (acc)0;
 #if LN_AHEAD
+                gv[j][k] = gk;
+                xh[j][k] = xk;
                 rv[j][k] = i < vc && res ? (acc)ra[j].v[k] : (acc)0;
 #endif
-                acc gw = gv[j][k] * wv[j][k];
+                acc gw = gk * LN_W(j, k);
                 s1 += gw;
-                s2 += gw * xh[j][k];
-                dw[j][k] += gv[j][k] * xh[j][k];
-                db[j][k] += gv[j][k];
+                s2 += gw * xk;
+                dw[j][k] += gk * xk;
+                db[j][k] += gk;
             }
         }
         acc rr = r;
@@ -153,20 +173,22 @@ extern "C" __global__ void ln_bwd_rows(const ln_vec* __restrict__ g,
             ln_vec o;
 #if !LN_AHEAD
             ln_vec rb;
-            if (res) rb = res[off + i];
+            if (res) rb = ra[j];
 #endif
 #pragma unroll
             for (int k = 0; k < LN_VEC; ++k) {
 #if LN_AHEAD
-                acc joined = rv[j][k];
+                acc gk = gv[j][k], xk = xh[j][k], joined = rv[j][k];
 #else
+                acc gk = (acc)ga[j].v[k], xk = ((acc)xa[j].v[k] - m) * r;
                 acc joined = res ? (acc)rb.v[k] : (acc)0;
 #endif
-                o.v[k] = (real)(rr * (gv[j][k] * wv[j][k] - s1 - xh[j][k] * s2) + joined);
+                o.v[k] = (real)(rr * (gk * LN_W(j, k) - s1 - xk * s2) + joined);
             }
             dx[off + i] = o;
         }
     }
+#undef LN_W
     long long part = (long long)warp * c;
 #pragma unroll
     for (int j = 0; j < VPL; ++j) {
@@ -179,3 +201,4 @@ extern "C" __global__ void ln_bwd_rows(const ln_vec* __restrict__ g,
         }
     }
 }
+
