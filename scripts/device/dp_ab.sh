@@ -100,8 +100,8 @@ print("| run | status | tok/s | speed-up | steady tok/s (epochs 2+) | steady spe
       "| rank clocks (s), min..max |")
 print("|---|---|---:|---:|---:|---:|---|")
 for name, r in rows.items():
-    base = rows.get(name.split("-gpus")[0] + "-gpus1")
     bname = name.split("-gpus")[0] + "-gpus1"
+    base = rows.get(bname)
     tps = r.get("tokens_per_s") or 0
     up = tps / base["tokens_per_s"] if base and base.get("tokens_per_s") else float("nan")
     st = steady(name, r)

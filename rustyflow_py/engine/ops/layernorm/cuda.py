@@ -33,9 +33,9 @@ LN_BWD_BLOCK_WARPS = 4  # ln_bwd_rows' warps a block (benchmarks/results/layerno
 
 
 def _row_kernel(name: str, x: Any, *same: Any) -> Any:
-    """The register-row kernel `name` for x's rows when a row fits the lanes' registers (else
-    None: the multi-pass kernels): over 16-byte vectors when the rows are whole vectors and x and
-    `same` (the other arrays of x's dtype) are aligned, else a value at a time."""
+    """The register-row kernel `name` for x's rows when a row fits the lanes' registers
+    (else None: the multi-pass kernels): over 16-byte vectors when the rows are whole vectors
+    and x and `same` (the other arrays of x's dtype) are aligned, else a value at a time."""
     c, per = x.shape[-1], cuda_build.per_vector(x.dtype)
     if not (per and c % per == 0
             and all(a.data.ptr % cuda_build.VEC_BYTES == 0 for a in (x, *same))):

@@ -201,4 +201,3 @@ extern "C" __global__ void ln_bwd_rows(const ln_vec* __restrict__ g,
         }
     }
 }
-
