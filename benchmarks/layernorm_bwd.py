@@ -108,8 +108,10 @@ def one_dtype(name: str, n: int, c: int, sweep: list[dict[str, Any]], calls: int
 
 
 def _shown(value: Any) -> str:
-    return "/".join(map(str, sorted(value))) or "none" if isinstance(value, frozenset) else str(
-        value)
+    """A setting as the table prints it: an itemsize set as "2/4" (or "none")."""
+    if isinstance(value, frozenset):
+        return "/".join(map(str, sorted(value))) or "none"
+    return str(value)
 
 
 # each flag: the layernorm/cuda.py constant it sets (values: comma-separated; the itemsize

@@ -299,10 +299,8 @@ class Fp8Gemms:
                 or not x.flags.c_contiguous):
             return None
         x2 = x.reshape(-1, x.shape[-1])  # (N, C)
-        if not casts.layernorm_codes_fit(x2, w, b) or not self._capturing():
-            return None
-        scaling = self.sites.scaling("linear x", E4M3, x2.shape)
-        if scaling.site is None:
+        scaling = self._site(casts.layernorm_codes_fit(x2, w, b), "linear x", E4M3, x2.shape)
+        if scaling is None:
             return None
         y, mean, rstd, q, q_t = casts.layernorm_forward_codes(x2, w, b, eps, scaling)
         self._made = (_key(y), q, q_t)
@@ -324,10 +322,9 @@ class Fp8Gemms:
                 or not (dh.flags.c_contiguous and pre.flags.c_contiguous)):
             return None
         dh2, pre2 = dh.reshape(-1, dh.shape[-1]), pre.reshape(-1, pre.shape[-1])  # (N, C)
-        if not casts.gelu_codes_fit(dh2, pre2, bias) or not self._capturing():
-            return None
-        scaling = self.sites.scaling("gelu gradient", E5M2, dh2.shape)
-        if scaling.site is None:
+        scaling = self._site(casts.gelu_codes_fit(dh2, pre2, bias), "gelu gradient", E5M2,
+                             dh2.shape)
+        if scaling is None:
             return None
         q, q_t, part = casts.gelu_backward_codes(dh2, pre2, bias, scaling)
         sum_rows(part, sums_into)
@@ -346,11 +343,9 @@ class Fp8Gemms:
                 or any(a.shape != x.shape or not a.flags.c_contiguous for a in arrays)):
             return None
         g2, x2, *r2 = (a.reshape(-1, x.shape[-1]) for a in arrays)  # (N, C)
-        if (not casts.layernorm_codes_fit(x2, w, w, g2, *r2)
-                or not self._capturing()):
-            return None
-        scaling = self.sites.scaling("gradient", E5M2, x2.shape)
-        if scaling.site is None:
+        scaling = self._site(casts.layernorm_codes_fit(x2, w, w, g2, *r2), "gradient", E5M2,
+                             x2.shape)
+        if scaling is None:
             return None
         dx, pdw, pdb, q, q_t = casts.layernorm_backward_codes(g2, x2, w, mean, rstd,
                                                               r2[0] if r2 else None, scaling)
@@ -358,13 +353,19 @@ class Fp8Gemms:
         return dx.reshape(x.shape), pdw, pdb
 
     # ---- internals ------------------------------------------------------------------------
-    def _capturing(self) -> bool:
-        """Whether a capture is under way, for the producers that write codes: not where
-        cuBLASLt cannot be had (they then run their plain kernels, as without FP8)."""
+    def _site(self, fits: bool, what: str, fmt: Fp8Format, shape: tuple[int, ...]
+              ) -> casts.Scaling | None:
+        """For a producer that writes codes itself (its arrays `fits` its kernel): the site
+        of the cast it replaces, with a delayed scale; None outside a capture, where
+        cuBLASLt cannot be had (the producer then runs its plain kernel, as without FP8), or
+        where no site is left."""
         try:
-            return self._lt().stream.is_capturing()
+            if not fits or not self._lt().stream.is_capturing():
+                return None
         except CublasLtUnsupported:
-            return False
+            return None
+        scaling = self.sites.scaling(what, fmt, shape)
+        return None if scaling.site is None else scaling
 
     def _check(self, a: Any, b: Any) -> None:
         if dtype_name(a.dtype) != "bfloat16" or b.dtype != a.dtype or b.ndim != 2:
