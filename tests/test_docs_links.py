@@ -158,9 +158,11 @@ def units_to_check(page: Path) -> list[tuple[str, list[str], bool]]:
 
 @cache
 def held(source: str) -> tuple[Decimal, ...]:
-    """Every number a result file holds."""
+    """Every number a result file holds, but those no figure can be (a commit such as
+    54e405b reads as 54e405, past what Decimal can round)."""
     text = (REPO / source).read_text(encoding="utf-8")
-    return tuple(Decimal(n.replace(",", "")) for n in re.findall(NUMBER, text, flags=re.I))
+    numbers = (Decimal(n.replace(",", "")) for n in re.findall(NUMBER, text, flags=re.I))
+    return tuple(n for n in numbers if abs(n.adjusted()) < 20)
 
 
 def holds(source_numbers: tuple[Decimal, ...], quoted: str) -> bool:
