@@ -946,6 +946,39 @@ def test_grad_reduce_dtype_bf16_sums_each_bucket_in_bf16_and_widens_it_back() ->
         assert prof.costs[(f"all_reduce[{k}]", "backward", "comm")][1] == (stop - start) * 6
 
 
+class Bf16Reader:
+    """An optimizer that takes a bf16 gradient (AdamW on the GPU), as the all-reduce sees it."""
+
+    reads_bf16_grad = True
+    summed_grad: Any = None
+
+
+def test_an_optimizer_that_reads_bf16_is_handed_the_summed_copy_and_nothing_is_widened() -> None:
+    from rustyflow_py.model.optim import AdamW, Schedule
+
+    bf16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    model = tiny_gpt()
+    backward_once(model)
+    buffer = model.buffer
+    g = buffer.grad.copy()
+    sync = BucketedAllReduce(buffer, Bf16DoublingComm(buffer.grad), 4096, bf16)
+    on_cpu = AdamW(buffer, Schedule(1e-3, 1, 10, 0.1))
+    sync.hand_to(on_cpu)  # the CPU's AdamW takes float32 only: it keeps the widened gradient
+    assert not on_cpu.reads_bf16_grad and on_cpu.summed_grad is None
+    assert on_cpu.grad is buffer.grad and sync.wire.widen
+
+    reader = Bf16Reader()
+    sync.hand_to(reader)
+    sync.start(overlap=True)
+    sync.finish()
+    assert not sync.wire.widen
+    summed = reader.summed_grad
+    assert summed.dtype == bf16 and summed.size == buffer.grad.size
+    assert np.shares_memory(summed, sync.wire.copy)  # read where the collective left it
+    np.testing.assert_array_equal(summed.astype(np.float32), 2 * g.astype(bf16).astype(np.float32))
+    np.testing.assert_array_equal(buffer.grad, g)  # no widening pass wrote the gradient
+
+
 @pytest.mark.parametrize("rank", [0, 1])
 def test_zero1_with_grad_reduce_dtype_bf16_widens_back_only_this_ranks_shard(rank: int) -> None:
     """The whole gradient reduce-scattered in bf16; only this rank's shard is summed, and only

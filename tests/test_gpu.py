@@ -110,6 +110,34 @@ def test_optimizer_kernels_match_reference(gpu: tuple[object, object]) -> None:
         _close(mine, theirs, np.float32)
 
 
+@pytest.mark.parametrize("n", [4096, 1001])  # the vector kernel, and the one-element one
+@pytest.mark.parametrize("copy", [None, "bfloat16"])
+def test_adam_and_the_norm_read_a_bf16_gradient_as_its_widened_copy(
+        gpu: tuple[object, object], n: int, copy: str | None) -> None:
+    """A data-parallel run's summed bf16 gradient, read as it is: the same bits as from the
+    float32 copy it would have been widened into."""
+    backend, _ = gpu
+    xp = backend.xp
+    bf16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
+    g16 = _dev(backend, n).astype(bf16)
+    lr, step, scale = xp.asarray(1e-2, np.float32), xp.asarray(3, np.int32), \
+        xp.asarray(0.5, np.float32)
+    start, runs = RNG.standard_normal(n).astype(np.float32), []
+    for g in (g16, g16.astype(np.float32)):
+        p = xp.asarray(start)
+        m, v = xp.full(n, 0.1, np.float32), xp.full(n, 0.2, np.float32)
+        to = None if copy is None else xp.zeros(n, bf16)
+        for name in ("adamw", "adam"):
+            getattr(backend.kernels, name)(p, g, m, v, lr, step, scale, (0.9, 0.95), 1e-8,
+                                           0.1, n // 3, to)
+        runs.append([a.get() for a in (p, m, v, *(() if to is None else (to,)))])
+    for mine, widened in zip(*runs, strict=True):
+        np.testing.assert_array_equal(mine, widened)
+    norm16, norm32 = backend.kernels.l2_norm(g16), backend.kernels.l2_norm(g16.astype(np.float32))
+    assert norm16.dtype == np.float32
+    np.testing.assert_allclose(float(norm16), float(norm32), rtol=1e-6)
+
+
 def test_gather_batch_matches_slicing(gpu: tuple[object, object]) -> None:
     backend, _ = gpu
     xp = backend.xp

@@ -45,6 +45,9 @@ class Optimizer:
     state_names: tuple[str, ...] = ()
     # True: _update's kernel writes the 16-bit compute copy too (no compute_copy pass)
     writes_compute_copy: ClassVar[bool] = False
+    # True: on the GPU, _update and the grad norm take a bf16 gradient as it is (the summed
+    # bf16 copy a data-parallel run sums in, with no widening pass back into float32)
+    takes_bf16_grad: ClassVar[bool] = False
 
     def __init__(self, buffer: ParameterBuffer, schedule: Schedule, grad_clip: float) -> None:
         self.buffer, self.schedule, self.grad_clip = buffer, schedule, grad_clip
@@ -60,12 +63,27 @@ class Optimizer:
         self.loss_scaler: LossScaler | None = None  # float16 runs (see loss_scale.py)
         # WD_SCHEDULE (wd_schedule.py): decoupled decay applied apart, the kernels' set to 0
         self.decay_schedule: DecaySchedule | None = None
+        # Set by the gradient sync when the step reads the summed gradient where the
+        # collectives left it (see `grad`)
+        self.summed_grad: Any = None
+
+    @property
+    def reads_bf16_grad(self) -> bool:
+        """Whether this optimizer may be handed a bf16 gradient (`summed_grad`)."""
+        return self.takes_bf16_grad and self.buffer.backend.kind == "gpu"
+
+    @property
+    def grad(self) -> Any:
+        """The gradient a step reads: the buffer's, or the summed bf16 copy handed over by a
+        data-parallel run's all-reduce (bf16 values widen to float32 exactly, so the update
+        is the same as from the widened gradient, with one pass over memory fewer)."""
+        return self.buffer.grad if self.summed_grad is None else self.summed_grad
 
     def clip_scale(self) -> Any:
         """Global grad-norm (kept for logging) and the factor the update multiplies gradients
         by: the one that clips the norm to grad_clip, folded with the loss scaler's 1/scale
         (negative: skip the step) in a float16 run; None when there is nothing to apply."""
-        g = self.buffer.grad
+        g = self.grad
         norm = run_op("grad_norm", "other", "optimizer", self.kernels.l2_norm, g)
         if self.sum_over_shards is not None:
             square = self.xp.array(norm * norm)  # a fresh, writable 0-d array
@@ -142,6 +160,7 @@ class AdamW(Optimizer):
     state_names = ("m", "v")
     kernel = "adamw"
     writes_compute_copy = True
+    takes_bf16_grad = True
 
     def __init__(
         self, buffer: ParameterBuffer, schedule: Schedule, betas: tuple[float, float] = (0.9, 0.95),
@@ -155,7 +174,7 @@ class AdamW(Optimizer):
     def _update(self, scale: Any) -> None:
         b = self.buffer
         run_op(self.kernel, "other", "optimizer", getattr(self.kernels, self.kernel), b.flat,
-               b.grad, self.m, self.v, self.lr, self.step_count, scale, self.betas, self.eps,
+               self.grad, self.m, self.v, self.lr, self.step_count, scale, self.betas, self.eps,
                self.weight_decay, b.decay_size, self._compute_copy())
 
 

@@ -431,8 +431,9 @@ class Config(_Rules):
         lo_open=True)
     grad_reduce_dtype: str = key("fp32", "data parallel (GPU): the dtype the gradient is "
         "summed over the processes in: fp32 (the gradient's own dtype), or bf16 (half the "
-        "bytes; each bucket is cast to bf16 for NCCL's sum and widened back into the "
-        "gradient, as PyTorch DDP's bf16 hook does; BUCKET_MB counts bf16 bytes)",
+        "bytes; each bucket is cast to bf16 for NCCL's sum, as PyTorch DDP's bf16 hook does, "
+        "and AdamW/Adam read the sum as it is, other optimizers widened back into the "
+        "gradient; BUCKET_MB counts bf16 bytes)",
         choices=("fp32", "bf16"))
     comm_timeout: float = key(300.0, "data parallel: seconds a rank may go unheard (its "
         "heartbeat) before the others end the job naming it", lo=0, lo_open=True)

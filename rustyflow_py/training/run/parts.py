@@ -180,6 +180,7 @@ class RunParts:
             if self.comm is not None:
                 sync = BucketedAllReduce(buffer, self.comm, int(cfg.bucket_mb * 2**20),
                                          self.reduce_dtype)
+                sync.hand_to(self.optimizer)
         if self.precision.loss_scaling:
             self.optimizer.loss_scaler = LossScaler(self.backend.xp)
         self.shards = Shards(self.world.rank, self.world.size, cfg.grad_accum_steps,

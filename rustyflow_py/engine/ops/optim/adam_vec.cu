@@ -3,11 +3,29 @@
 // read from device memory once a thread. With `copy` (null: none) the updated parameters
 // are also written there in the storage type `real`: mixed precision's 16-bit compute copy,
 // refreshed in this pass instead of one of its own.
+// The gradient is float32, or bf16 where compiled with -DRF_GRAD=__nv_bfloat16 (and RF_BF16
+// for its header): a data-parallel run's summed bf16 copy, read where NCCL left it.
 #include "types.cuh"
 #include "adam.cuh"
+#ifndef RF_GRAD
+#define RF_GRAD float
+#endif
+
+// The gradient's four values of vector i, as float (bf16 widens exactly).
+__device__ __forceinline__ float4 rf_grad4(const float* __restrict__ g, long long i) {
+    return reinterpret_cast<const float4*>(g)[i];
+}
+#if RF_BF16
+__device__ __forceinline__ float4 rf_grad4(const __nv_bfloat16* __restrict__ g, long long i) {
+    uint2 raw = reinterpret_cast<const uint2*>(g)[i];  // four bf16, one 8-byte load
+    float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.x));
+    float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&raw.y));
+    return make_float4(lo.x, lo.y, hi.x, hi.y);
+}
+#endif
 
 template <bool L2>
-__device__ __forceinline__ void rf_adam_vec_update(const float4* __restrict__ g,
+__device__ __forceinline__ void rf_adam_vec_update(const RF_GRAD* __restrict__ g,
                                             const float* __restrict__ lr,
                                             const int* __restrict__ step,
                                             const float* __restrict__ scale, float c1, float c2,
@@ -19,7 +37,7 @@ __device__ __forceinline__ void rf_adam_vec_update(const float4* __restrict__ g,
     if (i >= vecs) return;
     float a = *lr, s = *scale;
     int t = *step;
-    float4 gv = g[i], pv = p[i], mv = m[i], vv = v[i];
+    float4 gv = rf_grad4(g, i), pv = p[i], mv = m[i], vv = v[i];
     long long e = 4 * i;
     rf_adam_update<L2, float>(e, gv.x, a, t, s, c1, c2, lb1, lb2, eps, wd, decay, pv.x, mv.x,
                               vv.x);
@@ -41,7 +59,7 @@ __device__ __forceinline__ void rf_adam_vec_update(const float4* __restrict__ g,
 }
 
 #define RF_ADAM_VEC_ARGS                                                                       \
-    const float4 *g, const float *lr, const int *step, const float *scale, float c1, float c2,  \
+    const RF_GRAD *g, const float *lr, const int *step, const float *scale, float c1, float c2,  \
         float lb1, float lb2, float eps, float wd, long long decay, float4 *p, float4 *m,       \
         float4 *v, real *copy, long long vecs
 extern "C" __global__ void rf_adamw_vec(RF_ADAM_VEC_ARGS) {

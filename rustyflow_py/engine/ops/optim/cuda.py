@@ -113,6 +113,15 @@ def sumsq() -> Any:
     return cupy.ReductionKernel("T x", "T y", "x * x", "a + b", "y = sqrt(a)", "0", "rf_l2norm")
 
 
+@functools.cache
+def _sumsq_bf16() -> Any:
+    """sumsq over bf16 values, each widened to float32 first: a float32 norm."""
+    import cupy
+
+    return cupy.ReductionKernel("T x", "float32 y", "float(x) * float(x)", "a + b",
+                                "y = sqrt(a)", "0", "rf_l2norm_bf16")
+
+
 class CudaOptimizerFamily(OptimizerFamily):
     """The GPU's: the scalar arguments of the update kernels."""
 
@@ -150,7 +159,9 @@ def launched(reference: Callable[..., None], kernel: Callable[..., Any],
 
 class CudaNorm(NormReference):
     def l2_norm(self, g: Any) -> Any:
-        return sumsq()(g)
+        """sqrt(sum(g * g)); a bf16 gradient (a data-parallel run's summed copy) is squared
+        and summed in float32, as its widened copy would be."""
+        return sumsq()(g) if g.dtype.name != "bfloat16" else _sumsq_bf16()(g)
 
 
 class CudaSgd(SgdReference, CudaOptimizerFamily):
@@ -177,28 +188,46 @@ class CudaAdadelta(AdadeltaReference, CudaOptimizerFamily):
                         lambda rho, eps: (f32(rho), f32(1.0 - rho), f32(eps)))
 
 
+def _vector_grad(g: Any, p: Any, real: Any) -> tuple[str, ...] | None:
+    """The defines of adam_vec.cu for gradient `g` beside float32 parameters `p` (with the
+    compute copy's dtype `real`): () for float32, RF_GRAD for bf16 (the data-parallel
+    run's summed copy); None where the vector kernel cannot read it (shape, layout, dtype
+    or a vector not aligned)."""
+    if g.shape != p.shape or not g.flags.c_contiguous:
+        return None
+    if g.dtype == f32:
+        return () if g.data.ptr % cuda_build.VEC_BYTES == 0 else None
+    if g.dtype.name != "bfloat16" or g.data.ptr % 8:  # four bf16 a load
+        return None
+    return ("-DRF_GRAD=__nv_bfloat16",) + (() if real.name == "bfloat16" else ("-DRF_BF16=1",))
+
+
 class CudaAdam(AdamReference, CudaOptimizerFamily):
     def _update(self, name: str, p: Any, g: Any, m: Any, v: Any, lr: Any, step: Any,
                 scale: Any, betas: tuple[float, float], eps: float, weight_decay: float,
                 decay_size: int, copy_to: Any = None) -> None:
         """One launch of AdamW's or Adam's kernel (they take the same arguments): over
-        16-byte vectors where the buffers allow (float32, aligned, a multiple of 4 long,
-        adam_vec.cu), writing the compute copy in the same pass; otherwise adam.cu's
-        one-element-a-thread ElementwiseKernel, then the copy. At GPT-2's 124M parameters
-        the vector kernel reads and writes memory markedly faster
+        16-byte vectors where the buffers allow (float32, aligned, a multiple of 4 long, the
+        gradient float32 or bf16: adam_vec.cu), writing the compute copy in the same pass;
+        otherwise adam.cu's one-element-a-thread ElementwiseKernel, then the copy. At GPT-2's
+        124M parameters the vector kernel reads and writes memory markedly faster
         (benchmarks/results/gpt2-fusions-h100.md)."""
         scale = self._scale(scale)
         scalars = (*self._betas(betas), f32(eps), f32(weight_decay), np.int64(decay_size))
-        vecs = cuda_build.vectors(p, g, m, v)
+        vecs = cuda_build.vectors(p, m, v)
         fits = copy_to is None or (copy_to.shape == p.shape and copy_to.flags.c_contiguous
                                    and copy_to.itemsize == 2)
-        if vecs and fits and p.dtype == f32 and (lr.dtype, step.dtype, scale.dtype) == (
-                f32, np.int32, f32):
-            _ADAM_VEC.typed(f"rf_{name}_vec", f32 if copy_to is None else copy_to.dtype)(
+        real = np.dtype(f32 if copy_to is None else copy_to.dtype)
+        grad = _vector_grad(g, p, real)
+        if vecs and fits and grad is not None and p.dtype == f32 and (
+                lr.dtype, step.dtype, scale.dtype) == (f32, np.int32, f32):
+            _ADAM_VEC.typed(f"rf_{name}_vec", real, defines=grad)(
                 *cuda_build.vector_grid(vecs),
                 (g, lr, step, scale, *scalars, p, m, v,
                  np.uint64(0) if copy_to is None else copy_to, np.int64(vecs)))
             return
+        if g.dtype != p.dtype:  # the one-element kernel takes one dtype: a widened copy
+            g = g.astype(p.dtype)
         _kernels()[name](g, lr, step, scale, *scalars, p, m, v)
         if copy_to is not None:
             copy_to[...] = p
