@@ -913,12 +913,17 @@ class Bf16DoublingComm:
         x[: mine.start] = x[mine.stop :] = np.nan  # the other shards: scratch
 
 
-def test_grad_reduce_dtype_bf16_sums_each_bucket_in_bf16_and_widens_it_back() -> None:
+def bf16_and_a_gradient() -> tuple[np.dtype, Any, np.ndarray]:
+    """bf16's dtype, and a tiny model's buffer after one backward with a copy of its
+    gradient."""
     bf16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
     model = tiny_gpt()
     backward_once(model)
-    buffer = model.buffer
-    g = buffer.grad.copy()
+    return bf16, model.buffer, model.buffer.grad.copy()
+
+
+def test_grad_reduce_dtype_bf16_sums_each_bucket_in_bf16_and_widens_it_back() -> None:
+    bf16, buffer, g = bf16_and_a_gradient()
     want = 2 * g.astype(bf16).astype(np.float32)
     assert not np.array_equal(want, 2 * g)  # the rounding is visible at this size
 
@@ -956,11 +961,7 @@ class Bf16Reader:
 def test_an_optimizer_that_reads_bf16_is_handed_the_summed_copy_and_nothing_is_widened() -> None:
     from rustyflow_py.model.optim import AdamW, Schedule
 
-    bf16 = np.dtype(pytest.importorskip("ml_dtypes").bfloat16)
-    model = tiny_gpt()
-    backward_once(model)
-    buffer = model.buffer
-    g = buffer.grad.copy()
+    bf16, buffer, g = bf16_and_a_gradient()
     sync = BucketedAllReduce(buffer, Bf16DoublingComm(buffer.grad), 4096, bf16)
     on_cpu = AdamW(buffer, Schedule(1e-3, 1, 10, 0.1))
     sync.hand_to(on_cpu)  # the CPU's AdamW takes float32 only: it keeps the widened gradient
