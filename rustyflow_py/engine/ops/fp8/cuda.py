@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .. import cuda_build
+from ..layernorm.cuda import MAX_CPL
 from .formats import E4M3, E5M2, Fp8Format, Fp8Tensor
 
 _CAST = cuda_build.source(__file__, "fp8_cast.cu",
@@ -32,9 +33,9 @@ TILE, TILE_ROWS = 32, 8  # fp8_quantize_t's tile and block: fp8_cast.cu's TILE, 
 TQ_ROWS, TQ_COLS, TQ_THREADS = 128, 64, 256
 CODES_TILE = 64  # fp8_transpose_codes's tile (fp8_cast.cu's TV): blocks of THREADS
 LN_ROWS, LN_WARPS, LN_WORDS = 32, 8, 9  # layernorm_fp8.cu's LQ_ROWS, LQ_WARPS, LQ_WORDS
-# layernorm/cuda.py's register-row width (32 * MAX_CPL); its tile, 4 * LN_WORDS bytes a
-# column, stays within the 48 KiB a block has without opting in to more
-LN_MAX_WIDTH = 1024
+# layernorm/cuda.py's register-row width; its tile, 4 * LN_WORDS bytes a column, stays
+# within the 48 KiB a block has without opting in to more
+LN_MAX_WIDTH = 32 * MAX_CPL
 MAX_BLOCKS = 1024  # grid-stride beyond: 8 blocks of 256 threads per SM of an H100 and more
 
 
