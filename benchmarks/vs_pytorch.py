@@ -130,12 +130,15 @@ class Job:
     threads: int
     compile_mode: str = ""  # torch.compile's mode, for mode "compile"
     attention: str = "auto"  # rustyflow's ATTENTION
+    head_chunk: int = 0  # rustyflow's LM_HEAD_CHUNK
 
     def label(self) -> str:
-        """`rustyflow graph`, `rustyflow graph [cudnn]`, `pytorch compile (default)`."""
+        """`rustyflow graph`, `rustyflow graph [cudnn]`, `rustyflow graph [head 2048 rows]`,
+        `pytorch compile (default)`."""
         mode = f"{self.mode} ({self.compile_mode})" if self.compile_mode else self.mode
         chosen = f" [{self.attention}]" if self.attention != "auto" else ""
-        return f"{self.framework} {mode}{chosen}"
+        chunk = f" [head {self.head_chunk} rows]" if self.head_chunk else ""
+        return f"{self.framework} {mode}{chosen}{chunk}"
 
 
 def gpt_config(shape: str, vocab: int | None = None) -> tuple[GPTConfig, int]:
@@ -394,7 +397,7 @@ def measure_rustyflow(job: Job, lister: KernelLister | None = None) -> dict[str,
     """RustyFlow's row; with a `lister`, a graph row also lists its step's kernels (sampled
     replays after the timed ones)."""
     backend = get_backend(job.device, policy_of(
-        job.precision, attention=job.attention, threads=job.threads,
+        job.precision, attention=job.attention, threads=job.threads, head_chunk=job.head_chunk,
         graph="auto" if job.mode == "graph" else "off",
         cpu_jit="off" if job.mode == "numpy" else "auto"))
     base = rss_bytes()
@@ -841,6 +844,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "only (PyTorch eager stays, the ratios' reference)")
     p.add_argument("--attention", default="auto", help="comma-separated ATTENTION values for "
                    "RustyFlow's rows, each a row of its own: auto, own, cudnn, materialized")
+    p.add_argument("--head-chunk", default="0", help="comma-separated LM_HEAD_CHUNK values "
+                   "for RustyFlow's rows (0: the whole head at once)")
     p.add_argument("--curve-steps", type=int, default=200, help="0 skips the loss curves")
     bounds = ", ".join(f"{k} {v * 100:g}%%" for k, v in CURVE_BOUNDS.items())  # %% for argparse
     p.add_argument("--curve-precisions", help=f"comma-separated: fp32,bf16,fp16 (bounds: "
@@ -885,6 +890,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         if name not in ("auto", "own", "cudnn", "materialized"):
             p.error(f"--attention: unknown value {name!r}: expected auto, own, cudnn or "
                     "materialized")
+    try:
+        args.head_chunk = [int(x) for x in args.head_chunk.split(",")]
+    except ValueError:
+        p.error(f"--head-chunk: expected comma-separated integers, got {args.head_chunk!r}")
+    if min(args.head_chunk) < 0:
+        p.error("--head-chunk: rows a chunk are 0 (the whole head) or more")
     args.compile_modes = args.compile_modes.split(",") if args.compile_modes else None
     for name in args.compile_modes or ():
         if name not in COMPILE_MODES:
@@ -931,10 +942,11 @@ def plan(args: argparse.Namespace) -> list[Job]:
         for precision in args.precisions:  # PyTorch's rows of fp8 are its peer's (bf16)
             jobs += [Job(args.device, shape, precision, fw, mode, warmup, steps,
                          max(1, min(args.windows, steps)), args.threads, compile_mode,
-                         attention)
+                         attention, chunk)
                      for fw, mode, compile_mode in [(*m, "") for m in modes] + compiles
                      if fw == "rustyflow" or peer(precision) == precision
-                     for attention in (args.attention if fw == "rustyflow" else ["auto"])]
+                     for attention in (args.attention if fw == "rustyflow" else ["auto"])
+                     for chunk in (args.head_chunk if fw == "rustyflow" else [0])]
     return jobs
 
 

@@ -32,7 +32,7 @@ KEY_SECTIONS = {
                      "AVERAGE_LAST_K"), "Regularisation"),
     **dict.fromkeys(("EVAL_INTERVAL", "PATIENCE", "EVAL_STRIDE", "EVAL_TOKENS"), "Evaluation"),
     **dict.fromkeys(("PRECISION", "FP8_SCALING"), "Precision"),
-    **dict.fromkeys(("DEVICE", "STRICT_DEVICE", "THREADS", "CPU_JIT"), "Device"),
+    **dict.fromkeys(("DEVICE", "STRICT_DEVICE", "THREADS", "CPU_JIT", "LM_HEAD_CHUNK"), "Device"),
     **dict.fromkeys(("GRAPH", "ATTENTION"), "GPU"),
     **dict.fromkeys(("NUM_GPUS", "GRAD_ACCUM_STEPS", "SHARD_OPTIMIZER", "BUCKET_MB",
                      "GRAD_REDUCE_DTYPE", "COMM_TIMEOUT"), "Distributed"),

@@ -5,6 +5,7 @@ a float64 product of the same quantised operands in every layout a step uses, an
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -833,6 +834,32 @@ def test_the_head_writes_its_gradient_in_e5m2_scaled_by_its_bound(
     dw = into if w_into else dw
     assert dw.shape == (vocab, e)
     assert rel_max(dw.get(), dlogits[:, :vocab].T @ fp8_of(h, E4M3)) < 1e-2
+
+
+@pytest.mark.gpu
+def test_the_fp8_head_in_chunks_of_rows_matches_it_whole(fp8_backend: Any) -> None:
+    """LM_HEAD_CHUNK=32 on a PRECISION=fp8 run: each chunk casts its own rows of h (their
+    own amax, so other codes), and the loss and both gradients match the whole head's to
+    e4m3's rounding (3 mantissa bits: an element's step is up to 1/8 of it, of the largest
+    element 1/16)."""
+    from rustyflow_py.engine.library import get_backend
+
+    xp, rng = fp8_backend.xp, np.random.default_rng(16)
+    n, e, vocab = 96, 64, 1000
+    h = xp.asarray(rng.standard_normal((n, e)).astype(bf16()))
+    w = xp.asarray((rng.standard_normal((vocab, e)) * 0.3).astype(bf16()))
+    targets = xp.asarray(rng.integers(0, vocab, n).astype(np.int32))
+    chunked = get_backend("gpu", dataclasses.replace(fp8_backend.policy, head_chunk=32))
+    runs = []
+    for k in (fp8_backend.kernels, chunked.kernels):
+        into = xp.zeros((vocab, e), np.float32)
+        loss, state = k.lm_head_xent(h, w, targets, True, k.matmul)
+        dh, _ = k.lm_head_xent_backward(state, xp.asarray(np.float32(0.5)), True, True,
+                                        k.matmul, into)
+        runs.append((float(loss), dh.get().astype(np.float64), into.get()))
+    (loss, dh, dw), (loss_c, dh_c, dw_c) = runs
+    assert abs(loss_c - loss) < 1e-3 * abs(loss)
+    assert rel_max(dh_c, dh) < 0.125 and rel_max(dw_c, dw) < 0.125
 
 
 def delayed_cast(kind: str, x: Any, fmt: Any, site: Any, replay: Any) -> list[Any]:

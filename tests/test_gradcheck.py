@@ -8,13 +8,16 @@ import numpy as np
 import pytest
 
 from rustyflow_py.engine import ops
+from rustyflow_py.engine.backend import Backend
+from rustyflow_py.engine.library import get_backend
+from rustyflow_py.engine.policy import RunPolicy
 from rustyflow_py.engine.tensor import Tensor
 
 RNG = np.random.default_rng(0)
 
 
 def gradcheck(
-    device: str,
+    device: str | Backend,
     fn: Callable[..., Tensor],
     arrays: list[np.ndarray],
     wrt: list[int] | None = None,
@@ -135,10 +138,11 @@ def test_cross_entropy(device: str) -> None:
     gradcheck(device, lambda x, t: ops.cross_entropy(x, t), [randn(2, 3, 5) * 3, targets], wrt=[0])
 
 
-def test_lm_head_cross_entropy(device: str) -> None:
+@pytest.mark.parametrize("rows", [0, 4])  # LM_HEAD_CHUNK: all 6 rows at once; 4, then 2
+def test_lm_head_cross_entropy(device: str, rows: int) -> None:
     targets = np.array([0, 6, 2, 2, 5, 1])
-    gradcheck(device, ops.lm_head_cross_entropy, [randn(6, 4) * 2, randn(7, 4), targets],
-              wrt=[0, 1])
+    gradcheck(get_backend(device, RunPolicy(head_chunk=rows)), ops.lm_head_cross_entropy,
+              [randn(6, 4) * 2, randn(7, 4), targets], wrt=[0, 1])
 
 
 def test_dropout_uses_one_mask(device: str) -> None:

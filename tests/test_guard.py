@@ -46,6 +46,13 @@ def test_the_estimate_grows_with_each_knob_it_names() -> None:
     assert wire.parts["bf16 gradient copy"] == 2 * wire.params
     assert "bf16 gradient copy" not in sizing.estimate(make_cfg(**gpu_cfg), 50, gpu=True,
                                                        world_size=2).parts
+    # LM_HEAD_CHUNK: the logits of 4 rows at a time, not of all 2 x 16, and dW's float32 sum
+    whole = sizing.estimate(make_cfg(BATCH_SIZE=2, SEQ_LEN=16), 5000, gpu=False)
+    chunked = sizing.estimate(make_cfg(BATCH_SIZE=2, SEQ_LEN=16, LM_HEAD_CHUNK=4), 5000,
+                              gpu=False)
+    logits = whole.parts["activations"] - chunked.parts["activations"]
+    assert logits == 2 * 5000 * (32 - 4) * 4
+    assert chunked.parts["LM head's dW sum"] == 5000 * make_cfg().embed_dim * 4
 
 
 def _overflow(scaler: LossScaler, steps: int) -> str | None:

@@ -28,6 +28,7 @@ from rustyflow_py.engine.ops.cpu_set import CpuKernels
 from rustyflow_py.engine.ops.cuda_set import CudaKernels
 from rustyflow_py.engine.ops.reference_set import XpKernels
 from rustyflow_py.engine.ops.table import ANY, KernelNotFound
+from rustyflow_py.engine.policy import RunPolicy
 
 DTYPES = [np.float32, np.float64]
 PACKAGE = Path(__file__).resolve().parents[1] / "rustyflow_py"
@@ -193,7 +194,6 @@ def test_a_few_rows_product_threads_blas_for_its_call_only() -> None:
     kernel set otherwise pins to one (the pool splits the larger GEMMs): after the call BLAS
     is single-threaded again, and the product is right."""
     from rustyflow_py.engine.devices import numpy_blas
-    from rustyflow_py.engine.policy import RunPolicy
 
     found = numpy_blas()
     kernels = get_backend("cpu", RunPolicy(threads=2)).kernels
@@ -495,14 +495,16 @@ def test_16_bit_cross_entropy_on_the_gpu(device: str, name: str, width: int) -> 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("name", ["float16", "bfloat16"])
-def test_16_bit_lm_head_on_the_gpu(device: str, name: str) -> None:
+@pytest.mark.parametrize("rows", [0, 16, 20])  # LM_HEAD_CHUNK: all 64 rows; 4 chunks; 20 x 3 + 4
+def test_16_bit_lm_head_on_the_gpu(device: str, name: str, rows: int) -> None:
     """The tied LM head on 16-bit inputs. bfloat16's forward writes (softmax - onehot) / N
     in its own pass over the logits and the backward scales by the upstream gradient on the
     (N, E) side; float16 keeps the backward's pass (its loss scaling needs the scaled
-    values). Either way the loss, dh, and dw added into a float32 buffer are the float64 ones
-    on the same inputs to within 16-bit rounding of the logits and their gradient."""
+    values). Either way, whole or in chunks of rows, the loss, dh, and dw added into a
+    float32 buffer are the float64 ones on the same inputs to within 16-bit rounding of the
+    logits and their gradient."""
     pair, dtype = sixteen_bit(device, name)
-    k, dev = pair.mine, pair.dev
+    k, dev = get_backend(pair.backend.name, RunPolicy(head_chunk=rows)).kernels, pair.dev
     h, w = ((pair.rng.standard_normal(shape) * s).astype(dtype)
             for shape, s in (((64, 32), 0.3), ((300, 32), 1.0)))  # logits of std 1.7
     targets = pair.rng.integers(0, 300, 64).astype(np.int32)
@@ -613,6 +615,51 @@ def test_lm_head_xent(pair: Pair, dtype: Any, need: tuple[bool, bool], vocab: in
             runs[-1] += (buffer,)
     for mine, ref in zip(*runs, strict=True):
         pair.close(mine, ref, dtype)
+
+
+def head_in_chunks(k: Any, h: Any, w: Any, targets: Any, seed: Any, buffer: Any = None
+                   ) -> tuple[Any, ...]:
+    """The loss without and with a gradient, dh, and dw (returned, or added into `buffer`)."""
+    plain, _ = k.lm_head_xent(h, w, targets, False, k.matmul)
+    loss, state = k.lm_head_xent(h, w, targets, True, k.matmul)
+    dh, dw = k.lm_head_xent_backward(state, seed, True, True, k.matmul, buffer)
+    return plain, loss, dh, (dw if buffer is None else buffer)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 7, 24, 100])  # 7: a last chunk of 3; 24 and 100: one
+@pytest.mark.parametrize("into", [False, True])
+def test_lm_head_xent_in_chunks(pair: Pair, dtype: Any, rows: int, into: bool) -> None:
+    """LM_HEAD_CHUNK: the head made `rows` rows at a time gives the loss and both gradients
+    of all 24 rows at once (the reference's), dw returned or added into w's buffer."""
+    h, w = pair.randn(24, 16, dtype=dtype), pair.randn(300, 16, dtype=dtype)
+    targets, seed = pair.ints(300, 24), pair.dev(np.asarray(0.7, dtype))
+    start = pair.randn(300, 16, dtype=dtype)
+    chunked = get_backend(pair.backend.name, RunPolicy(head_chunk=rows)).kernels
+    runs = [head_in_chunks(k, h, w, targets, seed, start.copy() if into else None)
+            for k in (chunked, pair.ref)]
+    for mine, ref in zip(*runs, strict=True):
+        assert mine.dtype == ref.dtype
+        pair.close(mine, ref, dtype)
+
+
+@pytest.mark.gpu
+def test_a_chunked_head_keeps_no_logits_for_backward(device: str) -> None:
+    """What LM_HEAD_CHUNK is for: after the forward the whole head keeps its (N, Vp) bf16
+    logits (their gradient) for backward; a chunked one keeps dh (N, E) and dW's sum (V, E)."""
+    pair, dtype = sixteen_bit(device, "bfloat16")
+    n, e, v = 2048, 64, 4000
+    h, w = (pair.randn(*shape, dtype=dtype, scale=0.3) for shape in ((n, e), (v, e)))
+    targets = pair.ints(v, n)
+    pool = pair.backend.xp.get_default_memory_pool()
+    held = {}
+    for rows in (0, 256):
+        k = get_backend(pair.backend.name, RunPolicy(head_chunk=rows)).kernels
+        before = pool.used_bytes()
+        _, state = k.lm_head_xent(h, w, targets, True, k.matmul)
+        held[rows] = pool.used_bytes() - before
+        del state
+    assert held[0] >= n * v * 2 > 4 * held[256]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -16,7 +16,9 @@ import pytest
 from helpers import REPO, load_script
 
 from rustyflow_py.engine import ops
+from rustyflow_py.engine.backend import Backend
 from rustyflow_py.engine.library import get_backend
+from rustyflow_py.engine.policy import RunPolicy
 from rustyflow_py.engine.tensor import Tensor
 from rustyflow_py.model.gpt import GPT, GPTConfig, init_weights
 from rustyflow_py.model.optim import AdamW, Schedule
@@ -60,7 +62,7 @@ def randn(*shape: int, scale: float = 1.0) -> np.ndarray:
 
 
 def compare(
-    label: str, device: str, ours: Callable[..., Tensor], theirs: Callable[..., Any],
+    label: str, device: str | Backend, ours: Callable[..., Tensor], theirs: Callable[..., Any],
     arrays: list[np.ndarray],
 ) -> None:
     """Run both on the same inputs, backpropagate the same random upstream gradient, and
@@ -189,11 +191,14 @@ def test_cross_entropy(dev: str, inplace: bool) -> None:
 
 
 @pytest.mark.parametrize("scale", [1.0, 40.0])
-def test_lm_head_cross_entropy(dev: str, scale: float) -> None:
+@pytest.mark.parametrize("rows", [0, 256])  # LM_HEAD_CHUNK: all 600 rows; 256, 256 and 88
+def test_lm_head_cross_entropy(dev: str, scale: float, rows: int) -> None:
     # 600 x 2,000 logits: large enough for the CPU kernels' row blocks and threads; scale 40
     # makes the model confident enough that rows need the max shift recomputed
     targets = RNG.integers(0, 2000, size=600).astype(np.int32)
-    compare(f"lm_head_cross_entropy scale={scale}", dev, ops.lm_head_cross_entropy,
+    backend = get_backend(dev, RunPolicy(head_chunk=rows))
+    compare(f"lm_head_cross_entropy scale={scale} rows={rows}", backend,
+            ops.lm_head_cross_entropy,
             lambda h, w, t: F.cross_entropy(h @ w.T, t),
             [randn(600, 64, scale=scale), randn(2000, 64), targets])
 

@@ -43,7 +43,10 @@ class RunPolicy:
     - `fp8_scaling`: how a PRECISION=fp8 run scales its casts (FP8_SCALING): "current" (an
       amax pass over each tensor first) or "delayed" (in the replayed graph, by the amax the
       same cast measured in the last replay), engine/ops/gemm/fp8.py. Current here; a
-      run's config defaults to delayed (training/config/config.py says why).
+      run's config defaults to delayed (training/config/config.py says why);
+    - `head_chunk`: the tied LM head's rows a chunk (LM_HEAD_CHUNK): 0 makes the (N, V) logits
+      of all N rows at once; a chunk of rows holds only its own logits, and forward makes
+      both gradients chunk by chunk (engine/ops/softmax_xent/reference.py).
     """
 
     precision: Precision = dataclasses.field(default_factory=lambda: Precision.of("fp32"))
@@ -53,6 +56,7 @@ class RunPolicy:
     threads: int = 0
     cpu_jit: Switch = "auto"
     fp8_scaling: Fp8Scaling = "current"
+    head_chunk: int = 0
 
     @property
     def matmul_compute(self) -> MatmulCompute:

@@ -21,11 +21,11 @@ reads it as cheaply as its own. A name neither declared nor defined is an Attrib
 set does not offer fails when that set makes the family.
 
 A kernel set belongs to one view of its device under one run policy (engine/policy.py): what
-the policy decides (ATTENTION here; threads and CPU_JIT on the CPU, the GEMM compute mode and
-cuBLASLt's epilogues on the GPU) is read into plain attributes once, when the set is made or
-bound to another view (`bound`), and never set afterwards. A bound set shares the device's
-handles, caches and buffers, and makes its own family instances and dispatchers (made from
-it, so they see its policy).
+the policy decides (ATTENTION and LM_HEAD_CHUNK here; threads and CPU_JIT on the CPU, the
+GEMM compute mode and cuBLASLt's epilogues on the GPU) is read into plain attributes once,
+when the set is made or bound to another view (`bound`), and never set afterwards. A bound
+set shares the device's handles, caches and buffers, and makes its own family instances and
+dispatchers (made from it, so they see its policy).
 
 Common rules of every kernel (each op folder's kernels.py has its own contract). Arrays live
 on the set's device. Float arrays share one storage dtype (float32 for training, float64 for
@@ -200,7 +200,7 @@ class KernelSet:
 
     kind = "reference"
     # what its families may take (Family.uses): the policy's values read by _read_policy
-    offers: tuple[str, ...] = ("policy", "attention")
+    offers: tuple[str, ...] = ("policy", "attention", "head_chunk")
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
@@ -227,9 +227,10 @@ class KernelSet:
     def _read_policy(self, policy: RunPolicy) -> None:
         """Read what this set's kernels need from the run's policy (at creation only).
         ATTENTION: "materialized" makes attention_path say so; the others choose among the
-        fused kernels (attention/cuda.py)."""
+        fused kernels (attention/cuda.py). LM_HEAD_CHUNK: the LM head's rows a chunk."""
         self.policy = policy
         self.attention = policy.attention
+        self.head_chunk = policy.head_chunk
 
     def family(self, cls: type[Family]) -> Family:
         """This set's instance of an op family's class (made on first use, when what the

@@ -390,6 +390,10 @@ class Config(_Rules):
         "dropout; the cudnn extra), auto (cudnn where installed and it applies and the step "
         "is a replayed CUDA graph, else own) or materialized (T x T scores and batched GEMMs)",
         choices=("auto", "own", "cudnn", "materialized"))
+    lm_head_chunk: int = key(0, "rows of the tied LM head made at a time: 0 makes the "
+        "logits of all BATCH_SIZE x SEQ_LEN rows at once (the fastest); N holds only N rows' "
+        "logits (N x vocabulary), each chunk's gradients made in the forward, for a larger "
+        "batch in the same memory", lo=0)
     device: str = key("auto", "auto (GPU 0 when usable), cpu, gpu or gpu:N", kind="device")
     strict_device: bool = key(False, "true: DEVICE=gpu without a usable GPU is an error, "
         "not a CPU fallback")

@@ -79,9 +79,11 @@ def estimate(cfg: Config, vocab: int, gpu: bool, training: bool = True,
     # one layer's T x T scores and probabilities at a time (the fp32 peak measured no
     # higher than tf32's fused attention), or none
     scores = 0 if flash else 2 * h * t
-    # per token: what each layer keeps for backward, and the logits with their gradient
-    per_token = cfg.num_layers * _PER_LAYER * e + scores + 2 * e + 2 * vocab
-    activations = b * t * per_token * compute
+    # per token: what each layer keeps for backward; and the logits with their gradient, of
+    # the rows the LM head makes at a time (LM_HEAD_CHUNK)
+    rows = min(cfg.lm_head_chunk or b * t, b * t)
+    per_token = cfg.num_layers * _PER_LAYER * e + scores + 2 * e
+    activations = (b * t * per_token + 2 * vocab * rows) * compute
     if training:
         parts["gradients"] = p * store
         if gpu and world_size > 1 and cfg.grad_reduce_dtype == "bf16":
@@ -90,6 +92,8 @@ def estimate(cfg: Config, vocab: int, gpu: bool, training: bool = True,
         if cfg.ema_decay > 0:  # model/ema.py: the average, in the storage dtype
             parts["weight average"] = p * store
         parts["activations"] = activations
+        if rows < b * t:  # a chunked head adds each chunk's dW into a float32 sum
+            parts["LM head's dW sum"] = vocab * e * 4
         if gpu and cfg.graph != "off":
             parts["CUDA graph pool"] = activations // _GRAPH_SHARE
         if gpu and cfg.precision == "fp8":  # the largest GEMM's operand codes, both layouts

@@ -101,8 +101,8 @@ class CpuCrossEntropy(CrossEntropyReference):
         state *= g
         return state
 
-    def lm_head_xent(
-        self, h: Any, w: Any, targets: Any, need_grad: bool, mm: Callable[..., Any]
+    def _lm_head(
+        self, h: Any, w: Any, v: int, targets: Any, need_grad: bool, mm: Callable[..., Any]
     ) -> tuple[Any, Any]:
         """Keeps e = exp(logits - shift) in a reused buffer and never forms d(logits) =
         g (e - s onehot) / (s N): backward subtracts each row sum s at its target (N writes)
@@ -117,7 +117,7 @@ class CpuCrossEntropy(CrossEntropyReference):
             return loss, None
         return loss, (e, sums, h, w, targets)
 
-    def lm_head_xent_backward(
+    def _lm_head_backward(
         self, state: Any, g: Any, need_h: bool, need_w: bool, mm: Callable[..., Any],
         w_into: Any = None,
     ) -> tuple[Any, Any]:

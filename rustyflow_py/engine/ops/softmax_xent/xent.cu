@@ -160,3 +160,16 @@ extern "C" __global__ void scale_vec(const rf_vec* x, const acc* g, rf_vec* out,
     for (int k = 0; k < RF_VEC; ++k) o.v[k] = (real)((acc)a.v[k] * s);
     out[i] = o;
 }
+
+// into += x * g[0] over 16-byte vectors, both in the accumulation dtype: a chunked LM head's
+// sum of dW over its chunks, added into the weight's gradient once backward knows g.
+extern "C" __global__ void add_scaled_vec(const rf_vec* x, const acc* g, rf_vec* into,
+                                          long long vecs) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= vecs) return;
+    acc s = g[0];
+    rf_vec a = x[i], o = into[i];
+#pragma unroll
+    for (int k = 0; k < RF_VEC; ++k) o.v[k] = (real)((acc)o.v[k] + (acc)a.v[k] * s);
+    into[i] = o;
+}
