@@ -112,6 +112,16 @@ def test_every_header_exists_and_is_used() -> None:
         assert '#include "' not in src.text()  # every include inlined
 
 
+def test_a_header_that_names_the_storage_types_brings_them() -> None:
+    """A header using `real` or `acc` includes types.cuh (itself, or through a header it
+    includes), so it compiles whatever a source includes before it (vec.cuh once did not,
+    and layernorm_fp8.cu, which included it first, failed to compile)."""
+    for header in cuda_build.INCLUDE_DIR.glob("*.cuh"):
+        code = re.sub(r"//[^\n]*", "", header.read_text())
+        if header.name != "types.cuh" and re.search(r"\b(real|acc)\b", code):
+            assert "typedef RF_REAL real;" in cuda_build.read(header), header.name
+
+
 def test_every_kernel_and_device_function_a_launcher_names_is_defined() -> None:
     """Kernels launched as SRC.typed("name", ...) exist in SRC's file; every rf_* function an
     ElementwiseKernel's operation calls is defined in the CUDA C."""

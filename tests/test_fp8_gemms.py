@@ -299,8 +299,8 @@ def test_a_layernorm_before_a_linear_writes_the_codes_the_linear_takes(
     def fake_ln(x: Any, w: Any, b: Any, eps: float, scaling: Any) -> Any:
         ln_sites.append(scaling.site)
         stats = np.zeros((x.shape[0], 1), np.float32)
-        return (x.copy(), stats, stats, SimpleNamespace(codes="y"),
-                SimpleNamespace(codes="y^T"))
+        return (x.copy(), stats, stats, SimpleNamespace(codes="y", fmt=E4M3),
+                SimpleNamespace(codes="y^T", fmt=E4M3))
 
     monkeypatch.setattr(cuda, "layernorm_forward_codes", fake_ln)
     monkeypatch.setattr(cuda, "layernorm_codes_fit", lambda x, w, b: x.shape[0] % 32 == 0)
@@ -341,7 +341,8 @@ def test_a_layernorm_backward_writes_the_gradient_codes_the_next_layer_takes(
     """Fp8Gemms.layernorm_backward: with FP8_SCALING=delayed, inside a capture, LayerNorm's
     backward writes dx's e5m2 codes in both layouts, taking the site that the shared(dx)
     block of the layer before takes for dx's cast in the eager warm-up step. That block's
-    GEMMs read them and cast nothing of dx; a GEMM in between drops them. Otherwise None."""
+    GEMMs read them and cast nothing of dx; a GEMM in between drops them, and a linear of dx
+    casts it (its x is e4m3). Otherwise None."""
     from types import SimpleNamespace
 
     from rustyflow_py.engine.ops.fp8 import cuda
@@ -383,6 +384,10 @@ def test_a_layernorm_backward_writes_the_gradient_codes_the_next_layer_takes(
     with gemms.shared(dx):
         gemms._codes(dx.reshape(32, 64), E5M2)
     assert casts == [(32, 64)]  # cast again
+    dx, _, _ = backward()
+    casts.clear()
+    gemms.linear(dx, np.ones((64, 96), bf16()), np.zeros(96, bf16()))
+    assert casts == [(32, 64), (64, 96)]  # a linear of dx takes e4m3, not dx's e5m2 codes
     for refused in (backward(x=x.astype(np.float32)), backward(x=np.ones((2, 8, 64), bf16())),
                     backward(gemms=Fp8Gemms(gemms._lt))):
         assert refused is None

@@ -141,9 +141,9 @@ def acc_scalar(value: float, dtype: Any) -> Any:
     return accumulate_dtype(dtype).type(value)
 
 
-def warp_grid(rows: int) -> tuple[tuple[int], tuple[int]]:
-    """(grid, block) of a kernel that runs one warp per row."""
-    return ((rows + WARPS_PER_BLOCK - 1) // WARPS_PER_BLOCK,), (32 * WARPS_PER_BLOCK,)
+def warp_grid(rows: int, per_block: int = WARPS_PER_BLOCK) -> tuple[tuple[int], tuple[int]]:
+    """(grid, block) of a kernel that runs one warp per row, `per_block` warps a block."""
+    return (-(-rows // per_block),), (32 * per_block,)
 
 
 def vectors(*arrays: Any) -> int:

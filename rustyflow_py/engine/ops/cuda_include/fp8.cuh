@@ -136,12 +136,16 @@ __device__ __forceinline__ void tq_pair(int p, int& quad, int& cv) {
     cv = (p >> 3) % TQ_VECS;
 }
 
+// Code k of four rows' vectors (c[i]: row i) as one word of the transpose's row, row 0 in
+// its lowest byte: what the tiles of codes here and in layernorm_fp8.cu hold.
+__device__ __forceinline__ unsigned int quad_word(const rf_codes* c, int k) {
+    return c[0].b[k] | c[1].b[k] << 8 | c[2].b[k] << 16 | (unsigned int)c[3].b[k] << 24;
+}
+
 // The codes of a quad's four vectors (c[i]: row 4 * quad + i of the tile) into the tile.
 __device__ __forceinline__ void tq_put(unsigned int* tile, int quad, int cv, const rf_codes* c) {
 #pragma unroll
-    for (int j = 0; j < RF_VEC; j++)
-        tile[(cv * RF_VEC + j) * TQ_WORDS + quad] =
-            c[0].b[j] | c[1].b[j] << 8 | c[2].b[j] << 16 | (unsigned int)c[3].b[j] << 24;
+    for (int j = 0; j < RF_VEC; j++) tile[(cv * RF_VEC + j) * TQ_WORDS + quad] = quad_word(c, j);
 }
 
 // The tile at (r0, c0) of x out as codes of x^T (cols x rows): rows a multiple of 16, q

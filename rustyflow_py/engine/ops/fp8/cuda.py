@@ -10,12 +10,12 @@ already scaled) converts a bf16 or fp32 tensor to FP8 codes with a scale it comp
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from .. import cuda_build
-from ..layernorm.cuda import MAX_CPL
+from ..layernorm.cuda import MAX_CPL, lane_vectors
 from .formats import E4M3, E5M2, Fp8Format, Fp8Tensor
 
 _CAST = cuda_build.source(__file__, "fp8_cast.cu",
@@ -52,6 +52,26 @@ class Scaling:
     replay: Any = None
 
 CURRENT = Scaling()
+
+
+class _Layouts(NamedTuple):
+    """The codes a producer writes in both layouts, (rows, cols) and (cols, rows), and their
+    one read-back factor: the kernels' three output arguments, in this order."""
+
+    codes: Any
+    codes_t: Any
+    scale_inv: Any
+
+    @classmethod
+    def empty(cls, rows: int, cols: int) -> _Layouts:
+        import cupy
+
+        return cls(cupy.empty((rows, cols), np.uint8), cupy.empty((cols, rows), np.uint8),
+                   cupy.empty(1, np.float32))
+
+    def tensors(self, fmt: Fp8Format) -> tuple[Fp8Tensor, Fp8Tensor]:
+        return (Fp8Tensor(self.codes, self.scale_inv, fmt),
+                Fp8Tensor(self.codes_t, self.scale_inv, fmt))
 
 
 def _grid(n: int) -> tuple[int]:
@@ -197,14 +217,13 @@ def gelu_backward_codes(g: Any, x: Any, bias: Any | None, scaling: Scaling
     import cupy
 
     rows, cols = x.shape
-    codes, codes_t = cupy.empty((rows, cols), np.uint8), cupy.empty((cols, rows), np.uint8)
-    scale_inv = cupy.empty(1, np.float32)
+    both = _Layouts.empty(rows, cols)
     part = cupy.empty((rows // TQ_ROWS, cols), np.float32)
     _GELU.typed("gelu_bwd_codes", x.dtype, defines=_defines(E5M2, True))(
         ((rows // TQ_ROWS) * (cols // TQ_COLS),), (TQ_THREADS,),
-        (g, x, np.uint64(0) if bias is None else bias, scaling.site, scaling.replay, codes,
-         codes_t, scale_inv, part, np.int32(rows), np.int32(cols)))
-    return (Fp8Tensor(codes, scale_inv, E5M2), Fp8Tensor(codes_t, scale_inv, E5M2), part)
+        (g, x, np.uint64(0) if bias is None else bias, scaling.site, scaling.replay, *both,
+         part, np.int32(rows), np.int32(cols)))
+    return (*both.tensors(E5M2), part)
 
 
 def layernorm_codes_fit(x: Any, w: Any, b: Any, *rows: Any) -> bool:
@@ -227,7 +246,7 @@ def layernorm_codes_fit(x: Any, w: Any, b: Any, *rows: Any) -> bool:
 def _lanes(x: Any) -> tuple[str, ...]:
     """layernorm_fp8.cu's VPL (a lane's vectors of a row) and LQ_PARTIAL for x's rows."""
     vecs = x.shape[1] // cuda_build.per_vector(x.dtype)
-    return f"-DVPL={-(-vecs // 32)}", f"-DLQ_PARTIAL={int(vecs % 32 != 0)}"
+    return f"-DVPL={lane_vectors(vecs)}", f"-DLQ_PARTIAL={int(vecs % 32 != 0)}"
 
 
 def layernorm_forward_codes(x: Any, w: Any, b: Any, eps: float, scaling: Scaling
@@ -241,14 +260,13 @@ def layernorm_forward_codes(x: Any, w: Any, b: Any, eps: float, scaling: Scaling
     n, c = x.shape
     y = cupy.empty_like(x)
     mean, rstd = cupy.empty((n, 1), np.float32), cupy.empty((n, 1), np.float32)
-    codes, codes_t = cupy.empty((n, c), np.uint8), cupy.empty((c, n), np.uint8)
-    scale_inv = cupy.empty(1, np.float32)
+    both = _Layouts.empty(n, c)
     _LN.typed("ln_fwd_codes", x.dtype, w, b, defines=_defines(E4M3, True) + _lanes(x))(
         (n // LN_ROWS,), (32 * LN_WARPS,),
-        (x, w, b, y, mean, rstd, scaling.site, scaling.replay, codes, codes_t, scale_inv,
-         np.int32(n), np.int32(c), cuda_build.acc_scalar(eps, x.dtype)),
+        (x, w, b, y, mean, rstd, scaling.site, scaling.replay, *both, np.int32(n), np.int32(c),
+         cuda_build.acc_scalar(eps, x.dtype)),
         shared_mem=c * LN_WORDS * 4)
-    return (y, mean, rstd, Fp8Tensor(codes, scale_inv, E4M3), Fp8Tensor(codes_t, scale_inv, E4M3))
+    return (y, mean, rstd, *both.tensors(E4M3))
 
 
 def layernorm_backward_codes(g: Any, x: Any, w: Any, mean: Any, rstd: Any, residual: Any,
@@ -263,13 +281,11 @@ def layernorm_backward_codes(g: Any, x: Any, w: Any, mean: Any, rstd: Any, resid
     n, c = x.shape
     dx = cupy.empty_like(x)
     pdw, pdb = (cupy.empty((n // LN_ROWS, c), np.float32) for _ in range(2))
-    codes, codes_t = cupy.empty((n, c), np.uint8), cupy.empty((c, n), np.uint8)
-    scale_inv = cupy.empty(1, np.float32)
+    both = _Layouts.empty(n, c)
     _LN.typed("ln_bwd_codes", x.dtype, g, w, defines=_defines(E5M2, True) + _lanes(x))(
         (n // LN_ROWS,), (32 * LN_WARPS,),
         (g, x, w, mean, rstd, np.uint64(0) if residual is None else residual, dx, pdw, pdb,
-         scaling.site, scaling.replay, codes, codes_t, scale_inv, np.int32(n), np.int32(c)),
+         scaling.site, scaling.replay, *both, np.int32(n), np.int32(c)),
         shared_mem=c * LN_WORDS * 4)
-    return (dx, pdw, pdb, Fp8Tensor(codes, scale_inv, E5M2),
-            Fp8Tensor(codes_t, scale_inv, E5M2))
+    return (dx, pdw, pdb, *both.tensors(E5M2))
 

@@ -15,9 +15,8 @@
 // For 16-bit rows of whole vectors (a lane VPL of them, the last ones where the row has them,
 // as ln_fwd_rows), rows a multiple of LQ_ROWS, arrays 16-byte aligned; c * LQ_WORDS words of
 // shared memory (dynamic).
-#include "types.cuh"
+#include "layernorm.cuh"
 #include "vec.cuh"
-#include "warp_reduce.cuh"
 #include "fp8.cuh"
 
 // Whether this lane has vector j of a row: LQ_PARTIAL = 1 (a -D option) for rows of fewer
@@ -44,9 +43,7 @@ __device__ __forceinline__ int tile_at(int col, int quad) {
 __device__ __forceinline__ void tile_put(unsigned int* tile, const rf_codes (&c)[4], int col,
                                          int quad) {
 #pragma unroll
-    for (int k = 0; k < RF_VEC; ++k)
-        tile[tile_at(col + k, quad)] =
-            c[0].b[k] | c[1].b[k] << 8 | c[2].b[k] << 16 | (unsigned int)c[3].b[k] << 24;
+    for (int k = 0; k < RF_VEC; ++k) tile[tile_at(col + k, quad)] = quad_word(c, k);
 }
 
 // The block's tile out as q_t's columns r0 .. r0 + LQ_ROWS (q_t: c x n), 16 codes an access.
@@ -86,7 +83,7 @@ extern "C" __global__ void __launch_bounds__(32 * LQ_WARPS) ln_fwd_codes(
     acc m[4], r[4];
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
-        m[i] = warp_sum(s[i]) / c;
+        m[i] = ln_mean(s[i], c);
         acc v = 0;
 #pragma unroll
         for (int j = 0; j < VPL; ++j)
@@ -96,7 +93,7 @@ extern "C" __global__ void __launch_bounds__(32 * LQ_WARPS) ln_fwd_codes(
                 const acc d = (acc)xv[i][j].v[k] - m[i];
                 v += d * d;
             }
-        r[i] = rsqrt(warp_sum(v) / c + eps);
+        r[i] = ln_rstd(v, c, eps);
     }
 #pragma unroll
     for (int j = 0; j < VPL; ++j) {
@@ -109,8 +106,8 @@ extern "C" __global__ void __launch_bounds__(32 * LQ_WARPS) ln_fwd_codes(
             rf_vec o;
 #pragma unroll
             for (int k = 0; k < RF_VEC; ++k)
-                o.v[k] = (real)(((acc)xv[i][j].v[k] - m[i]) * r[i] * (acc)wv.v[k]
-                                + (acc)bv.v[k]);
+                o.v[k] = (real)ln_y((acc)xv[i][j].v[k], m[i], r[i], (acc)wv.v[k],
+                                    (acc)bv.v[k]);
             const long long off = (long long)(row + i) * vc + at;
             y[off] = o;
             codes[i] = codes_of(o, scale, seen);
@@ -173,15 +170,12 @@ extern "C" __global__ void __launch_bounds__(32 * LQ_WARPS) ln_bwd_codes(
 #pragma unroll
             for (int k = 0; k < RF_VEC; ++k) {
                 if (!LANE_HAS(j)) continue;
-                const acc gv = (acc)ga[j].v[k], xh = ((acc)xa[j].v[k] - m) * r;
-                const acc gw = gv * (acc)wv[j].v[k];
-                s1 += gw;
-                s2 += gw * xh;
-                dw[j][k] += gv * xh;
-                db[j][k] += gv;
+                const acc gv = (acc)ga[j].v[k], xh = ln_xhat((acc)xa[j].v[k], m, r);
+                ln_row_sums(gv, xh, (acc)wv[j].v[k], s1, s2);
+                ln_col_sums(gv, xh, dw[j][k], db[j][k]);
             }
-        s1 = warp_sum(s1) / c;
-        s2 = warp_sum(s2) / c;
+        s1 = ln_mean(s1, c);
+        s2 = ln_mean(s2, c);
 #pragma unroll
         for (int j = 0; j < VPL; ++j) {
             if (!LANE_HAS(j)) continue;
@@ -190,9 +184,9 @@ extern "C" __global__ void __launch_bounds__(32 * LQ_WARPS) ln_bwd_codes(
             if (res) o = res[at];
 #pragma unroll
             for (int k = 0; k < RF_VEC; ++k) {
-                const acc gv = (acc)ga[j].v[k], xh = ((acc)xa[j].v[k] - m) * r;
                 const acc joined = res ? (acc)o.v[k] : (acc)0;
-                o.v[k] = (real)(r * (gv * (acc)wv[j].v[k] - s1 - xh * s2) + joined);
+                o.v[k] = (real)ln_dx((acc)ga[j].v[k], ln_xhat((acc)xa[j].v[k], m, r),
+                                     (acc)wv[j].v[k], s1, s2, r, joined);
             }
             dx[at] = o;
             codes[i][j] = codes_of(o, scale, seen);

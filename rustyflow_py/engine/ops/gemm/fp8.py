@@ -140,6 +140,12 @@ def _rows(x: Any, what: str) -> Any:
     return x.reshape(-1, x.shape[-1])
 
 
+def _made_for(made: Any, key: tuple[Any, ...], fmt: Fp8Format) -> bool:
+    """Whether a LayerNorm's hand-off (Fp8Gemms._made) holds the codes of the array of `key`
+    in format `fmt`."""
+    return made is not None and made[0] == key and made[1].fmt is fmt
+
+
 class Fp8Gemms:
     """matmul and the Linear layer's GEMM in FP8, on the kernel set's cuBLASLt handle (`lt`,
     the set's maker of it: cuBLASLt is made on first use). A problem cuBLASLt refused is
@@ -156,8 +162,9 @@ class Fp8Gemms:
         # shared(g)'s arrays, by _key: None until first cast, then (format, rows, transposed)
         self._shared: dict[tuple[Any, ...], tuple[Fp8Format, Fp8Tensor, Fp8Tensor] | None] = {}
         self._kept: Any = None  # the last linear's (keys, x^T's codes, w's codes): kept()
-        self._made: Any = None  # a LayerNorm's y for the next linear: (key, codes, y^T's)
-        self._made_grad: Any = None  # a LayerNorm's dx for the next shared(): the same
+        # a LayerNorm's codes of what it made (y, e4m3, for the linear next; dx, e5m2, for the
+        # shared() block next), both layouts: (key, codes, transposed codes)
+        self._made: Any = None
 
     @contextlib.contextmanager
     def shared(self, g: Any) -> Iterator[None]:
@@ -170,13 +177,12 @@ class Fp8Gemms:
             yield
             return
         rows = g.reshape(-1, g.shape[-1]) if g.ndim != 2 and g.flags.c_contiguous else g
+        made, self._made = self._made, None
         if rows.ndim != 2 or not rows.flags.c_contiguous:
-            self._made_grad = None
             yield
             return
         key = _key(rows)
-        made, self._made_grad = self._made_grad, None
-        self._shared[key] = (E5M2, made[1], made[2]) if made and made[0] == key else None
+        self._shared[key] = (E5M2, made[1], made[2]) if _made_for(made, key, E5M2) else None
         try:
             yield
         finally:
@@ -204,7 +210,7 @@ class Fp8Gemms:
         `gradient` ("a" or "b"): the operand cast to e5m2. out: as GemmReference.matmul's
         (bfloat16, or float32 for a gradient buffer)."""
         # a LayerNorm's codes are for the linear (or shared() block) right after it only
-        self._made = self._made_grad = None
+        self._made = None
         self._check(a, b)
         a2 = _rows(a, "a")
         shape = (*a.shape[:-1], b.shape[1])
@@ -225,7 +231,7 @@ class Fp8Gemms:
         """y = x @ w + b, or gelu of it (the pre-activation into `pre_gelu_out`), plus a
         `residual`: CublasLt.matmul_bias's contract with x and w cast to e4m3, the bias,
         GELU and residual in the FP8 GEMM's epilogue."""
-        self._kept, made, self._made, self._made_grad = None, self._made, None, None
+        self._kept, made, self._made = None, self._made, None
         self._check(x, w)
         x2 = _rows(x, "x")
         shape = (*x.shape[:-1], w.shape[1])
@@ -268,7 +274,7 @@ class Fp8Gemms:
         """x's and w^T's codes for the forward GEMM, and (keys, x^T's, w's) codes for its
         backward from the same casts (quantize_both: one read of each, one amax), or x's
         both layouts as the LayerNorm before wrote them (`made`, by layernorm_forward)."""
-        if made is not None and made[0] == _key(x2):
+        if _made_for(made, _key(x2), E4M3):
             qx, qxt = made[1], made[2]
         elif x2.flags.c_contiguous:
             qx, qxt = casts.quantize_both(x2, E4M3, self.sites.scaling("linear x", E4M3,
@@ -349,7 +355,7 @@ class Fp8Gemms:
             return None
         dx, pdw, pdb, q, q_t = casts.layernorm_backward_codes(g2, x2, w, mean, rstd,
                                                               r2[0] if r2 else None, scaling)
-        self._made_grad = (_key(dx), q, q_t)
+        self._made = (_key(dx), q, q_t)
         return dx.reshape(x.shape), pdw, pdb
 
     # ---- internals ------------------------------------------------------------------------

@@ -32,6 +32,12 @@ LN_AHEAD_ITEMSIZES = frozenset({4})
 LN_BWD_BLOCK_WARPS = 4  # ln_bwd_rows' warps a block (benchmarks/results/layernorm-bwd-h200.md)
 
 
+def lane_vectors(vecs: int) -> int:
+    """A lane's vectors of a row of `vecs` vectors, a warp to a row: the register-row
+    kernels' VPL (and layernorm_fp8.cu's)."""
+    return -(-vecs // 32)
+
+
 def _row_kernel(name: str, x: Any, *same: Any) -> Any:
     """The register-row kernel `name` for x's rows when a row fits the lanes' registers
     (else None: the multi-pass kernels): over 16-byte vectors when the rows are whole vectors
@@ -40,7 +46,7 @@ def _row_kernel(name: str, x: Any, *same: Any) -> Any:
     if not (per and c % per == 0
             and all(a.data.ptr % cuda_build.VEC_BYTES == 0 for a in (x, *same))):
         per = 1
-    vpl = -(-c // (32 * per))
+    vpl = lane_vectors(-(-c // per))
     if vpl * per > MAX_CPL:
         return None
     ahead = int(x.dtype.itemsize in LN_AHEAD_ITEMSIZES)
@@ -95,7 +101,7 @@ class CudaLayerNorm(LayerNormReference):
             warps = -(-n // rows)
             pdw = xp.empty((warps, c), dtype=acc)
             pdb = xp.empty_like(pdw)
-            kernel((-(-warps // LN_BWD_BLOCK_WARPS),), (32 * LN_BWD_BLOCK_WARPS,),
+            kernel(*warp_grid(warps, LN_BWD_BLOCK_WARPS),
                    (g, x, w, mean, rstd, res[0] if res else np.uint64(0), dx, pdw, pdb,
                     np.int32(n), np.int32(c), np.int32(rows)))
         else:

@@ -1,8 +1,7 @@
 // LayerNorm over the last axis for rows of any width: one warp per row, the row read from
 // memory again for each pass (layernorm_rows.cu holds rows of up to 32 * MAX_CPL columns in
 // registers instead).
-#include "types.cuh"
-#include "warp_reduce.cuh"
+#include "layernorm.cuh"
 
 // LayerNorm forward, one warp per row of C features.
 extern "C" __global__ void ln_fwd(const real* __restrict__ x, const real* __restrict__ w,
@@ -14,12 +13,11 @@ extern "C" __global__ void ln_fwd(const real* __restrict__ x, const real* __rest
     const real* xr = x + (long long)row * c;
     acc s = 0;
     for (int i = lane; i < c; i += 32) s += (acc)xr[i];
-    acc m = warp_sum(s) / c, v = 0;
+    acc m = ln_mean(s, c), v = 0;
     for (int i = lane; i < c; i += 32) { acc d = (acc)xr[i] - m; v += d * d; }
-    acc r = rsqrt(warp_sum(v) / c + eps);
+    acc r = ln_rstd(v, c, eps);
     real* yr = y + (long long)row * c;
-    for (int i = lane; i < c; i += 32)
-        yr[i] = (real)(((acc)xr[i] - m) * r * (acc)w[i] + (acc)b[i]);
+    for (int i = lane; i < c; i += 32) yr[i] = (real)ln_y((acc)xr[i], m, r, (acc)w[i], (acc)b[i]);
     if (lane == 0) { mean[row] = m; rstd[row] = r; }
 }
 
@@ -32,17 +30,13 @@ extern "C" __global__ void ln_bwd_dx(const real* __restrict__ g, const real* __r
     if (row >= n) return;
     long long off = (long long)row * c;
     acc m = mean[row], r = rstd[row], s1 = 0, s2 = 0;
-    for (int i = lane; i < c; i += 32) {
-        acc gw = (acc)g[off + i] * (acc)w[i];
-        s1 += gw;
-        s2 += gw * ((acc)x[off + i] - m) * r;
-    }
-    s1 = warp_sum(s1) / c;
-    s2 = warp_sum(s2) / c;
-    for (int i = lane; i < c; i += 32) {
-        acc xhat = ((acc)x[off + i] - m) * r;
-        dx[off + i] = (real)(r * ((acc)g[off + i] * (acc)w[i] - s1 - xhat * s2));
-    }
+    for (int i = lane; i < c; i += 32)
+        ln_row_sums((acc)g[off + i], ln_xhat((acc)x[off + i], m, r), (acc)w[i], s1, s2);
+    s1 = ln_mean(s1, c);
+    s2 = ln_mean(s2, c);
+    for (int i = lane; i < c; i += 32)
+        dx[off + i] = (real)ln_dx((acc)g[off + i], ln_xhat((acc)x[off + i], m, r), (acc)w[i],
+                                  s1, s2, r, (acc)0);
 }
 
 // LayerNorm backward for dw, db: per-chunk column partial sums in acc (summed afterwards).
@@ -56,8 +50,7 @@ extern "C" __global__ void ln_bwd_dwdb(const real* __restrict__ g, const real* _
     acc dw = 0, db = 0;
     for (int row = start; row < stop; ++row) {
         long long off = (long long)row * c + col;
-        dw += (acc)g[off] * ((acc)x[off] - mean[row]) * rstd[row];
-        db += (acc)g[off];
+        ln_col_sums((acc)g[off], ln_xhat((acc)x[off], mean[row], rstd[row]), dw, db);
     }
     pdw[(long long)chunk * c + col] = dw;
     pdb[(long long)chunk * c + col] = db;

@@ -3,8 +3,7 @@
 // -D options, one build per width). LN_VEC = 16 / sizeof(real) (16-byte vectors, a warp
 // moves a row 512 bytes at a time) where the rows are whole vectors and x, w, b (and g, res)
 // are 16-byte aligned, else 1: a value at a time (layernorm/cuda.py picks).
-#include "types.cuh"
-#include "warp_reduce.cuh"
+#include "layernorm.cuh"
 
 struct __align__(LN_VEC * sizeof(real)) ln_vec {
     real v[LN_VEC];
@@ -32,7 +31,7 @@ extern "C" __global__ void ln_fwd_rows(const ln_vec* __restrict__ x,
             s += xv[j][k];
         }
     }
-    acc m = warp_sum(s) / c, v = 0;
+    acc m = ln_mean(s, c), v = 0;
 #pragma unroll
     for (int j = 0; j < VPL; ++j)
 #pragma unroll
@@ -40,7 +39,7 @@ extern "C" __global__ void ln_fwd_rows(const ln_vec* __restrict__ x,
             acc d = lane + 32 * j < vc ? xv[j][k] - m : (acc)0;
             v += d * d;
         }
-    acc r = rsqrt(warp_sum(v) / c + eps);
+    acc r = ln_rstd(v, c, eps);
 #pragma unroll
     for (int j = 0; j < VPL; ++j) {
         int i = lane + 32 * j;
@@ -48,7 +47,7 @@ extern "C" __global__ void ln_fwd_rows(const ln_vec* __restrict__ x,
         ln_vec wv = w[i], bv = b[i], o;
 #pragma unroll
         for (int k = 0; k < LN_VEC; ++k)
-            o.v[k] = (real)((xv[j][k] - m) * r * (acc)wv.v[k] + (acc)bv.v[k]);
+            o.v[k] = (real)ln_y(xv[j][k], m, r, (acc)wv.v[k], (acc)bv.v[k]);
         y[off + i] = o;
     }
     if (lane == 0) { mean[row] = m; rstd[row] = r; }
@@ -147,25 +146,22 @@ extern "C" __global__ void ln_bwd_rows(const ln_vec* __restrict__ g,
 #pragma unroll
             for (int k = 0; k < LN_VEC; ++k) {
                 acc gk = i < vc ? (acc)ga[j].v[k] : (acc)0;
-                acc xk = i < vc ? ((acc)xa[j].v[k] - m) * r : (acc)0;
+                acc xk = i < vc ? ln_xhat((acc)xa[j].v[k], m, r) : (acc)0;
 #if LN_AHEAD
                 gv[j][k] = gk;
                 xh[j][k] = xk;
                 rv[j][k] = i < vc && res ? (acc)ra[j].v[k] : (acc)0;
 #endif
-                acc gw = gk * LN_W(j, k);
-                s1 += gw;
-                s2 += gw * xk;
-                dw[j][k] += gk * xk;
-                db[j][k] += gk;
+                ln_row_sums(gk, xk, LN_W(j, k), s1, s2);
+                ln_col_sums(gk, xk, dw[j][k], db[j][k]);
             }
         }
         acc rr = r;
 #if LN_AHEAD
         if (row + 1 < stop) load_row(g, x, res, mean, rstd, row + 1, vc, lane, ga, xa, ra, m, r);
 #endif
-        s1 = warp_sum(s1) / c;
-        s2 = warp_sum(s2) / c;
+        s1 = ln_mean(s1, c);
+        s2 = ln_mean(s2, c);
 #pragma unroll
         for (int j = 0; j < VPL; ++j) {
             int i = lane + 32 * j;
@@ -180,10 +176,10 @@ extern "C" __global__ void ln_bwd_rows(const ln_vec* __restrict__ g,
 #if LN_AHEAD
                 acc gk = gv[j][k], xk = xh[j][k], joined = rv[j][k];
 #else
-                acc gk = (acc)ga[j].v[k], xk = ((acc)xa[j].v[k] - m) * r;
+                acc gk = (acc)ga[j].v[k], xk = ln_xhat((acc)xa[j].v[k], m, r);
                 acc joined = res ? (acc)rb.v[k] : (acc)0;
 #endif
-                o.v[k] = (real)(rr * (gk * LN_W(j, k) - s1 - xk * s2) + joined);
+                o.v[k] = (real)ln_dx(gk, xk, LN_W(j, k), s1, s2, rr, joined);
             }
             dx[off + i] = o;
         }

@@ -105,21 +105,16 @@ def _rmsprop(centered: bool, with_momentum: bool) -> Any:
 
 
 @functools.cache
-def sumsq() -> Any:
+def sumsq(widen: bool = False) -> Any:
     """sqrt(sum(x * x)) as one CuPy ReductionKernel: the global grad norm, and the Frobenius
-    norms in Muon's Newton-Schulz (a map, a sum and a post-map expression: no .cu file)."""
+    norms in Muon's Newton-Schulz (a map, a sum and a post-map expression: no .cu file).
+    `widen`: each value widened to float32 first, the sum and the norm float32 (a bf16
+    gradient's)."""
     import cupy
 
-    return cupy.ReductionKernel("T x", "T y", "x * x", "a + b", "y = sqrt(a)", "0", "rf_l2norm")
-
-
-@functools.cache
-def _sumsq_bf16() -> Any:
-    """sumsq over bf16 values, each widened to float32 first: a float32 norm."""
-    import cupy
-
-    return cupy.ReductionKernel("T x", "float32 y", "float(x) * float(x)", "a + b",
-                                "y = sqrt(a)", "0", "rf_l2norm_bf16")
+    y, x = ("float32 y", "float(x)") if widen else ("T y", "x")
+    return cupy.ReductionKernel("T x", y, f"{x} * {x}", "a + b", "y = sqrt(a)", "0",
+                                "rf_l2norm_bf16" if widen else "rf_l2norm")
 
 
 class CudaOptimizerFamily(OptimizerFamily):
@@ -161,7 +156,7 @@ class CudaNorm(NormReference):
     def l2_norm(self, g: Any) -> Any:
         """sqrt(sum(g * g)); a bf16 gradient (a data-parallel run's summed copy) is squared
         and summed in float32, as its widened copy would be."""
-        return sumsq()(g) if g.dtype.name != "bfloat16" else _sumsq_bf16()(g)
+        return sumsq(widen=g.dtype.name == "bfloat16")(g)
 
 
 class CudaSgd(SgdReference, CudaOptimizerFamily):
