@@ -63,7 +63,7 @@ from rustyflow_py.engine.library import get_backend  # noqa: E402
 from rustyflow_py.engine.memory import PeakMemory  # noqa: E402
 from rustyflow_py.engine.ops.attention import cudnn  # noqa: E402
 from rustyflow_py.engine.policy import RunPolicy  # noqa: E402
-from rustyflow_py.engine.precision import Precision  # noqa: E402
+from rustyflow_py.engine.precision import Precision, bfloat16  # noqa: E402
 from rustyflow_py.engine.tensor import Tensor  # noqa: E402
 from rustyflow_py.model.gpt import GPT, GPTConfig, init_weights  # noqa: E402
 from rustyflow_py.model.loss_scale import INIT_SCALE, LossScaler  # noqa: E402
@@ -131,14 +131,16 @@ class Job:
     compile_mode: str = ""  # torch.compile's mode, for mode "compile"
     attention: str = "auto"  # rustyflow's ATTENTION
     head_chunk: int = 0  # rustyflow's LM_HEAD_CHUNK
+    adam_state: str = "fp32"  # rustyflow's ADAM_STATE_DTYPE
 
     def label(self) -> str:
         """`rustyflow graph`, `rustyflow graph [cudnn]`, `rustyflow graph [head 2048 rows]`,
-        `pytorch compile (default)`."""
+        `rustyflow graph [bf16 moments]`, `pytorch compile (default)`."""
         mode = f"{self.mode} ({self.compile_mode})" if self.compile_mode else self.mode
         chosen = f" [{self.attention}]" if self.attention != "auto" else ""
         chunk = f" [head {self.head_chunk} rows]" if self.head_chunk else ""
-        return f"{self.framework} {mode}{chosen}{chunk}"
+        state = f" [{self.adam_state} moments]" if self.adam_state != "fp32" else ""
+        return f"{self.framework} {mode}{chosen}{chunk}{state}"
 
 
 def gpt_config(shape: str, vocab: int | None = None) -> tuple[GPTConfig, int]:
@@ -194,10 +196,10 @@ def rustyflow_step_fn(model: GPT, optimizer: AdamW, mode: str, scaler: Any = Non
 
 
 def rustyflow_training(
-    cfg: GPTConfig, backend: Backend, total_steps: int
+    cfg: GPTConfig, backend: Backend, total_steps: int, adam_state: str = "fp32"
 ) -> tuple[GPT, AdamW, Any]:
-    """GPT + AdamW on `backend` at its policy's precision, and the loss scaler (None unless
-    the precision scales the loss).
+    """GPT + AdamW on `backend` at its policy's precision (its moments in float32, or bf16:
+    ADAM_STATE_DTYPE), and the loss scaler (None unless the precision scales the loss).
 
     fp32/tf32 build the model as always. bf16/fp16 keep float32 master weights, gradients and
     optimizer state (`storage`) and run forward/backward on a 16-bit copy (`compute`) that
@@ -205,11 +207,12 @@ def rustyflow_training(
     """
     p = backend.policy.precision
     sched = Schedule(LR, WARMUP, total_steps, MIN_RATIO)
+    state = bfloat16() if adam_state == "bf16" else None
     if p.compute == p.storage:
         model = GPT(cfg, backend, SEED)  # initialised with init_weights(cfg, SEED)
-        return model, AdamW(model.buffer, sched, grad_clip=CLIP), None
+        return model, AdamW(model.buffer, sched, grad_clip=CLIP, state_dtype=state), None
     model = GPT(cfg, backend, SEED, dtype=p.storage, compute=p.compute)
-    opt = AdamW(model.buffer, sched, grad_clip=CLIP)
+    opt = AdamW(model.buffer, sched, grad_clip=CLIP, state_dtype=state)
     scaler = None
     if p.loss_scaling:
         scaler = LossScaler(model.buffer.backend.xp)
@@ -403,7 +406,7 @@ def measure_rustyflow(job: Job, lister: KernelLister | None = None) -> dict[str,
     base = rss_bytes()
     cfg, batch = gpt_config(job.shape)
     x, y = (backend.from_host(a) for a in synthetic_batch(cfg, batch))
-    model, opt, scaler = rustyflow_training(cfg, backend, 10**6)
+    model, opt, scaler = rustyflow_training(cfg, backend, 10**6, job.adam_state)
     sampler = lister.sampler(backend) if lister is not None and job.mode == "graph" else None
     capture = functools.partial(lister.capture, sampler) if sampler is not None else None
     step = rustyflow_step_fn(model, opt, job.mode, scaler, capture)
@@ -846,6 +849,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    "RustyFlow's rows, each a row of its own: auto, own, cudnn, materialized")
     p.add_argument("--head-chunk", default="0", help="comma-separated LM_HEAD_CHUNK values "
                    "for RustyFlow's rows (0: the whole head at once)")
+    p.add_argument("--adam-state", default="fp32", help="comma-separated ADAM_STATE_DTYPE "
+                   "values for RustyFlow's rows: fp32, bf16 (GPU)")
     p.add_argument("--curve-steps", type=int, default=200, help="0 skips the loss curves")
     bounds = ", ".join(f"{k} {v * 100:g}%%" for k, v in CURVE_BOUNDS.items())  # %% for argparse
     p.add_argument("--curve-precisions", help=f"comma-separated: fp32,bf16,fp16 (bounds: "
@@ -896,6 +901,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         p.error(f"--head-chunk: expected comma-separated integers, got {args.head_chunk!r}")
     if min(args.head_chunk) < 0:
         p.error("--head-chunk: rows a chunk are 0 (the whole head) or more")
+    args.adam_state = args.adam_state.split(",")
+    if not set(args.adam_state) <= {"fp32", "bf16"} or ("bf16" in args.adam_state and not gpu):
+        p.error(f"--adam-state: fp32, or bf16 on the GPU, not {','.join(args.adam_state)}")
     args.compile_modes = args.compile_modes.split(",") if args.compile_modes else None
     for name in args.compile_modes or ():
         if name not in COMPILE_MODES:
@@ -942,11 +950,12 @@ def plan(args: argparse.Namespace) -> list[Job]:
         for precision in args.precisions:  # PyTorch's rows of fp8 are its peer's (bf16)
             jobs += [Job(args.device, shape, precision, fw, mode, warmup, steps,
                          max(1, min(args.windows, steps)), args.threads, compile_mode,
-                         attention, chunk)
+                         attention, chunk, state)
                      for fw, mode, compile_mode in [(*m, "") for m in modes] + compiles
                      if fw == "rustyflow" or peer(precision) == precision
                      for attention in (args.attention if fw == "rustyflow" else ["auto"])
-                     for chunk in (args.head_chunk if fw == "rustyflow" else [0])]
+                     for chunk in (args.head_chunk if fw == "rustyflow" else [0])
+                     for state in (args.adam_state if fw == "rustyflow" else ["fp32"])]
     return jobs
 
 

@@ -26,7 +26,7 @@ KEY_SECTIONS = {
                      "WEIGHT_DECAY", "WD_SCHEDULE", "WD_FINAL", "BETA1", "BETA2", "ADAM_EPS",
                      "MOMENTUM", "NESTEROV", "CENTERED", "RMSPROP_ALPHA", "INITIAL_ACCUMULATOR",
                      "ADAGRAD_EPS", "RHO", "ADADELTA_EPS", "MUON_LR", "MUON_MOMENTUM",
-                     "MUON_NESTEROV", "NS_STEPS"), "Optimiser"),
+                     "MUON_NESTEROV", "NS_STEPS", "ADAM_STATE_DTYPE"), "Optimiser"),
     **dict.fromkeys(("DROPOUT", "EMBD_DROPOUT", "ATTN_DROPOUT", "RESID_DROPOUT", "WORD_DROPOUT",
                      "LOCKED_DROPOUT", "LABEL_SMOOTHING", "EMA_DECAY", "EMA_START",
                      "AVERAGE_LAST_K"), "Regularisation"),

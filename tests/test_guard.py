@@ -46,6 +46,9 @@ def test_the_estimate_grows_with_each_knob_it_names() -> None:
     assert wire.parts["bf16 gradient copy"] == 2 * wire.params
     assert "bf16 gradient copy" not in sizing.estimate(make_cfg(**gpu_cfg), 50, gpu=True,
                                                        world_size=2).parts
+    bf16 = sizing.estimate(make_cfg(ADAM_STATE_DTYPE="bf16", **gpu_cfg), 50, gpu=True)
+    assert 2 * bf16.parts["optimizer state"] == sizing.estimate(
+        make_cfg(**gpu_cfg), 50, gpu=True).parts["optimizer state"]  # bf16 moments: half
     # LM_HEAD_CHUNK: the logits of 4 rows at a time, not of all 2 x 16, and dW's float32 sum
     whole = sizing.estimate(make_cfg(BATCH_SIZE=2, SEQ_LEN=16), 5000, gpu=False)
     chunked = sizing.estimate(make_cfg(BATCH_SIZE=2, SEQ_LEN=16, LM_HEAD_CHUNK=4), 5000,

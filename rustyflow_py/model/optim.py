@@ -22,6 +22,11 @@ from .params import ParameterBuffer
 from .wd_schedule import DecaySchedule
 
 
+def _portable(a: np.ndarray) -> np.ndarray:
+    """A host array as a checkpoint stores it: bfloat16 widened to float32 (exact)."""
+    return a.astype(np.float32) if a.dtype.name == "bfloat16" else a
+
+
 class Schedule:
     """Linear warm-up to `lr` over `warmup` steps, then cosine decay to lr*min_ratio."""
 
@@ -131,9 +136,22 @@ class Optimizer:
         their decoupled decay (a 0-d device array)."""
         return [(0, self.buffer.decay_size, self.lr)]
 
+    def _moment_dtype(self, state_dtype: Any) -> np.dtype:
+        """Adam's moments' dtype: the parameters' (None), or bfloat16 on the GPU
+        (ADAM_STATE_DTYPE=bf16: the kernels round them stochastically)."""
+        dtype = np.dtype(self.buffer.flat.dtype if state_dtype is None else state_dtype)
+        if dtype != self.buffer.flat.dtype and (dtype.name != "bfloat16"
+                                                or self.buffer.backend.kind != "gpu"):
+            raise ValueError(f"Adam's moments in {dtype.name} beside {self.buffer.flat.dtype} "
+                             "parameters: only bfloat16 moments, and on the GPU "
+                             "(ADAM_STATE_DTYPE=bf16 with DEVICE=gpu)")
+        return dtype
+
     def state_dict(self) -> dict[str, np.ndarray]:
+        """Each state array on the host; bf16 moments widened to float32 (exactly), so a
+        checkpoint holds no dtype NumPy lacks, and loads into float32 or bf16 moments."""
         to_host = self.buffer.backend.to_host
-        state = {name: to_host(getattr(self, name)) for name in self.state_names}
+        state = {name: _portable(to_host(getattr(self, name))) for name in self.state_names}
         state["step_count"] = to_host(self.step_count)
         if self.loss_scaler is not None:
             state.update(self.loss_scaler.state_dict(to_host))
@@ -165,11 +183,13 @@ class AdamW(Optimizer):
     def __init__(
         self, buffer: ParameterBuffer, schedule: Schedule, betas: tuple[float, float] = (0.9, 0.95),
         eps: float = 1e-8, weight_decay: float = 0.1, grad_clip: float = 1.0,
+        state_dtype: Any = None,
     ) -> None:
         super().__init__(buffer, schedule, grad_clip)
         self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
-        self.m = self.xp.zeros_like(buffer.flat)
-        self.v = self.xp.zeros_like(buffer.flat)
+        state = self._moment_dtype(state_dtype)
+        self.m = self.xp.zeros(buffer.flat.shape, state)
+        self.v = self.xp.zeros(buffer.flat.shape, state)
 
     def _update(self, scale: Any) -> None:
         b = self.buffer
@@ -337,6 +357,7 @@ class Muon(Optimizer):
         hidden: tuple[str, ...], momentum: float = 0.95, nesterov: bool = True,
         ns_steps: int = 5, betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
         weight_decay: float = 0.1, grad_clip: float = 1.0, ns_eps: float = 1e-7,
+        state_dtype: Any = None,
     ) -> None:
         super().__init__(buffer, schedule, grad_clip)
         self.muon_schedule, self.momentum, self.nesterov = muon_schedule, momentum, nesterov
@@ -362,8 +383,9 @@ class Muon(Optimizer):
             else:
                 self.ranges.append((s.offset, s.offset + s.size, stored))
             stored += s.size
-        self.m = xp.zeros(stored, buffer.flat.dtype)
-        self.v = xp.zeros(stored, buffer.flat.dtype)
+        state = self._moment_dtype(state_dtype)
+        self.m = xp.zeros(stored, state)
+        self.v = xp.zeros(stored, state)
         self.muon_buffer = xp.zeros(sum(s.size for s in muon), buffer.flat.dtype)
         self.groups: dict[tuple[int, int], _MuonGroup] = {}
         at = 0

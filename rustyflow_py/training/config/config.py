@@ -128,6 +128,14 @@ class _Rules:
                 f"NUM_GPUS={self.num_gpus} ({where['NUM_GPUS']}) starts one process per GPU, "
                 f"but DEVICE=cpu ({where['DEVICE']}): set DEVICE=gpu, or NUM_GPUS=1 (--processes "
                 f"{self.num_gpus} starts that many processes on the CPU)")
+        if self.adam_state_dtype == "bf16" and (self.device == "cpu"
+                                                or opt not in ("adamw", "adam", "muon")):
+            on = (f"DEVICE=cpu ({where['DEVICE']})" if self.device == "cpu"
+                  else f"OPTIMIZER={opt} ({where['OPTIMIZER']})")
+            raise ConfigError(
+                f"ADAM_STATE_DTYPE=bf16 ({where['ADAM_STATE_DTYPE']}) keeps Adam's moments in "
+                f"bf16 on the GPU, for adamw, adam and muon, but {on}: set "
+                "ADAM_STATE_DTYPE=fp32, or DEVICE=gpu and one of those optimizers")
         if self.grad_reduce_dtype == "bf16" and self.device == "cpu":
             raise ConfigError(
                 f"GRAD_REDUCE_DTYPE=bf16 ({where['GRAD_REDUCE_DTYPE']}) sums the gradient in "
@@ -433,6 +441,10 @@ class Config(_Rules):
     bucket_mb: float = key(25.0, "data parallel: gradient all-reduce bucket size in MiB "
         "(whole tensors; each bucket starts as soon as backward has finished it)", lo=0,
         lo_open=True)
+    adam_state_dtype: str = key("fp32", "GPU: the dtype of AdamW's and Adam's moments (and "
+        "of Muon's AdamW part): fp32, or bf16 (half their memory and traffic, widened for each "
+        "update and rounded back stochastically; float32 parameters and gradients kept)",
+        choices=("fp32", "bf16"))
     grad_reduce_dtype: str = key("fp32", "data parallel (GPU): the dtype the gradient is "
         "summed over the processes in: fp32 (the gradient's own dtype), or bf16 (half the "
         "bytes; each bucket is cast to bf16 for NCCL's sum, as PyTorch DDP's bf16 hook does, "

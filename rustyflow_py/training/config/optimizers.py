@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...engine.precision import bfloat16
 from ...model.gpt import hidden_matrices
 from ...model.optim import (
     SGD,
@@ -48,7 +49,8 @@ def relevant_keys(optimizer: str) -> tuple[str, ...]:
 def _read_keys(cfg: Config) -> tuple[str, ...]:
     """The keys the optimizer reads, with the weight-decay schedule's when it is on."""
     scheduled = ("WD_SCHEDULE", "WD_FINAL") if cfg.wd_schedule != "constant" else ()
-    return (*OPTIMIZER_KEYS[cfg.optimizer], *scheduled)
+    stored = ("ADAM_STATE_DTYPE",) if cfg.adam_state_dtype != "fp32" else ()
+    return (*OPTIMIZER_KEYS[cfg.optimizer], *scheduled, *stored)
 
 
 def settings(cfg: Config) -> dict[str, Any]:
@@ -88,10 +90,13 @@ def _optimizer(cfg: Config, buffer: ParameterBuffer, total_steps: int) -> Optimi
     main, betas, clip = schedule(cfg.learning_rate), (cfg.beta1, cfg.beta2), cfg.grad_clip
     wd = cfg.weight_decay if cfg.wd_schedule == "constant" else 0.0
     opt = cfg.optimizer
+    # Adam's moments: the parameters' dtype, or bf16 (the config allows it for adamw, adam
+    # and muon, on the GPU)
+    state = bfloat16("ADAM_STATE_DTYPE=bf16") if cfg.adam_state_dtype == "bf16" else None
     if opt == "sgd":
         return SGD(buffer, main, cfg.momentum, cfg.nesterov, wd, clip)
     if opt == "adam":
-        return Adam(buffer, main, betas, cfg.adam_eps, wd, clip)
+        return Adam(buffer, main, betas, cfg.adam_eps, wd, clip, state)
     if opt == "lamb":
         return Lamb(buffer, main, betas, cfg.adam_eps, wd, clip)
     if opt == "rmsprop":
@@ -104,5 +109,5 @@ def _optimizer(cfg: Config, buffer: ParameterBuffer, total_steps: int) -> Optimi
     if opt == "muon":
         return Muon(buffer, main, schedule(cfg.muon_lr), hidden_matrices(buffer),
                     cfg.muon_momentum, cfg.muon_nesterov, cfg.ns_steps, betas, cfg.adam_eps,
-                    wd, clip)
-    return AdamW(buffer, main, betas, cfg.adam_eps, wd, clip)
+                    wd, clip, state_dtype=state)
+    return AdamW(buffer, main, betas, cfg.adam_eps, wd, clip, state)

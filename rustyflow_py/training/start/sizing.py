@@ -88,7 +88,8 @@ def estimate(cfg: Config, vocab: int, gpu: bool, training: bool = True,
         parts["gradients"] = p * store
         if gpu and world_size > 1 and cfg.grad_reduce_dtype == "bf16":
             parts["bf16 gradient copy"] = p * 2  # what the collectives carry (data_parallel.py)
-        parts["optimizer state"] = -(-_state_copies(cfg) * p * 4 // world_size)
+        state = 2 if cfg.adam_state_dtype == "bf16" else 4  # bytes a moment
+        parts["optimizer state"] = -(-_state_copies(cfg) * p * state // world_size)
         if cfg.ema_decay > 0:  # model/ema.py: the average, in the storage dtype
             parts["weight average"] = p * store
         parts["activations"] = activations

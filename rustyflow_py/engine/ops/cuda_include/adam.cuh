@@ -21,3 +21,44 @@ __device__ __forceinline__ void rf_adam_update(long long i, T g, float lr, int s
     p -= (T)lr / bc1 * m / (sqrt(v) / sqrt(bc2) + (T)eps);
 }
 
+
+// ---- bf16 moments (ADAM_STATE_DTYPE=bf16), held as their 16 bits -------------------------
+// Widened exactly, updated in float as above, then rounded back stochastically: 16 random
+// bits added below bf16's last mantissa bit before the cut, so that the rounding is unbiased.
+// Round-to-nearest would lose every increment under half a bf16 step: with beta2 = 0.999,
+// (1 - beta2) g^2 is under it once v is a quarter of g^2, and v would stop following g^2.
+// The bits are a hash of the element's index and the step (model/optim.py's reference does
+// the same), so a run is reproducible and no generator state exists.
+__device__ __forceinline__ unsigned int rf_mix(unsigned int x) {  // a 32-bit integer hash
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    return x;
+}
+
+__device__ __forceinline__ float rf_bf16_widen(unsigned short bits) {
+    return __uint_as_float((unsigned int)bits << 16);
+}
+
+// f rounded to bf16 by `noise` (its low 16 bits); NaN stays a NaN (a cut could make it inf).
+__device__ __forceinline__ unsigned short rf_bf16_round(float f, unsigned int noise) {
+    const unsigned int u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+    return (unsigned short)((u + (noise & 0xffffu)) >> 16);
+}
+
+template <bool L2>
+__device__ __forceinline__ void rf_adam_update(long long i, float g, float lr, int step,
+                                               float scale, float c1, float c2, float lb1,
+                                               float lb2, float eps, float wd,
+                                               long long decay, float& p, unsigned short& m,
+                                               unsigned short& v) {
+    float mf = rf_bf16_widen(m), vf = rf_bf16_widen(v);
+    rf_adam_update<L2, float>(i, g, lr, step, scale, c1, c2, lb1, lb2, eps, wd, decay, p, mf,
+                              vf);
+    const unsigned int noise = rf_mix((unsigned int)i ^ rf_mix((unsigned int)step));
+    m = rf_bf16_round(mf, noise);  // a skipped step leaves mf and vf widened: the same bits
+    v = rf_bf16_round(vf, noise >> 16);
+}

@@ -5,11 +5,22 @@
 // refreshed in this pass instead of one of its own.
 // The gradient is float32, or bf16 where compiled with -DRF_GRAD=__nv_bfloat16 (and RF_BF16
 // for its header): a data-parallel run's summed bf16 copy, read where NCCL left it.
+// The moments are float32, or bf16 held as their bits where compiled with -DRF_STATE_BF16=1
+// (ADAM_STATE_DTYPE=bf16: adam.cuh rounds them stochastically).
 #include "types.cuh"
 #include "adam.cuh"
 #ifndef RF_GRAD
 #define RF_GRAD float
 #endif
+#if RF_STATE_BF16
+typedef unsigned short rf_state;
+#else
+typedef float rf_state;
+#endif
+
+struct __align__(4 * sizeof(rf_state)) rf_state4 {  // four moments, one access
+    rf_state v[4];
+};
 
 // The gradient's four values of vector i, as float (bf16 widens exactly).
 __device__ __forceinline__ float4 rf_grad4(const float* __restrict__ g, long long i) {
@@ -31,37 +42,33 @@ __device__ __forceinline__ void rf_adam_vec_update(const RF_GRAD* __restrict__ g
                                             const float* __restrict__ scale, float c1, float c2,
                                             float lb1, float lb2, float eps, float wd,
                                             long long decay, float4* __restrict__ p,
-                                            float4* __restrict__ m, float4* __restrict__ v,
+                                            rf_state4* __restrict__ m, rf_state4* __restrict__ v,
                                             real* __restrict__ copy, long long vecs) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= vecs) return;
     float a = *lr, s = *scale;
     int t = *step;
-    float4 gv = rf_grad4(g, i), pv = p[i], mv = m[i], vv = v[i];
+    float4 gv = rf_grad4(g, i), pv = p[i];
+    rf_state4 mv = m[i], vv = v[i];
+    float gs[4] = {gv.x, gv.y, gv.z, gv.w}, ps[4] = {pv.x, pv.y, pv.z, pv.w};
     long long e = 4 * i;
-    rf_adam_update<L2, float>(e, gv.x, a, t, s, c1, c2, lb1, lb2, eps, wd, decay, pv.x, mv.x,
-                              vv.x);
-    rf_adam_update<L2, float>(e + 1, gv.y, a, t, s, c1, c2, lb1, lb2, eps, wd, decay, pv.y, mv.y,
-                              vv.y);
-    rf_adam_update<L2, float>(e + 2, gv.z, a, t, s, c1, c2, lb1, lb2, eps, wd, decay, pv.z, mv.z,
-                              vv.z);
-    rf_adam_update<L2, float>(e + 3, gv.w, a, t, s, c1, c2, lb1, lb2, eps, wd, decay, pv.w, mv.w,
-                              vv.w);
-    p[i] = pv;
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+        rf_adam_update<L2>(e + k, gs[k], a, t, s, c1, c2, lb1, lb2, eps, wd, decay, ps[k],
+                           mv.v[k], vv.v[k]);
+    p[i] = make_float4(ps[0], ps[1], ps[2], ps[3]);
     m[i] = mv;
     v[i] = vv;
     if (copy) {
-        copy[e] = (real)pv.x;
-        copy[e + 1] = (real)pv.y;
-        copy[e + 2] = (real)pv.z;
-        copy[e + 3] = (real)pv.w;
+#pragma unroll
+        for (int k = 0; k < 4; ++k) copy[e + k] = (real)ps[k];
     }
 }
 
 #define RF_ADAM_VEC_ARGS                                                                       \
     const RF_GRAD *g, const float *lr, const int *step, const float *scale, float c1, float c2,  \
-        float lb1, float lb2, float eps, float wd, long long decay, float4 *p, float4 *m,       \
-        float4 *v, real *copy, long long vecs
+        float lb1, float lb2, float eps, float wd, long long decay, float4 *p, rf_state4 *m,    \
+        rf_state4 *v, real *copy, long long vecs
 extern "C" __global__ void rf_adamw_vec(RF_ADAM_VEC_ARGS) {
     rf_adam_vec_update<false>(g, lr, step, scale, c1, c2, lb1, lb2, eps, wd, decay, p, m, v, copy,
                               vecs);

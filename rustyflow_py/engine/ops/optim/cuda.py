@@ -62,6 +62,10 @@ def _kernels() -> dict[str, Any]:
     return {
         **{name: ew(_ADAM, _ADAM_PARAMS, "T p, T m, T v", f"rf_adam_update<{l2}>({_ADAM_ARGS})",
                     f"rf_{name}") for name, l2 in (("adamw", "false"), ("adam", "true"))},
+        # bf16 moments as their bits (ADAM_STATE_DTYPE=bf16): adam.cuh's overload for them
+        **{f"{name}_bf16": ew(_ADAM, _ADAM_PARAMS, "T p, uint16 m, uint16 v",
+                              f"rf_adam_update<{l2}>({_ADAM_ARGS})", f"rf_{name}_bf16")
+           for name, l2 in (("adamw", "false"), ("adam", "true"))},
         "sgd": ew(_SGD, "T g, float32 lr, float32 scale, float32 mu, bool nesterov, "
                   "float32 wd, int64 decay", "T p, T vel",
                   "rf_sgd_update(i, g, lr, scale, mu, nesterov, wd, decay, p, vel)", "rf_sgd"),
@@ -183,18 +187,25 @@ class CudaAdadelta(AdadeltaReference, CudaOptimizerFamily):
                         lambda rho, eps: (f32(rho), f32(1.0 - rho), f32(eps)))
 
 
-def _vector_grad(g: Any, p: Any, real: Any) -> tuple[str, ...] | None:
-    """The defines of adam_vec.cu for gradient `g` beside float32 parameters `p` (with the
-    compute copy's dtype `real`): () for float32, RF_GRAD for bf16 (the data-parallel
-    run's summed copy); None where the vector kernel cannot read it (shape, layout, dtype
-    or a vector not aligned)."""
-    if g.shape != p.shape or not g.flags.c_contiguous:
+def _quad(a: Any, p: Any) -> str | None:
+    """How adam_vec.cu loads `a` (the gradient, or a moment) beside float32 parameters `p`,
+    four values at a time: "float32" (16-byte aligned) or "bfloat16" (8-byte aligned); None
+    where it cannot (shape, layout, dtype or alignment)."""
+    if a.shape != p.shape or not a.flags.c_contiguous:
         return None
-    if g.dtype == f32:
-        return () if g.data.ptr % cuda_build.VEC_BYTES == 0 else None
-    if g.dtype.name != "bfloat16" or g.data.ptr % 8:  # four bf16 a load
-        return None
-    return ("-DRF_GRAD=__nv_bfloat16",) + (() if real.name == "bfloat16" else ("-DRF_BF16=1",))
+    align = {"float32": 16, "bfloat16": 8}.get(a.dtype.name)
+    return a.dtype.name if align and a.data.ptr % align == 0 else None
+
+
+def _vector_defines(grad: str, state: str, real: Any) -> tuple[str, ...]:
+    """adam_vec.cu's -D options for a gradient and moments of these dtypes (_quad's names)
+    and a compute copy of dtype `real`: a bf16 gradient (the data-parallel run's summed
+    copy) is RF_GRAD, bf16 moments (ADAM_STATE_DTYPE=bf16) RF_STATE_BF16."""
+    defines = ()
+    if grad == "bfloat16":
+        defines = ("-DRF_GRAD=__nv_bfloat16",) + (() if real.name == "bfloat16"
+                                                  else ("-DRF_BF16=1",))
+    return defines + (("-DRF_STATE_BF16=1",) if state == "bfloat16" else ())
 
 
 class CudaAdam(AdamReference, CudaOptimizerFamily):
@@ -202,28 +213,34 @@ class CudaAdam(AdamReference, CudaOptimizerFamily):
                 scale: Any, betas: tuple[float, float], eps: float, weight_decay: float,
                 decay_size: int, copy_to: Any = None) -> None:
         """One launch of AdamW's or Adam's kernel (they take the same arguments): over
-        16-byte vectors where the buffers allow (float32, aligned, a multiple of 4 long, the
-        gradient float32 or bf16: adam_vec.cu), writing the compute copy in the same pass;
-        otherwise adam.cu's one-element-a-thread ElementwiseKernel, then the copy. At GPT-2's
+        vectors of four where the buffers allow (float32 parameters, aligned, a multiple of 4
+        long; the gradient and the moments float32 or bf16: adam_vec.cu), writing the
+        compute copy in the same pass; otherwise adam.cu's one-element-a-thread
+        ElementwiseKernel, then the copy. bf16 moments (ADAM_STATE_DTYPE=bf16) are rounded
+        stochastically either way, by the same bits (adam.cuh). At GPT-2's
         124M parameters the vector kernel reads and writes memory markedly faster
         (benchmarks/results/gpt2-fusions-h100.md)."""
         scale = self._scale(scale)
         scalars = (*self._betas(betas), f32(eps), f32(weight_decay), np.int64(decay_size))
-        vecs = cuda_build.vectors(p, m, v)
+        vecs = cuda_build.vectors(p)
         fits = copy_to is None or (copy_to.shape == p.shape and copy_to.flags.c_contiguous
                                    and copy_to.itemsize == 2)
         real = np.dtype(f32 if copy_to is None else copy_to.dtype)
-        grad = _vector_grad(g, p, real)
-        if vecs and fits and grad is not None and p.dtype == f32 and (
+        grad, state = _quad(g, p), _quad(m, p)
+        if vecs and fits and grad and state and _quad(v, p) == state and p.dtype == f32 and (
                 lr.dtype, step.dtype, scale.dtype) == (f32, np.int32, f32):
-            _ADAM_VEC.typed(f"rf_{name}_vec", real, defines=grad)(
+            _ADAM_VEC.typed(f"rf_{name}_vec", real, defines=_vector_defines(grad, state, real))(
                 *cuda_build.vector_grid(vecs),
                 (g, lr, step, scale, *scalars, p, m, v,
                  np.uint64(0) if copy_to is None else copy_to, np.int64(vecs)))
             return
         if g.dtype != p.dtype:  # the one-element kernel takes one dtype: a widened copy
             g = g.astype(p.dtype)
-        _kernels()[name](g, lr, step, scale, *scalars, p, m, v)
+        if m.dtype.name == "bfloat16":  # their bits, for adam.cuh's overload
+            _kernels()[f"{name}_bf16"](g, lr, step, scale, *scalars, p, m.view(np.uint16),
+                                       v.view(np.uint16))
+        else:
+            _kernels()[name](g, lr, step, scale, *scalars, p, m, v)
         if copy_to is not None:
             copy_to[...] = p
 

@@ -18,7 +18,9 @@ device arrays, so nothing waits for the host; weight decay applies to p[:decay_s
         lr (0-d float32), step (0-d int32, already counting this step) and scale (the 0-d
         float32 clip factor applied to g, or None) are device arrays; weight decay applies
         to p[:decay_size] only. A given `copy_to` (P,) receives the updated p in its own
-        (16-bit) dtype: mixed precision's compute copy.
+        (16-bit) dtype: mixed precision's compute copy. m and v may be bfloat16 beside
+        float32 p (ADAM_STATE_DTYPE=bf16, the GPU): the update reads them widened, and they
+        are rounded back stochastically, by reference.py's round_bf16_stochastic bits.
 
     adam(p, g, m, v, lr, step, scale, betas, eps, weight_decay, decay_size, copy_to=None)
         -> None

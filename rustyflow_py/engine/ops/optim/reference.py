@@ -33,6 +33,31 @@ def bias_correction(xp: Any, t: Any, beta: float) -> Any:
     return -xp.expm1(t * log_beta(beta))
 
 
+def _mix(xp: Any, x: Any) -> Any:
+    """adam.cuh's rf_mix, a 32-bit integer hash, over uint32 arrays (products wrap)."""
+    x = x ^ (x >> 16)
+    x = x * xp.uint32(0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = x * xp.uint32(0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def round_bf16_stochastic(xp: Any, x: Any, out: Any, step: Any, high: bool) -> None:
+    """out (bf16) <- x (float32) rounded as adam.cuh's rf_bf16_round rounds moments: 16
+    random bits added below bf16's last mantissa bit, then the cut; the bits are a hash of
+    each element's index and the 0-d `step`, the noise's low half (m) or its high half (v,
+    `high`). NaN stays a NaN."""
+    index = xp.arange(x.size, dtype=xp.uint32)
+    step_mix = _mix(xp, xp.asarray(step).astype(xp.uint32).reshape(1))
+    noise = _mix(xp, index ^ step_mix)
+    if high:
+        noise = noise >> 16
+    bits = x.view(xp.uint32)
+    rounded = ((bits + (noise & xp.uint32(0xFFFF))) >> 16).astype(xp.uint16)
+    nan = (bits & xp.uint32(0x7FFFFFFF)) > xp.uint32(0x7F800000)
+    out.view(xp.uint16)[...] = xp.where(nan, xp.uint16(0x7FC0), rounded)
+
+
 def kernel_of(reference: Callable[..., Any], body: Callable[..., Any], *first: Any
               ) -> Callable[..., Any]:
     """A device's kernel for `reference`'s op that runs body(self, *first, *args): one body
@@ -87,6 +112,13 @@ class AdamReference(OptimizerFamily):
         betas: tuple[float, float], eps: float, weight_decay: float, decay_size: int,
         copy_to: Any = None,
     ) -> None:
+        if m.dtype != p.dtype:  # bf16 moments (ADAM_STATE_DTYPE=bf16): widened, rounded back
+            wide = m.astype(p.dtype), v.astype(p.dtype)
+            AdamReference.adamw(self, p, g, *wide, lr, step, scale, betas, eps, weight_decay,
+                                decay_size, copy_to)
+            for moment, out, high in zip(wide, (m, v), (False, True), strict=True):
+                round_bf16_stochastic(self.xp, moment, out, step, high)
+            return
         if scale is not None:
             g = g * scale.astype(g.dtype)
         t = step.astype(p.dtype)
