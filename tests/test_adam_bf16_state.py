@@ -93,6 +93,7 @@ def test_a_nan_moment_stays_nan_and_the_bits_depend_on_index_and_step() -> None:
 
 @pytest.mark.parametrize(("keys", "named"), [
     ({"DEVICE": "cpu"}, "DEVICE=cpu"), ({"DEVICE": "gpu", "OPTIMIZER": "sgd"}, "OPTIMIZER=sgd"),
+    ({"DEVICE": "gpu", "SHARD_OPTIMIZER": "true"}, "SHARD_OPTIMIZER=true"),
 ])
 def test_bf16_moments_are_refused_where_no_kernel_keeps_them(keys: dict[str, str],
                                                             named: str) -> None:

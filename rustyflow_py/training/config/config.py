@@ -136,6 +136,12 @@ class _Rules:
                 f"ADAM_STATE_DTYPE=bf16 ({where['ADAM_STATE_DTYPE']}) keeps Adam's moments in "
                 f"bf16 on the GPU, for adamw, adam and muon, but {on}: set "
                 "ADAM_STATE_DTYPE=fp32, or DEVICE=gpu and one of those optimizers")
+        if self.adam_state_dtype == "bf16" and self.shard_optimizer:
+            raise ConfigError(
+                f"ADAM_STATE_DTYPE=bf16 ({where['ADAM_STATE_DTYPE']}) with SHARD_OPTIMIZER=true "
+                f"({where['SHARD_OPTIMIZER']}): ZeRO-1's shards of bf16 moments have not run on "
+                "a GPU yet, so the pair is refused; set ADAM_STATE_DTYPE=fp32, or "
+                "SHARD_OPTIMIZER=false")
         if self.grad_reduce_dtype == "bf16" and self.device == "cpu":
             raise ConfigError(
                 f"GRAD_REDUCE_DTYPE=bf16 ({where['GRAD_REDUCE_DTYPE']}) sums the gradient in "
@@ -443,7 +449,8 @@ class Config(_Rules):
         lo_open=True)
     adam_state_dtype: str = key("fp32", "GPU: the dtype of AdamW's and Adam's moments (and "
         "of Muon's AdamW part): fp32, or bf16 (half their memory and traffic, widened for each "
-        "update and rounded back stochastically; float32 parameters and gradients kept)",
+        "update and rounded back stochastically; float32 parameters and gradients kept; not "
+        "with SHARD_OPTIMIZER yet)",
         choices=("fp32", "bf16"))
     grad_reduce_dtype: str = key("fp32", "data parallel (GPU): the dtype the gradient is "
         "summed over the processes in: fp32 (the gradient's own dtype), or bf16 (half the "
