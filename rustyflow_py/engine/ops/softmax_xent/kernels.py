@@ -18,7 +18,9 @@ table.py's common ones); tests/test_kernel_contract.py holds each to the referen
         (loss, state): the mean NLL, a 0-d array, of h (N, E) @ w.T, w (V, E), against
         targets (N,), without handing the (N, V) logits back. Every GEMM goes through `mm`,
         called like matmul (mm(a, b, transpose_b=..., out=...)), so the caller can time it.
-        state is None unless need_grad.
+        state is None unless need_grad. Under LM_HEAD_CHUNK (the kernel set's `head_chunk`
+        rows) the logits are made a chunk of rows at a time, and the forward runs the
+        gradients' GEMMs too: a chunk's logits are gone by backward.
 
     lm_head_xent_backward(state, g, need_h, need_w, mm, w_into=None) -> tuple[Any, Any]
         (dh (N, E) or None, dw (V, E) or None) for upstream g, a 0-d array; GEMMs through

@@ -98,16 +98,15 @@ class CrossEntropyReference(Family):
     ) -> tuple[Any, Any]:
         if not isinstance(state, HeadChunks):
             return self._lm_head_backward(state, g, need_h, need_w, mm, w_into)
-        dh, dw = state
-        # the forward's gradients are of the sum over the N rows
-        scale = self.xp.asarray(g / dh.shape[0], dtype=dw.dtype)
-        dh = self._scaled(dh, scale, dh) if need_h else None
+        summed_dh, dw = state  # the gradients of the loss's sum over the N rows
+        scale = self.xp.asarray(g / summed_dh.shape[0], dtype=dw.dtype)
+        dh = self._scaled(summed_dh, scale, summed_dh) if need_h else None
         if not need_w:
             return dh, None
         if w_into is not None:
             self._add_scaled(w_into, dw, scale)
             return dh, None
-        return dh, self._scaled(dw, scale, dw).astype(state.dh.dtype)
+        return dh, self._scaled(dw, scale, dw).astype(summed_dh.dtype)
 
     def _scaled(self, x: Any, g: Any, out: Any) -> Any:
         """out = x * g (a 0-d array)."""
