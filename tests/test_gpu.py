@@ -155,6 +155,19 @@ def test_training_step_makes_no_transfers(dropout: dict[str, float]) -> None:
     steps_transfer_nothing(model, AdamW(model.buffer, Schedule(1e-3, 2, 10, 0.1)))
 
 
+def test_a_chunked_head_and_bf16_moments_make_no_transfers() -> None:
+    """LM_HEAD_CHUNK's loop (24 rows of 64: three chunks) and ADAM_STATE_DTYPE=bf16's
+    kernels in a step: no host copy, which a captured step would replay with whatever its
+    staging buffer held by then."""
+    from rustyflow_py.engine.policy import RunPolicy
+    from rustyflow_py.engine.precision import bfloat16
+
+    cfg = GPTConfig(vocab_size=101, seq_len=16, n_layer=2, n_head=2, n_embd=32)
+    model = GPT(cfg, get_backend("gpu", RunPolicy(head_chunk=24)), seed=0)
+    steps_transfer_nothing(model, AdamW(model.buffer, Schedule(1e-3, 2, 10, 0.1),
+                                        state_dtype=bfloat16()))
+
+
 def steps_transfer_nothing(model: GPT, opt: Any, after: Any = None) -> None:
     """Two training steps of `model` (then `after(step counter)`, when given) copy nothing
     between host and device, synchronise nothing, and end with a finite loss."""

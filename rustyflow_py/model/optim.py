@@ -16,15 +16,11 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from ..engine.ops import widen
 from ..engine.tensor import count_gemm, run_op
 from .loss_scale import LossScaler
 from .params import ParameterBuffer
 from .wd_schedule import DecaySchedule
-
-
-def _portable(a: np.ndarray) -> np.ndarray:
-    """A host array as a checkpoint stores it: bfloat16 widened to float32 (exact)."""
-    return a.astype(np.float32) if a.dtype.name == "bfloat16" else a
 
 
 class Schedule:
@@ -151,7 +147,7 @@ class Optimizer:
         """Each state array on the host; bf16 moments widened to float32 (exactly), so a
         checkpoint holds no dtype NumPy lacks, and loads into float32 or bf16 moments."""
         to_host = self.buffer.backend.to_host
-        state = {name: _portable(to_host(getattr(self, name))) for name in self.state_names}
+        state = {name: widen.wide(to_host(getattr(self, name)))[0] for name in self.state_names}
         state["step_count"] = to_host(self.step_count)
         if self.loss_scaler is not None:
             state.update(self.loss_scaler.state_dict(to_host))

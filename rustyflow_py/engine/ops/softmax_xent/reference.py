@@ -74,7 +74,9 @@ class CrossEntropyReference(Family):
             mean, state = self._lm_head(h[part], wp, w_shape[0], targets[part], need_grad, mm)
             loss += mean * count
             if need_grad:
-                dh[part] = self._lm_head_backward(state, xp.asarray(count, acc), True, True,
+                # g made on the device (a fill: a captured host copy would replay later
+                # contents of its staging buffer)
+                dh[part] = self._lm_head_backward(state, xp.full((), count, acc), True, True,
                                                   mm, dw)[0]
             del state  # the chunk's logits, before the next chunk's
         loss /= n
