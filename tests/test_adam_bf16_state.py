@@ -195,3 +195,33 @@ def test_a_checkpoint_holds_bf16_moments_as_float32_and_restores_their_bits(gpu:
     for name in ("m", "v"):
         assert getattr(loader, name).dtype == bf16
         np.testing.assert_array_equal(getattr(loader, name).get(), getattr(saver, name).get())
+
+
+@pytest.mark.gpu
+def test_a_replayed_update_rounds_as_the_eager_updates(gpu: Any) -> None:
+    """Captured once and replayed, the update rounds each step's moments with that step's
+    bits (its counter read on the device): three replays give three eager updates' bits."""
+    from rustyflow_py.engine.graph import CapturedStep
+
+    rng = np.random.default_rng(5)
+    weights = {"w": rng.standard_normal((64, 33)).astype(np.float32)}
+    grad = rng.standard_normal(64 * 33).astype(np.float32)
+    runs = []
+    for graphed in (False, True):
+        buffer = ParameterBuffer(weights, gpu, np.float32)
+        buffer.grad[...] = gpu.xp.asarray(grad)
+        opt = AdamW(buffer, Schedule(1e-2, 1, 10, 0.1), state_dtype=bf16)
+        opt.step()  # the warm-up step, eager in both
+        warm = buffer.flat.get()
+        if graphed:
+            captured = CapturedStep(gpu, opt.step)
+            captured.capture()
+            for _ in range(3):
+                captured.replay()
+        else:
+            for _ in range(3):
+                opt.step()
+        assert not np.array_equal(buffer.flat.get(), warm), "the replays updated nothing"
+        runs.append([a.get() for a in (buffer.flat, opt.m, opt.v)])
+    for eager, replayed in zip(*runs, strict=True):
+        np.testing.assert_array_equal(replayed, eager)
