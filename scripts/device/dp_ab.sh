@@ -22,13 +22,14 @@ export RUSTYFLOW_CACHE_DIR=/tmp/rf-cache
 GPUS=${GPUS:-1 2 4}
 SHAPES=${SHAPES:-medium gpt2}
 EPOCHS=${EPOCHS:-2}
+LOG_INTERVAL=${LOG_INTERVAL:-1000}  # 25 for the runs' loss curves
 VARIANTS=${VARIANTS:-default:}
 
 MEDIUM=(--config configs/medium.env --precision bf16)
 GPT2=(--config configs/medium.env --precision bf16 --seq-len 1024 --batch-size 16
       --tokenizer bpe --bpe-vocab 50257)
 COMMON=(--device gpu --num-epochs "$EPOCHS" --warmup-steps 10 --eval-tokens 16384
-        --log-interval 1000 --no-profile)
+        --log-interval "$LOG_INTERVAL" --no-profile)
 
 # one NAME N LABEL SPEC: a run, its output in $out/NAME.txt and its record in $out/NAME.log
 one() {
