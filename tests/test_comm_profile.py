@@ -293,6 +293,9 @@ def assert_honest_throughput(r: dict[str, Any]) -> None:
     assert r["tokens_per_s"] == pytest.approx(
         r["timed_steps"] * tokens_per_step / r["steps_time_s"], rel=1e-9)
     assert r["epochs"] >= 1
+    # each epoch's own time, unrounded, of which the average is the one reported
+    assert len(r["epoch_times_s"]) == r["epochs"]
+    assert sum(r["epoch_times_s"]) / r["epochs"] == pytest.approx(r["avg_epoch_time_s"])
     per_epoch = r["steps_per_epoch"] * tokens_per_step
     assert per_epoch / r["avg_epoch_time_s"] == pytest.approx(r["tokens_per_s"], rel=0.02)
     assert r["steps_time_s"] < r["train_time_s"] - r["eval_time_s"]

@@ -68,6 +68,7 @@ class RunRecord(TypedDict, total=False):
     steps_per_epoch: int
     train_time_s: float  # this process's, evaluation included
     avg_epoch_time_s: float | None
+    epoch_times_s: list[float]  # each whole epoch's time in seconds (missing: older blocks)
     no_extrapolation: bool  # a diverged run: no epoch time is estimated from it
     tokens_per_s: float | None  # the total over all processes of a data-parallel run
     parallel: ParallelRecord | None  # missing in older blocks: one process

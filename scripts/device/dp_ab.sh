@@ -3,7 +3,7 @@
 # minutes (carry [".whl", ".devdata"]): for each shape in SHAPES and each N > 1 in GPUS,
 # `rustyflow train --gpus N` once per variant in VARIANTS, and once on 1 GPU, EPOCHS epochs
 # each with the profile off; then a table of each run's tok/s (the record's, over the whole
-# run), its steady tok/s (epochs 2 and later, from the console's epoch lines) and their
+# run), its steady tok/s (epochs 2 and later, from the record's epoch times) and their
 # speed-ups against the 1-GPU run of the same call, with the ranks' clocks.
 #   VARIANTS: space-separated "label:VAR=value,VAR=value" (environment),
 #             "label:--flag=value,--flag=value" (train flags) or "label:@DIR" (the tree in
@@ -87,10 +87,13 @@ for path in sorted(glob.glob(os.path.join(out, "*.log"))):
 
 
 def steady(name, r):
-    """tok/s of epochs 2 and later, from the console's epoch lines (two decimals)."""
-    text = open(os.path.join(out, name + ".txt")).read()
-    times = [float(t) for k, t in re.findall(r"^epoch (\d+)/\d+: ([\d.]+)s", text, re.M)
-             if int(k) > 1]
+    """tok/s of epochs 2 and later: from the record's unrounded epoch times, or (an older
+    tree's record has none) the console's epoch lines, which print two decimals."""
+    times = (r.get("epoch_times_s") or [])[1:]
+    if not times:
+        text = open(os.path.join(out, name + ".txt")).read()
+        times = [float(t) for k, t in re.findall(r"^epoch (\d+)/\d+: ([\d.]+)s", text, re.M)
+                 if int(k) > 1]
     m, par = r.get("model") or {}, r.get("parallel") or {}
     tokens = (r.get("steps_per_epoch") or 0) * (par.get("world_size") or 1) * \
         m.get("batch", 0) * m.get("seq_len", 0)

@@ -89,6 +89,9 @@ def build_record(parts: RunParts, state: LoopState, status: str, message: str | 
         "steps_time_s": steps_time,
         "timed_steps": timed,
         "avg_epoch_time_s": avg_epoch,
+        # each whole epoch's time, unrounded: the console prints two decimals, too coarse for
+        # a steady-state rate of epochs of about a second
+        "epoch_times_s": list(epoch_times),
         "no_extrapolation": diverged,
         "tokens_per_s": tokens_per_s,
         "parallel": {
