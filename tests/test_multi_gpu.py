@@ -16,6 +16,7 @@ import sys
 import uuid
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import real_data_dir
 from test_data_parallel import MARK, kill_marked, marked_pids, signal_rank_1, wait_until
@@ -133,3 +134,28 @@ def test_the_replayed_two_gpu_step_is_profiled_on_every_rank(tmp_path: Path) -> 
                                           across["comm_s"], across["exposed_s"], strict=True):
         assert 0 < exposed <= comm
         assert total - busy == pytest.approx(comm - exposed, abs=0.02 * busy)
+
+
+@two_gpus
+def test_zero1_in_bf16_gathers_the_compute_copy_and_saves_whole_weights(tmp_path: Path) -> None:
+    """ZeRO-1 in bf16 with the bf16 wire: the steps all-gather only the bf16 compute copy,
+    and the float32 master is gathered at each validation and save. Its losses, its
+    checkpoint and its best checkpoint are plain data parallel's within bf16's bound (a
+    master left unsynced would hold the other rank's half as it was at step 0), and its
+    replayed step's profile names both collectives on both ranks."""
+    flags = ("--batch-size=4", "--precision=bf16", "--grad-reduce-dtype=bf16",
+             "--eval-interval=6", "--profile-mode=graph")
+    plain = run(tmp_path, "plain", 2, *flags)
+    zero = run(tmp_path, "zero", 2, *flags, "--shard-optimizer")
+    assert close(zero, plain, rel=2e-2), (zero, plain)
+    for suffix in ("", "-best"):
+        want = Checkpoint(str(tmp_path / f"plain{suffix}.npz")).weights
+        got = Checkpoint(str(tmp_path / f"zero{suffix}.npz")).weights
+        for name, w in want.items():
+            gap = float(np.linalg.norm(got[name] - w) / max(np.linalg.norm(w), 1e-12))
+            assert gap <= 1e-2, (suffix, name, gap)
+    [_, record] = read_log(tmp_path / "log.txt")
+    assert record["parallel"]["shard_optimizer"] is True
+    assert record["profile"]["timing"] == "cupti-graph", record["profile"].get("note")
+    ops = {op["name"]: op for op in record["profile"]["ranks"]["ops"]}
+    assert ops["all_gather"]["ranks"] == ops["reduce_scatter"]["ranks"] == 2

@@ -6,16 +6,17 @@ mean), in buckets of whole tensors from the parameter table: a bucket's all-redu
 on a second stream as soon as backward has finished its last tensor, and overlaps the rest
 of backward. With SHARD_OPTIMIZER (ZeRO stage 1) the gradient is reduce-scattered instead,
 each rank updates only its shard of the parameters with only its shard of the optimizer
-state, and the updated shards are all-gathered. Everything is a kernel on a stream, so the
-whole step, collectives included, is still one CUDA graph.
+state, and the updated shards are all-gathered: in mixed precision, the shards of the 16-bit
+copy that the forward reads (half the bytes of the float32 master). Everything is a kernel
+on a stream, so the whole step, collectives included, is still one CUDA graph.
 
 GRAD_REDUCE_DTYPE=bf16 sums the gradient in bf16: each bucket is cast into a bf16 copy and
 summed there by NCCL. Half the bytes cross the links; each rank's share is rounded to bf16
 once and the sum once per hop, as with PyTorch DDP's bf16 compression hook and FSDP's
 `reduce_dtype`. An optimizer that takes a bf16 gradient (AdamW and Adam on the GPU) reads the
-summed copy itself; for the others it is widened back into the float32 gradient. On NVLink
-the step is bound by each GPU's memory traffic more than by the links, so the widening pass
-(6 bytes an element) is worth saving.
+summed copy (under ZeRO-1, its shard of it) itself; for the others it is widened back into
+the float32 gradient. On NVLink the step is bound by each GPU's memory traffic more than by
+the links, so the widening pass (6 bytes an element) is worth saving.
 """
 
 from __future__ import annotations
@@ -165,6 +166,14 @@ class ReduceScatter:
         self.wire = Wire(buffer, reduce_dtype)
         self.sum = functools.partial(self.wire.sum, comm.reduce_scatter)
 
+    def hand_to(self, optimizer: ShardedOptimizer) -> None:
+        """Let the sharded optimizer read this rank's shard of the summed bf16 copy where the
+        reduce-scatter leaves it, when it can (as BucketedAllReduce.hand_to): nothing is
+        widened back."""
+        if self.wire.copy is not None and optimizer.reads_bf16_grad:
+            self.wire.widen = False
+            optimizer.inner.summed_grad = self.wire.copy[self.comm.shard(self.wire.copy)]
+
     def start(self, overlap: bool) -> None:
         return None
 
@@ -177,30 +186,46 @@ class ReduceScatter:
 @dataclasses.dataclass
 class Shard:
     """The slice of a parameter buffer one rank's sharded optimizer sees: the interface an
-    elementwise optimizer reads (flat, grad, decay_size, backend)."""
+    elementwise optimizer reads (flat, grad, decay_size, backend, compute_flat). With a
+    `compute_flat` (the same slice of the 16-bit copy) the update writes it, as over a whole
+    buffer; without one the whole copy is refreshed after the all-gather."""
 
     flat: Any
     grad: Any
     decay_size: int
     backend: Any
+    compute_flat: Any = None
 
     def sync_compute(self) -> None:
-        """Nothing: the whole buffer's compute copy is refreshed after the all-gather."""
+        """Cast the shard's master into its slice of the compute copy, if it has one."""
+        if self.compute_flat is not None:
+            self.backend.kernels.cast_into(self.compute_flat, self.flat)
 
 
 class ShardedOptimizer:
     """ZeRO-1 around an elementwise optimizer built on this rank's Shard: it updates only the
-    shard, then the parameters are all-gathered. Checkpoints hold the full state (gathered
-    from every rank), so a sharded run resumes on any number of processes."""
+    shard, then the ranks all-gather what the next forward reads. Checkpoints hold the full
+    state (gathered from every rank), so a sharded run resumes on any number of processes.
+
+    With a 16-bit compute copy and `gather_compute`, only that copy is gathered: each rank's
+    update writes its shard of it (AdamW's and Adam's kernel in the same pass), so the
+    all-gather carries half the bytes of the float32 master and no cast of the whole buffer
+    follows it. The master is then current only in this rank's own shard, until
+    `gather_master` (a collective) makes it whole for whatever reads it between steps:
+    validation's best checkpoint, the checkpoint, the test. A run with weight averaging
+    (EMA_DECAY's update reads the whole master every step) gathers the master instead.
+    """
 
     def __init__(self, buffer: ParameterBuffer, comm: Communicator,
-                 make: Callable[[Any], Optimizer]) -> None:
+                 make: Callable[[Any], Optimizer], gather_compute: bool = True) -> None:
         self.buffer, self.comm, self.size = buffer, comm, buffer.flat.size
         mine = comm.shard(buffer.storage)
         self.lo = mine.start
         n = mine.stop - mine.start
+        self.gathers_compute = gather_compute and buffer.compute_storage is not buffer.storage
         shard = Shard(buffer.storage[mine], buffer.grad_storage[mine],
-                      max(0, min(buffer.decay_size - self.lo, n)), buffer.backend)
+                      max(0, min(buffer.decay_size - self.lo, n)), buffer.backend,
+                      buffer.compute_storage[mine] if self.gathers_compute else None)
         self.inner = make(shard)
         self.inner.sum_over_shards = comm.all_reduce
 
@@ -218,8 +243,20 @@ class ShardedOptimizer:
 
     def step(self) -> None:
         self.inner.step()
+        if self.gathers_compute:
+            run_op("all_gather", "comm", "optimizer", self.comm.all_gather,
+                   self.buffer.compute_storage)
+            return
         run_op("all_gather", "comm", "optimizer", self.comm.all_gather, self.buffer.storage)
         self.buffer.sync_compute()
+
+    def gather_master(self) -> None:
+        """Every rank's shard of the float32 master, gathered into the whole buffer on every
+        rank (a collective: all ranks call it), where the steps gathered only the compute
+        copy; nothing otherwise."""
+        if self.gathers_compute:
+            run_op("all_gather_master", "comm", "optimizer", self.comm.all_gather,
+                   self.buffer.storage)
 
     def state_sizes(self) -> dict[str, int]:
         sizes = self.inner.state_sizes()

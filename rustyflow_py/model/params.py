@@ -51,7 +51,7 @@ class ParameterBuffer:
     `grad`, padded with zeros to a multiple of `pad_to` elements: a sharded optimizer splits
     them into equal shards, one per process. With a `compute` dtype other than `dtype`, the
     tensors in `params` are views of `compute_flat`, that dtype's copy of `flat`
-    (`sync_compute` refreshes it).
+    (`sync_compute` refreshes it), itself the front of `compute_storage`, padded likewise.
     """
 
     def __init__(self, weights: Mapping[str, np.ndarray | Init], device: str | Backend,
@@ -76,8 +76,10 @@ class ParameterBuffer:
         self.grad_storage = backend.xp.zeros_like(self.storage)
         self.flat, self.grad = self.storage[:offset], self.grad_storage[:offset]
         compute = np.dtype(dtype if compute is None else compute)
-        self.compute_flat = (self.flat if compute == self.flat.dtype
-                             else backend.xp.empty(offset, dtype=compute))
+        self.compute_storage, self.compute_flat = self.storage, self.flat
+        if compute != self.flat.dtype:  # padded like `storage`: a ZeRO-1 run gathers its shards
+            self.compute_storage = backend.xp.zeros(self.storage.size, dtype=compute)
+            self.compute_flat = self.compute_storage[:offset]
         self.backend = backend
         self.sync_compute()
         self.params: dict[str, Tensor] = {}

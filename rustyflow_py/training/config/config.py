@@ -443,7 +443,9 @@ class Config(_Rules):
         "gradients averaged: the effective batch is BATCH_SIZE x GRAD_ACCUM_STEPS x processes",
         lo=1)
     shard_optimizer: bool = key(False, "ZeRO-1: each data-parallel process keeps and updates "
-        "only its shard of the optimizer state (elementwise optimizers: not lamb or muon)")
+        "only its shard of the optimizer state (elementwise optimizers: not lamb or muon); in "
+        "bf16 or fp16 without weight averaging the processes all-gather the 16-bit compute "
+        "copy, not the fp32 weights")
     bucket_mb: float = key(25.0, "data parallel: gradient all-reduce bucket size in MiB "
         "(whole tensors; each bucket starts as soon as backward has finished it)", lo=0,
         lo_open=True)

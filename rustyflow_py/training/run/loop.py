@@ -192,6 +192,7 @@ class Trainer:
         PATIENCE validations in a row without one stop the run. With weight averaging
         (EMA_DECAY, AVERAGE_LAST_K) the averaged weights are measured and saved."""
         p = self.parts
+        self._whole_master()
         if p.averager is not None:
             with p.ledger.set_aside():
                 p.averager.at_validation()
@@ -207,6 +208,14 @@ class Trainer:
         if stop:
             self.state.early_stopped = stop
             p.say(stop)
+
+    def _whole_master(self) -> None:
+        """The float32 master whole on every process, for what reads it between steps (a
+        ZeRO-1 run's steps may gather only the compute copy: ShardedOptimizer). Every process
+        calls it, at validation and at every save, so the best checkpoint, the checkpoint
+        and the test (after the last validation) read whole weights."""
+        if self.parts.sharded:
+            self.parts.optimizer.gather_master()
 
     def _test(self) -> float:
         """Test perplexity of the best validated weights (the last ones if none were saved)."""
@@ -226,6 +235,7 @@ class Trainer:
         """Write the resumable checkpoint (see RunCheckpoints.save); where it went."""
         p = self.parts
         self._drain_losses()
+        self._whole_master()
         p.history.epoch_elapsed = p.clock.epoch_clock() if p.pos.batch else 0.0
         with p.clock.timed("checkpoint"):
             saved = p.checkpoints.save()

@@ -170,11 +170,14 @@ class RunParts:
         SHARD_OPTIMIZER), the gradient sync between processes, loss scaling and weight
         averaging: all that a resume restores state into."""
         cfg, buffer = self.cfg, self.model.buffer
+        self.averager = averager_for(cfg, buffer)  # EMA_DECAY / AVERAGE_LAST_K, or None
         sync: Any = None
         if self.sharded:
             self.optimizer: Any = ShardedOptimizer(
-                buffer, self.comm, lambda shard: make_optimizer(cfg, shard, self.total_steps))
+                buffer, self.comm, lambda shard: make_optimizer(cfg, shard, self.total_steps),
+                gather_compute=self.averager is None)
             sync = ReduceScatter(buffer, self.comm, self.reduce_dtype)
+            sync.hand_to(self.optimizer)
         else:
             self.optimizer = make_optimizer(cfg, buffer, self.total_steps)
             if self.comm is not None:
@@ -185,7 +188,6 @@ class RunParts:
             self.optimizer.loss_scaler = LossScaler(self.backend.xp)
         self.shards = Shards(self.world.rank, self.world.size, cfg.grad_accum_steps,
                              self.comm, sync)
-        self.averager = averager_for(cfg, buffer)  # EMA_DECAY / AVERAGE_LAST_K, or None
 
     def _build_step_runner(self, group: Any) -> None:
         """The profiler and the step runner, once the resume says where the run starts: the
