@@ -140,7 +140,7 @@ class StepInputs:
     optimizer_ms: float | None
     tokens_per_step: int  # per GPU
     buckets: tuple[Bucket, ...]
-    param_bytes: int  # the fp32 parameters ZeRO-1 all-gathers
+    param_bytes: int  # what ZeRO-1 all-gathers: the float32 master, or a 16-bit copy
     labels: dict[str, str]
 
 
@@ -350,7 +350,10 @@ def _inputs(shape: Shape, step_ms: float, tokens: int, backward_ms: float | None
                          f"{reduce_bytes} bytes an element; ready times estimated: backward's "
                          "time shared over the layers by GEMM and attention FLOPs")
     params = sum(n for n, _ in code_buckets(shape, 1e9))
-    return StepInputs(step_ms, backward_ms, optimizer_ms, tokens, buckets, 4 * params, labels)
+    labels["param_bytes"] = (f"{args.gather_bytes} bytes a parameter all-gathered by ZeRO-1 "
+                             "(--gather-bytes)")
+    return StepInputs(step_ms, backward_ms, optimizer_ms, tokens, buckets,
+                      args.gather_bytes * params, labels)
 
 
 def sweep_network(files: list[str], dtype: str, args: Any) -> tuple[Network, dict[str, str]]:
@@ -404,17 +407,20 @@ def _network(links: dict[int, Link], labels: dict[str, str], args: Any
 
 # ---- validation -----------------------------------------------------------------------------
 def measured_rows(path: str, shape_name: str, shape: str, tokens_per_gpu: int,
-                  reduce_dtype: str = "fp32") -> tuple[float | None, list[tuple[int, float]]]:
+                  reduce_dtype: str = "fp32", zero1: bool = False,
+                  ) -> tuple[float | None, list[tuple[int, float]]]:
     """The 1-GPU step (None: not measured there) and the (GPUs, step ms) of the multi-GPU
     runs in a scaling.py JSON, or of the runs of `shape` in a training log (those that did
-    not profile, where there are any) that summed their gradient in `reduce_dtype`."""
+    not profile, where there are any) that summed their gradient in `reduce_dtype`, with
+    ZeRO-1 on or off as `zero1` says."""
     if path.endswith(".json"):
         rows = json.loads(Path(path).read_text()).get(shape_name, {})
         steps = {int(n): r["step_s"] * 1e3 for n, r in rows.items()}
     else:
         profiled, plain = (
             [r for r in rs if world_size(r) == 1
-             or parallel_of(r).get("grad_reduce_dtype", "fp32") == reduce_dtype]
+             or (parallel_of(r).get("grad_reduce_dtype", "fp32") == reduce_dtype
+                 and bool(parallel_of(r).get("shard_optimizer")) == zero1)]
             for rs in _runs(path, shape))
         steps = {world_size(r): world_size(r) * tokens_per_gpu / r["tokens_per_s"] * 1e3
                  for r in plain or profiled}  # the last run of each count
@@ -423,7 +429,8 @@ def measured_rows(path: str, shape_name: str, shape: str, tokens_per_gpu: int,
 
 def validate(inputs: StepInputs, net: Network, files: list[str], shape_name: str,
              contention: float, zero1: bool, reduce_dtype: str = "fp32") -> list[str]:
-    """A row per measured run (of a training log: those that summed in `reduce_dtype`):
+    """A row per measured run (of a training log: those that summed in `reduce_dtype`, with
+    ZeRO-1 as `zero1` says):
     predicted and measured step, the error, and the contention that would make the row
     exact."""
     lines = ["| measured in | 1-GPU ms | GPUs | measured ms | predicted ms | error | measured "
@@ -431,7 +438,7 @@ def validate(inputs: StepInputs, net: Network, files: list[str], shape_name: str
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for f in files:
         base, rows = measured_rows(f, shape_name, inputs.labels["shape"],
-                                   inputs.tokens_per_step, reduce_dtype)
+                                   inputs.tokens_per_step, reduce_dtype, zero1)
         here = inputs if base is None else dataclasses.replace(inputs, step_ms=base)
         for n, meas in rows:
             p = predict(here, net, n, contention, zero1)
@@ -461,6 +468,9 @@ def assumptions(inputs: StepInputs, net_labels: dict[str, str], net: Network,
              f"{max(b.ready_ms for b in inputs.buckets):.2f} ms", inputs.labels["buckets"])]
     if inputs.optimizer_ms is not None:
         rows.append(("optimizer", f"{inputs.optimizer_ms:.2f} ms", inputs.labels["optimizer_ms"]))
+    if "param_bytes" in inputs.labels:
+        rows.append(("ZeRO-1 all-gather", f"{inputs.param_bytes / MB:.1f} MB",
+                     inputs.labels["param_bytes"]))
     for n in NODE_GPUS[1:]:
         link = net.link(n)
         rows.append((f"all-reduce, {n} GPUs", f"alpha {link.alpha_ms * 1e3:.1f} us, busbw "
@@ -506,6 +516,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--contention", type=float, default=0.0, help="compute ms lost per ms "
                     "of hidden reduce (assumed)")
     ap.add_argument("--zero1", action="store_true", help="SHARD_OPTIMIZER=true")
+    ap.add_argument("--gather-bytes", type=int, default=4, choices=(2, 4), help="bytes per "
+                    "parameter ZeRO-1 all-gathers: 4 (the float32 parameters), 2 (a bf16 or "
+                    "fp16 run without weight averaging, which gathers its 16-bit compute copy)")
     ap.add_argument("--inter-gbps", type=float, default=400.0, help="network per GPU, Gb/s "
                     "(assumed)")
     ap.add_argument("--inter-latency-us", type=float, default=10.0, help="(assumed)")

@@ -155,3 +155,39 @@ def test_a_missing_phase_time_is_one_error_line(sm: ModuleType, capsys) -> None:
     assert sm.main(["--scaling", str(SCALING_X4)]) == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("Error: ") and "--backward-fraction" in err[0]
+
+
+def test_a_16_bit_zero1_run_gathers_half_the_bytes(sm: ModuleType, tmp_path: Path) -> None:
+    """--gather-bytes 2 (a bf16 run's ZeRO-1 gathers its compute copy): the all-gather's
+    bytes halve, and the inputs table says where the figure came from."""
+    step = tmp_path / "step.json"
+    step.write_text(json.dumps({"step_ms": 20.0, "tokens_per_step": 1000, "backward_ms": 12.0,
+                                "optimizer_ms": 1.0, "model": {
+                                    "layers": 1, "heads": 2, "embed": 32, "seq_len": 16,
+                                    "batch": 2, "vocab": 50}}))
+    wide, narrow = (sm.step_json_inputs(str(step), sm.parse_args(
+        ["--step", str(step), "--gather-bytes", b])) for b in ("4", "2"))
+    assert wide.param_bytes == 2 * narrow.param_bytes > 0
+    assert narrow.labels["param_bytes"].startswith("2 bytes a parameter")
+    net = sm.Network({2: sm.Link(0.0, 100.0)}, 400.0, 0.01)
+    assert (sm.predict(wide, net, 2, zero1=True).comm_ms
+            > sm.predict(narrow, net, 2, zero1=True).comm_ms)
+
+
+def test_validation_takes_the_runs_of_the_modelled_setting(sm: ModuleType,
+                                                           tmp_path: Path) -> None:
+    """One log with the 1-GPU run, plain data parallel (float32 reduce) and ZeRO-1 with the
+    bf16 wire on 2 GPUs (session 29's runs): each validation takes only its own setting's
+    row, at that run's step time."""
+    runs = REPO / "benchmarks" / "results" / "runs" / "session29-gpu" / "h200x4-final"
+    log = tmp_path / "medium.log"
+    log.write_text("".join((runs / f"medium-{n}.log").read_text()
+                           for n in ("gpus1", "gpus2-fp32", "gpus2-zerobf16")))
+    shape, tokens = "L12 H12 E768 T512 B16 V33278", 16 * 512
+    base, plain = sm.measured_rows(str(log), "medium", shape, tokens, "fp32", zero1=False)
+    _, zero = sm.measured_rows(str(log), "medium", shape, tokens, "bf16", zero1=True)
+    assert base == pytest.approx(tokens / 557_492 * 1e3, rel=1e-3)  # the record's tok/s
+    assert [n for n, _ in plain] == [n for n, _ in zero] == [2]
+    assert plain[0][1] == pytest.approx(2 * tokens / 1_018_275 * 1e3, rel=1e-3)
+    assert zero[0][1] == pytest.approx(2 * tokens / 1_063_029 * 1e3, rel=1e-3)
+    assert sm.measured_rows(str(log), "medium", shape, tokens, "bf16", zero1=False)[1] == []
