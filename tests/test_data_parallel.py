@@ -1038,3 +1038,33 @@ def test_reduce_dtype_without_ml_dtypes_names_the_setting_and_the_extra(
                                             r"package \(bf16's NumPy dtype\), which the gpu "
                                             r"extra brings: .*gpu"):
         reduce_dtype("bf16", "gpu", None, True, print)
+
+
+@pytest.mark.parametrize("rank0_ppl", [123.5, float("nan"), float("inf")])
+@pytest.mark.parametrize("main", [True, False], ids=["rank0", "rank1"])
+def test_every_process_checks_rank_0s_test_perplexity(rank0_ppl: float, main: bool) -> None:
+    """Only rank 0 evaluates the test split; every process checks rank 0's figure (an
+    all-reduce of it and the others' zeros), so a non-finite one fails them all alike and
+    none is left in a collective that a failed rank 0 skips."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from rustyflow_py.errors import TrainingError
+    from rustyflow_py.training.outputs import guard
+
+    class WithRank0:  # an all-reduce over this process and a rank 0 holding rank0_ppl
+        def all_reduce(self, x: np.ndarray, stream: Any = None) -> None:
+            assert x.dtype == np.float64 and x.shape == ()
+            x[...] = x + (0.0 if main else rank0_ppl)
+
+    trainer = Trainer.__new__(Trainer)
+    trainer.parts = SimpleNamespace(comm=WithRank0(), world=SimpleNamespace(main=main),
+                                    backend=get_backend("cpu"),
+                                    ledger=SimpleNamespace(set_aside=contextlib.nullcontext))
+    got = trainer._rank0s(rank0_ppl if main else None)
+    assert got == rank0_ppl or (np.isnan(got) and np.isnan(rank0_ppl))
+    if np.isfinite(rank0_ppl):
+        guard.check_results(100.0, got)
+    else:
+        with pytest.raises(TrainingError, match="final test perplexity is (nan|inf)"):
+            guard.check_results(100.0, got)

@@ -84,7 +84,7 @@ class Trainer:
                     self._validate()
                 if p.world.main:  # the others have nothing to report
                     state.test_ppl = self._test()
-                guard.check_results(p.history.val_ppl, state.test_ppl)
+                guard.check_results(p.history.val_ppl, self._rank0s(state.test_ppl))
                 if state.early_stopped:
                     message = state.early_stopped
             except Stopped as exc:
@@ -216,6 +216,20 @@ class Trainer:
         and the test (after the last validation) read whole weights."""
         if self.parts.sharded:
             self.parts.optimizer.gather_master()
+
+    def _rank0s(self, value: float | None) -> float | None:
+        """Rank 0's `value` on every process of a data-parallel run (an all-reduce of it and
+        the others' zeros): the test perplexity, which rank 0 alone measures, then fails or
+        passes every process alike, and none is left waiting in a collective that a failed
+        rank 0 skips. `value` itself in one process."""
+        p = self.parts
+        if p.comm is None:
+            return value
+        mine = value if p.world.main and value is not None else 0.0
+        shared = p.backend.xp.asarray(mine, dtype=np.float64)
+        with p.ledger.set_aside():  # a guard's read, not the step's traffic
+            p.comm.all_reduce(shared)
+            return float(p.backend.to_host(shared))
 
     def _test(self) -> float:
         """Test perplexity of the best validated weights (the last ones if none were saved)."""
