@@ -111,15 +111,16 @@ def _environ(pid: int) -> list[bytes]:
 
 
 def marked_pids(mark: str, rank: int | None = None) -> list[int]:
-    """The live processes started with `mark` (and MPI rank `rank`, when given)."""
-    want = [f"{MARK}={mark}".encode()]
-    if rank is not None:
-        want.append(f"PMI_RANK={rank}".encode())
+    """The live processes started with `mark` (and MPI rank `rank`, when given: MPICH's
+    PMI_RANK or Open MPI's OMPI_COMM_WORLD_RANK, the device machines' system MPI)."""
+    mine = f"{MARK}={mark}".encode()
+    ranks = ({f"{name}={rank}".encode() for name in ("PMI_RANK", "OMPI_COMM_WORLD_RANK")}
+             if rank is not None else set())
     pids = []
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit() and int(entry.name) != os.getpid():
             env = _environ(int(entry.name))
-            if all(w in env for w in want):
+            if mine in env and (not ranks or ranks & set(env)):
                 pids.append(int(entry.name))
     return pids
 
