@@ -1069,3 +1069,27 @@ def test_every_process_checks_rank_0s_test_perplexity(rank0_ppl: float, main: bo
     else:
         with pytest.raises(TrainingError, match="final test perplexity is (nan|inf)"):
             guard.check_results(100.0, got)
+
+
+def test_zero1_hands_each_rank_its_shard_of_the_summed_copy_and_widens_nothing() -> None:
+    """ReduceScatter.hand_to: the sharded optimizer's inner one reads this rank's shard of the
+    bf16 copy where the reduce-scatter leaves it, and the float32 gradient stays unwritten."""
+    from types import SimpleNamespace
+
+    from rustyflow_py.distributed.data_parallel import ReduceScatter
+
+    bf16, buffer, _ = bf16_and_a_gradient()
+    g = buffer.grad_storage.copy()
+    comm = Bf16DoublingComm(buffer.grad)
+    comm.rank = 1
+    sync = ReduceScatter(buffer, comm, bf16)
+    sharded = SimpleNamespace(inner=Bf16Reader(), reads_bf16_grad=True)
+    sync.hand_to(sharded)
+    sync.finish()
+    mine = comm.shard(buffer.grad_storage)
+    summed = sharded.inner.summed_grad
+    assert not sync.wire.widen and summed.size == mine.stop - mine.start
+    assert np.shares_memory(summed, sync.wire.copy)
+    np.testing.assert_array_equal(summed.astype(np.float32),
+                                  2 * g[mine].astype(bf16).astype(np.float32))
+    np.testing.assert_array_equal(buffer.grad_storage, g)

@@ -49,6 +49,13 @@ class Wire:
                      else buffer.backend.xp.empty(grad.size, self.dtype))
         self.widen = True  # False: the optimizer reads `copy`, summed, where it is
 
+    def hand_to(self, optimizer: Optimizer, part: slice) -> None:
+        """Let `optimizer` read `part` of the summed copy where the collective leaves it, when
+        it can take a bf16 gradient: nothing is then widened back into the float32 one."""
+        if self.copy is not None and optimizer.reads_bf16_grad:
+            self.widen = False
+            optimizer.summed_grad = self.copy[part]
+
     def view(self, start: int, stop: int) -> Any:
         """The copy's elements start..stop (those of the gradient storage's same slice), or
         None when the gradient travels as it is."""
@@ -115,9 +122,7 @@ class BucketedAllReduce:
         """Let `optimizer` read the summed bf16 copy where NCCL leaves it, when it can: the
         widening pass back into the float32 gradient is then left out. Every bucket is
         reduced every step (`finish`), so the copy is always whole and current."""
-        if self.wire.copy is not None and optimizer.reads_bf16_grad:
-            self.wire.widen = False
-            optimizer.summed_grad = self.wire.copy[: self.buffer.grad.size]
+        self.wire.hand_to(optimizer, slice(0, self.buffer.grad.size))
 
     def start(self, overlap: bool) -> Callable[[Tensor], None]:
         """Arm for one backward; returns the hook backward calls as each leaf completes."""
@@ -170,9 +175,7 @@ class ReduceScatter:
         """Let the sharded optimizer read this rank's shard of the summed bf16 copy where the
         reduce-scatter leaves it, when it can (as BucketedAllReduce.hand_to): nothing is
         widened back."""
-        if self.wire.copy is not None and optimizer.reads_bf16_grad:
-            self.wire.widen = False
-            optimizer.inner.summed_grad = self.wire.copy[self.comm.shard(self.wire.copy)]
+        self.wire.hand_to(optimizer.inner, self.comm.shard(self.buffer.grad_storage))
 
     def start(self, overlap: bool) -> None:
         return None
